@@ -1,0 +1,54 @@
+# spark-dl: one entry point for set-up, the demo, tests and benchmarks.
+# Every target installs what it needs first, so a fresh clone needs only `make demo` / `make test`.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(abspath $(VENV))/bin/python
+MOSAIC_VENV := .venv-mosaic
+
+# Spark's Python workers must run the interpreter that has our packages.
+export PYSPARK_PYTHON := $(PY)
+export PYSPARK_DRIVER_PYTHON := $(PY)
+export SPARK_DL_MOSAIC_PYTHON := $(abspath $(MOSAIC_VENV))/bin/python
+export TF_CPP_MIN_LOG_LEVEL := 2
+
+.PHONY: install mosaic-env demo test lint typecheck pytest bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml jvm-free/pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=24"
+	$(PY) -m pip install -q -c constraints.txt -e "./jvm-free[all]" -e ".[dev]"
+	touch $@
+
+# A side environment with Mosaic Streaming, the interoperability oracle. It cannot share
+# the main one (it pins numpy<2.2); the library never depends on it.
+mosaic-env: $(MOSAIC_VENV)/.installed
+
+$(MOSAIC_VENV)/.installed: tests/interop/mosaic-requirements.txt
+	$(PYTHON) -m venv $(MOSAIC_VENV)
+	$(MOSAIC_VENV)/bin/python -m pip install -q -r tests/interop/mosaic-requirements.txt
+	$(MOSAIC_VENV)/bin/python -m pip install -q --no-deps mosaicml-streaming==0.13.0
+	touch $@
+
+demo: install
+	$(PY) -m spark_dl.demo
+
+lint: install
+	$(PY) -m ruff check jvm-free spark_dl tests bench
+	$(PY) -m ruff format --check jvm-free spark_dl tests bench
+
+typecheck: install
+	$(PY) -m mypy jvm-free/spark_dl_core spark_dl
+
+pytest: install mosaic-env
+	$(PY) -m pytest -q tests
+
+test: lint typecheck pytest
+
+bench: install
+	$(PY) bench/format_bench.py
+
+clean:
+	rm -rf $(VENV) $(MOSAIC_VENV) .pytest_cache .mypy_cache .ruff_cache demo-output bench-output

@@ -1,0 +1,42 @@
+"""spark-dl-core: Mosaic-compatible MDS datasets and reproducible loaders, without a JVM."""
+
+__version__ = "0.1.0"
+
+from .dataset import Dataset, open_dataset
+from .errors import (
+    DatasetError,
+    EncodingError,
+    HashMismatchError,
+    ShardError,
+    SparkDLError,
+    SpecError,
+    UnsafeEncodingError,
+)
+from .spec import DatasetSpec, parse_size
+from .writer import ShardWriter, WriteResult, write_mds
+
+
+def open_delta(path: str, version: int | None = None, **kwargs: object) -> object:
+    """A Delta table snapshot as Arrow, with no JVM (see :mod:`spark_dl_core.delta`)."""
+    from .delta import open_delta as _open_delta
+
+    return _open_delta(path, version=version, **kwargs)
+
+
+__all__ = [
+    "Dataset",
+    "DatasetError",
+    "DatasetSpec",
+    "EncodingError",
+    "HashMismatchError",
+    "ShardError",
+    "ShardWriter",
+    "SparkDLError",
+    "SpecError",
+    "UnsafeEncodingError",
+    "WriteResult",
+    "open_dataset",
+    "open_delta",
+    "parse_size",
+    "write_mds",
+]

@@ -1,0 +1,122 @@
+"""Decoded numpy batches back to Arrow, with the types recorded at write time.
+
+Datasets written by spark-dl carry their Arrow schema in ``spark_dl.json``: booleans,
+dates, timestamps, decimals, structs and maps come back as they went in, and null masks
+become nulls again. Datasets from other writers get each encoding's natural Arrow type.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    from .dataset import Batch, Dataset
+
+
+def arrow_schema(dataset: Dataset, columns: list[str] | None = None) -> pa.Schema:
+    """The Arrow schema a reader of ``dataset`` produces (masks folded into nullability)."""
+    if dataset.plans:
+        fields = [
+            pa.field(p.name, p.arrow_type, nullable=p.null_mask is not None or p.encoding == "json")
+            for p in dataset.plans
+        ]
+    else:
+        fields = [
+            pa.field(n, e.arrow_type(), nullable=False)
+            for n, e in zip(dataset.layout.names, dataset.layout.encodings)
+        ]
+    if columns is not None:
+        by_name = {f.name: f for f in fields}
+        missing = [c for c in columns if c not in by_name]
+        if missing:
+            raise KeyError(f"{dataset.path} has no column(s) {missing}")
+        fields = [by_name[c] for c in columns]
+    return pa.schema(fields)
+
+
+def batch_to_arrow(
+    dataset: Dataset, batch: Batch, columns: list[str] | None = None
+) -> pa.RecordBatch:
+    schema = arrow_schema(dataset, columns)
+    masks = {p.name: p.null_mask for p in dataset.plans or [] if p.null_mask}
+    arrays = []
+    for f in schema:
+        array = numpy_to_arrow(batch[f.name], f.type)
+        mask_name = masks.get(f.name)
+        if mask_name and mask_name in batch and batch[mask_name].any():
+            nulls = pa.array(batch[mask_name].astype(bool))
+            array = pc.if_else(nulls, pa.scalar(None, type=f.type), array)
+        arrays.append(array)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _jsonish(value: Any, t: pa.DataType) -> Any:
+    """A decoded JSON value shaped for Arrow's converter (maps as (key, value) lists)."""
+    if value is None:
+        return None
+    if pa.types.is_map(t):
+        return [(k, _jsonish(v, t.item_type)) for k, v in value.items()]
+    if pa.types.is_struct(t):
+        return {f.name: _jsonish(value.get(f.name), f.type) for f in t}
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return [_jsonish(v, t.value_type) for v in value]
+    return value
+
+
+def numpy_to_arrow(values: np.ndarray, t: pa.DataType) -> pa.Array:
+    """One decoded column as an Arrow array of type ``t``."""
+    if values.dtype == object:
+        items = list(values)
+        if (
+            pa.types.is_struct(t)
+            or pa.types.is_map(t)
+            or (pa.types.is_list(t) and items and not isinstance(items[0], np.ndarray))
+        ):
+            items = [_jsonish(v, t) for v in items]
+        elif items and isinstance(items[0], np.ndarray):
+            items = [v.tolist() for v in items]
+        return pa.array(items, type=t)
+    if values.ndim > 1:
+        return _nested(values, t)
+    if pa.types.is_boolean(t):
+        return pa.array(values.astype(bool))
+    if pa.types.is_temporal(t):
+        storage = pa.int32() if t.bit_width == 32 else pa.int64()
+        return pa.array(values.astype(storage.to_pandas_dtype())).view(t)
+    if pa.types.is_decimal(t) or pa.types.is_string(t):
+        return pa.array(values.tolist(), type=t)
+    array = pa.array(values)
+    return array if array.type == t else array.cast(t)
+
+
+def _nested(values: np.ndarray, t: pa.DataType) -> pa.Array:
+    """Stacked ``(n, d1, d2, ...)`` arrays as (fixed-size) lists nested like ``t``."""
+    levels = []
+    leaf = t
+    for _ in range(values.ndim - 1):
+        if not (
+            pa.types.is_list(leaf)
+            or pa.types.is_large_list(leaf)
+            or pa.types.is_fixed_size_list(leaf)
+        ):
+            break
+        levels.append(leaf)
+        leaf = leaf.value_type
+    inner: pa.Array = pa.array(values.reshape(-1))
+    if inner.type != leaf and not pa.types.is_list(leaf):
+        inner = inner.cast(leaf)
+    count = values.size
+    for level, dim in zip(reversed(levels), reversed(values.shape[1 : 1 + len(levels)])):
+        count //= dim
+        if pa.types.is_fixed_size_list(level):
+            inner = pa.FixedSizeListArray.from_arrays(inner, dim)
+        else:
+            offsets = pa.array(np.arange(count + 1, dtype=np.int32) * dim)
+            inner = pa.ListArray.from_arrays(offsets, inner)
+        if inner.type != level:
+            inner = inner.cast(level)
+    return inner

@@ -1,0 +1,376 @@
+"""Reading MDS datasets: open, validate, and decode samples batch by batch into numpy."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import DatasetError, HashMismatchError, ShardError
+from .format.compression import DecompressionError, parse_compression
+from .format.encodings import DecodeOptions, Encoding, ImageMode, get_encoding
+from .format.hashing import digest
+from .format.index import INDEX_FILE, META_FILE, ShardInfo, parse_index
+from .format.shard import Layout, ShardData
+from .storage import Store
+from .writer import ColumnPlan, plans_from_meta
+
+Batch = dict[str, np.ndarray]
+
+
+class Dataset:
+    """An MDS dataset on storage: its shards, columns and fingerprint.
+
+    Written by spark-dl or by Mosaic Streaming's MDSWriter. Use :func:`open_dataset`.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        cache_dir: str | None = None,
+        allow_unsafe: bool = False,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.path = str(path)
+        self.store = Store(self.path, storage_options)
+        self.cache_dir = cache_dir
+        self.allow_unsafe = allow_unsafe
+        self.shards, self.meta, self._index_text = self._load()
+        self.layout = self._layout()
+        counts = np.array([s.samples for s in self.shards], dtype=np.int64)
+        self.shard_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._local_cache: Any = None
+
+    # -- opening
+
+    def _load(self) -> tuple[list[ShardInfo], dict[str, Any] | None, bytes]:
+        for _ in range(3):  # a concurrent overwrite may swap the index between our two reads
+            text = self.store.read_bytes(INDEX_FILE)
+            shards = parse_index(text, self.store.path(INDEX_FILE))
+            meta = self._read_meta()
+            if meta is None or [m["basename"] for m in meta.get("shards", [])] == [
+                s.stored.basename for s in shards
+            ]:
+                return shards, meta, text
+        raise DatasetError(f"{self.path}: spark_dl.json does not match index.json")
+
+    def _read_meta(self) -> dict[str, Any] | None:
+        if not self.store.exists(META_FILE):
+            return None
+        try:
+            meta = json.loads(self.store.read_bytes(META_FILE))
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{self.store.path(META_FILE)}: not valid JSON ({exc})") from None
+        if not isinstance(meta, dict) or meta.get("format") != "spark-dl":
+            raise DatasetError(f"{self.store.path(META_FILE)}: not a spark-dl metadata file")
+        return meta
+
+    def _layout(self) -> Layout:
+        if not self.shards:
+            plans = self.plans
+            if not plans:
+                return Layout((), ())
+            from .writer import stored_layout
+
+            return stored_layout(plans)
+        first = self.shards[0]
+        for i, shard in enumerate(self.shards):
+            if (shard.column_names, shard.column_encodings) != (
+                first.column_names,
+                first.column_encodings,
+            ):
+                raise DatasetError(
+                    f"{self.path}: shard {i} ({shard.stored.basename}) has columns "
+                    f"{dict(zip(shard.column_names, shard.column_encodings))}, shard 0 has "
+                    f"{dict(zip(first.column_names, first.column_encodings))}"
+                )
+        encodings = []
+        for name, enc, size in zip(first.column_names, first.column_encodings, first.column_sizes):
+            try:
+                encoding = get_encoding(enc)
+            except ValueError as exc:
+                raise DatasetError(f"{self.path}: column {name!r}: {exc}") from None
+            if encoding.size != size:
+                raise DatasetError(
+                    f"{self.path}: column {name!r} ({enc}) lists size {size}, "
+                    f"the encoding has {encoding.size}"
+                )
+            encodings.append(encoding)
+        if len(set(first.column_names)) != len(first.column_names):
+            raise DatasetError(f"{self.path}: column names repeat: {first.column_names}")
+        return Layout(tuple(first.column_names), tuple(encodings))
+
+    # -- facts
+
+    def __len__(self) -> int:
+        return int(self.shard_offsets[-1])
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """Stored columns and their MDS encodings, in stored order."""
+        return {n: e.name for n, e in zip(self.layout.names, self.layout.encodings)}
+
+    @cached_property
+    def plans(self) -> list[ColumnPlan] | None:
+        """Our record of each column's Arrow type and null mask (None for Mosaic datasets)."""
+        return plans_from_meta(self.meta) if self.meta else None
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Identifies content and spec; for datasets not written by spark-dl, the index."""
+        if self.meta and self.meta.get("fingerprint"):
+            return str(self.meta["fingerprint"])
+        canonical = json.dumps(json.loads(self._index_text), sort_keys=True).encode()
+        return "index-" + hashlib.sha256(canonical).hexdigest()
+
+    @property
+    def spec(self) -> dict[str, Any] | None:
+        return self.meta.get("spec") if self.meta else None
+
+    @property
+    def source(self) -> dict[str, Any]:
+        return dict(self.meta.get("source") or {}) if self.meta else {}
+
+    def encoding(self, column: str) -> Encoding:
+        return self.layout.encodings[self.layout.names.index(column)]
+
+    def __repr__(self) -> str:
+        return (
+            f"<Dataset {self.path!r}: {len(self)} samples, {self.num_shards} shards, "
+            f"columns={self.columns}>"
+        )
+
+    # -- shards
+
+    def stored_bytes(self, shard: int) -> np.ndarray:
+        """The stored (possibly compressed) file of one shard, through the local cache."""
+        info = self.shards[shard].stored
+        if self.store.remote:
+            from .cache import shard_cache
+
+            return shard_cache(self).fetch(info.basename, info.bytes)
+        return self.store.read_array(info.basename)
+
+    def load_shard(self, shard: int, verify_hashes: bool = False) -> ShardData:
+        """One shard decompressed, size-checked and (optionally) hash-verified."""
+        info = self.shards[shard]
+        stored = info.stored
+        where = self.store.path(stored.basename)
+        data = self.stored_bytes(shard)
+        if len(data) != stored.bytes:
+            raise ShardError(where, f"has {len(data)} bytes, the index says {stored.bytes}")
+        if verify_hashes:
+            self._verify(where, stored.hashes, data)
+        if info.zip_data is not None:
+            codec = parse_compression(info.compression)
+            if codec is None:
+                raise ShardError(where, "is compressed but its index entry names no compression")
+            if not stored.basename.endswith("." + codec.extension):
+                raise ShardError(
+                    where, f"does not end in .{codec.extension} as {info.compression} needs"
+                )
+            try:
+                raw = np.frombuffer(codec.decompress(data, info.raw_data.bytes), dtype=np.uint8)
+            except DecompressionError as exc:
+                raise ShardError(where, str(exc)) from None
+            if verify_hashes:
+                self._verify(where, info.raw_data.hashes, raw)
+        else:
+            raw = data
+        return ShardData(raw, where, self.layout, info.samples)
+
+    @staticmethod
+    def _verify(where: str, hashes: dict[str, str], data: np.ndarray) -> None:
+        if not hashes:
+            raise HashMismatchError(where, "has no hashes recorded to verify against")
+        for name, expected in hashes.items():
+            try:
+                actual = digest(name, memoryview(data))
+            except ValueError as exc:
+                raise ShardError(where, str(exc)) from None
+            if actual != expected:
+                raise HashMismatchError(where, f"{name} is {actual}, the index says {expected}")
+
+    # -- decoding
+
+    def decode(
+        self,
+        shard: ShardData,
+        index: np.ndarray,
+        columns: list[str] | None = None,
+        images: ImageMode = "bytes",
+    ) -> Batch:
+        """Decode the samples at ``index`` (positions within ``shard``) into numpy arrays."""
+        names = list(columns) if columns is not None else list(self.layout.names)
+        missing = [c for c in names if c not in self.layout.names]
+        if missing:
+            raise KeyError(
+                f"{self.path} has no column(s) {missing}; it has {list(self.layout.names)}"
+            )
+        options = DecodeOptions(images=images, allow_unsafe=self.allow_unsafe)
+        for name in names:
+            self.encoding(name).check_safe(name, options)
+        pieces = shard.columns(np.asarray(index, dtype=np.int64), names)
+        out: Batch = {}
+        for name in names:
+            try:
+                out[name] = self.encoding(name).decode(pieces[name], len(index), name, options)
+            except (ValueError, IndexError) as exc:
+                if isinstance(exc, ShardError):
+                    raise
+                raise ShardError(shard.file, f"column {name!r}: {exc}") from None
+        return out
+
+    def read(
+        self,
+        indices: np.ndarray,
+        columns: list[str] | None = None,
+        images: ImageMode = "bytes",
+        verify_hashes: bool = False,
+        loaded: dict[int, ShardData] | None = None,
+    ) -> Batch:
+        """Decode samples by global index, in the order given.
+
+        ``loaded`` keeps decompressed shards between calls; the caller bounds its size.
+        """
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
+            raise IndexError(f"sample index out of range for a dataset of {len(self)}")
+        shard_of = np.searchsorted(self.shard_offsets, indices, side="right") - 1
+        parts: list[tuple[np.ndarray, Batch]] = []
+        for shard in np.unique(shard_of).tolist():
+            where = np.flatnonzero(shard_of == shard)
+            data = loaded.get(shard) if loaded is not None else None
+            if data is None:
+                data = self.load_shard(shard, verify_hashes)
+                if loaded is not None:
+                    loaded[shard] = data
+            local = indices[where] - self.shard_offsets[shard]
+            parts.append((where, self.decode(data, local, columns, images)))
+        return _merge(parts, len(indices))
+
+    def iter_batches(
+        self,
+        batch_size: int = 1024,
+        shuffle: bool = False,
+        seed: int = 0,
+        epoch: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        columns: list[str] | None = None,
+        drop_last: bool = False,
+        images: ImageMode = "bytes",
+        verify_hashes: bool = False,
+        shuffle_window: int | None = None,
+        start_batch: int = 0,
+    ) -> Iterator[Batch]:
+        """Batches (dicts of numpy arrays) of this rank's share of one epoch.
+
+        The global order depends only on (fingerprint, seed, epoch, shuffle settings); see
+        :mod:`spark_dl_core.ordering`.
+        """
+        from .ordering import EpochPlan
+
+        plan = EpochPlan.build(
+            self,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            epoch=epoch,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+            shuffle_window=shuffle_window,
+        )
+        yield from plan.batches(
+            self, columns=columns, images=images, verify_hashes=verify_hashes, start=start_batch
+        )
+
+    def to_arrow(self, columns: list[str] | None = None, batch_size: int = 65536) -> pa.Table:
+        """The whole dataset (or some columns) as an Arrow table with the recorded types."""
+        from .arrow_bridge import batch_to_arrow
+
+        batches = [
+            batch_to_arrow(self, b, columns)
+            for b in self.iter_batches(batch_size=batch_size, columns=self._stored_for(columns))
+        ]
+        if not batches:
+            from .arrow_bridge import arrow_schema
+
+            return arrow_schema(self, columns).empty_table()
+        return pa.Table.from_batches(batches)
+
+    def _stored_for(self, columns: list[str] | None) -> list[str] | None:
+        """Stored columns needed to produce ``columns`` (values plus their null masks)."""
+        if columns is None:
+            return None
+        masks = {p.name: p.null_mask for p in self.plans or [] if p.null_mask}
+        return [c for name in columns for c in ([name, masks[name]] if name in masks else [name])]
+
+    def to_torch(self, batch_size: int = 256, **kwargs: Any) -> Any:
+        """A PyTorch loader over this dataset (see :mod:`spark_dl_core.torch_loader`)."""
+        from .torch_loader import TorchLoader
+
+        return TorchLoader(self, batch_size=batch_size, **kwargs)
+
+    def to_tf(self, batch_size: int = 256, **kwargs: Any) -> Any:
+        """A ``tf.data.Dataset`` over this dataset (see :mod:`spark_dl_core.tf_loader`)."""
+        from .tf_loader import make_tf_dataset
+
+        return make_tf_dataset(self, batch_size=batch_size, **kwargs)
+
+
+def _merge(parts: list[tuple[np.ndarray, Batch]], n: int) -> Batch:
+    """Put per-shard decoded pieces back into the requested order."""
+    if len(parts) == 1 and np.array_equal(parts[0][0], np.arange(n)):
+        return parts[0][1]
+    out: Batch = {}
+    if not parts:
+        return out
+    order = np.concatenate([where for where, _ in parts])
+    inverse = np.empty(n, dtype=np.int64)
+    inverse[order] = np.arange(n)
+    for name in parts[0][1]:
+        values = [batch[name] for _, batch in parts]
+        if any(v.dtype == object for v in values) or len({v.shape[1:] for v in values}) > 1:
+            merged = _as_objects([x for v in values for x in list(v)])
+        else:
+            merged = np.concatenate(values)
+        out[name] = merged[inverse]
+    return out
+
+
+def _as_objects(values: list[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out
+
+
+def open_dataset(
+    path: str | os.PathLike[str],
+    cache_dir: str | None = None,
+    *,
+    allow_unsafe: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
+    """Open an MDS dataset (ours or Mosaic's) at a local path or fsspec URL.
+
+    ``allow_unsafe`` permits decoding ``pkl`` columns, which runs code from the dataset.
+    ``cache_dir`` is where shards of remote datasets are kept locally.
+    """
+    return Dataset(
+        str(path), cache_dir=cache_dir, allow_unsafe=allow_unsafe, storage_options=storage_options
+    )

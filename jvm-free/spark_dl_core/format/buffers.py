@@ -1,0 +1,110 @@
+"""Vectorized byte shuffling shared by encoders and decoders.
+
+Everything here works on whole batches: numpy index arithmetic instead of a Python loop
+per sample. Buffers are 1-D ``uint8`` arrays; offsets are ``int64``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+U8 = np.dtype(np.uint8)
+I64 = np.dtype(np.int64)
+
+
+@dataclass
+class Pieces:
+    """One value per sample: either fixed ``width`` bytes each, or bytes between offsets.
+
+    ``data`` holds the values back to back. For fixed-width pieces ``offsets`` is None and
+    ``len(data) == n * width``.
+    """
+
+    data: np.ndarray
+    offsets: np.ndarray | None = None
+    width: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.offsets is None) == (self.width is None):
+            raise ValueError("Pieces need exactly one of offsets or width")
+
+    def __len__(self) -> int:
+        if self.offsets is not None:
+            return len(self.offsets) - 1
+        assert self.width is not None
+        return len(self.data) // self.width if self.width else 0
+
+    def lengths(self, n: int) -> np.ndarray:
+        if self.offsets is not None:
+            return np.diff(self.offsets)
+        return np.full(n, self.width, dtype=I64)
+
+    def starts(self, n: int) -> np.ndarray:
+        if self.offsets is not None:
+            return self.offsets[:-1]
+        assert self.width is not None
+        return np.arange(n, dtype=I64) * self.width
+
+
+def offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=I64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+def gather(
+    buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Copy ``buf[starts[i]:starts[i]+lengths[i]]`` for every i into one contiguous buffer.
+
+    Returns the buffer and the ``n + 1`` offsets of the pieces inside it.
+    """
+    lengths = lengths.astype(I64, copy=False)
+    offsets = offsets_from_lengths(lengths)
+    total = int(offsets[-1])
+    if total == 0:
+        return np.empty(0, dtype=U8), offsets
+    if len(lengths) and lengths.min() >= 256:
+        # Long pieces: slice copies beat building a per-byte index.
+        out = np.empty(total, dtype=U8)
+        for start, length, at in zip(starts.tolist(), lengths.tolist(), offsets[:-1].tolist()):
+            out[at : at + length] = buf[start : start + length]
+        return out, offsets
+    index = np.arange(total, dtype=I64)
+    index += np.repeat(starts.astype(I64, copy=False) - offsets[:-1], lengths)
+    return buf[index], offsets
+
+
+def gather_fixed(buf: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+    """``(n, width)`` matrix of the ``width`` bytes at each start."""
+    if width == 0:
+        return np.empty((len(starts), 0), dtype=U8)
+    return buf[starts.astype(I64, copy=False)[:, None] + np.arange(width, dtype=I64)]
+
+
+def interleave(parts: list[Pieces], n: int) -> Pieces:
+    """Concatenate, sample by sample, one piece of each part: the MDS sample layout."""
+    if all(p.offsets is None for p in parts):
+        widths = [int(p.width or 0) for p in parts]
+        row = sum(widths)
+        out = np.empty((n, row), dtype=U8)
+        at = 0
+        for part, width in zip(parts, widths):
+            if width:
+                out[:, at : at + width] = part.data[: n * width].reshape(n, width)
+            at += width
+        return Pieces(out.reshape(-1), width=row)
+    source = np.concatenate([p.data for p in parts]) if len(parts) > 1 else parts[0].data
+    bases = np.cumsum([0] + [len(p.data) for p in parts[:-1]])
+    starts = np.stack([p.starts(n) + base for p, base in zip(parts, bases)], axis=1)
+    lengths = np.stack([p.lengths(n) for p in parts], axis=1)
+    data, _ = gather(source, starts.reshape(-1), lengths.reshape(-1))
+    return Pieces(data, offsets=offsets_from_lengths(lengths.sum(axis=1)))
+
+
+def pieces_from_arrow_binary(offsets: np.ndarray, data: np.ndarray) -> Pieces:
+    """Pieces over an Arrow binary/string layout, rebased so offsets start at 0."""
+    first = int(offsets[0])
+    return Pieces(data[first : int(offsets[-1])], offsets=offsets.astype(I64) - first)

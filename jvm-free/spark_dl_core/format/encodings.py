@@ -1,0 +1,800 @@
+"""MDS column encodings: Arrow arrays in, per-sample bytes out, numpy batches back.
+
+Names and byte layouts follow Mosaic Streaming's MDS format, so each side reads the other's
+datasets. Every encoder takes a whole Arrow array and every decoder a whole batch; Python
+runs per sample only where the value itself is a Python object (json, Decimal, pickle,
+decoded images).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import EncodingError, UnsafeEncodingError
+from .buffers import I64, U8, Pieces, interleave, offsets_from_lengths
+
+ImageMode = Literal["bytes", "numpy", "pil"]
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How to hand back values that have more than one useful form."""
+
+    images: ImageMode = "bytes"
+    allow_unsafe: bool = False
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _np_values(array: pa.Array) -> np.ndarray:
+    """Numpy values of a null-free primitive Arrow array (temporal types as integers)."""
+    t = array.type
+    if pa.types.is_boolean(t):
+        return np.asarray(array.to_numpy(zero_copy_only=False), dtype=np.uint8)
+    if pa.types.is_temporal(t):
+        width = t.bit_width
+        array = array.view(pa.int32() if width == 32 else pa.int64())
+    return array.to_numpy(zero_copy_only=False)
+
+
+def _cast_checked(values: np.ndarray, dtype: np.dtype, column: str) -> np.ndarray:
+    """Cast to ``dtype``, refusing values that do not fit rather than wrapping them."""
+    if values.dtype == dtype:
+        return values
+    if dtype.kind in "iu":
+        if values.dtype.kind == "f":
+            if values.size and not np.all(np.isfinite(values) & (values == np.round(values))):
+                raise EncodingError(column, f"non-integral floats cannot be stored as {dtype}")
+        elif values.dtype.kind not in "iub":
+            raise EncodingError(column, f"{values.dtype} values cannot be stored as {dtype}")
+        if values.size:
+            info = np.iinfo(dtype)
+            lo, hi = values.min(), values.max()
+            if lo < info.min or hi > info.max:
+                bad = lo if lo < info.min else hi
+                raise EncodingError(
+                    column, f"value {bad} does not fit {dtype} ({info.min}..{info.max})"
+                )
+    elif dtype.kind == "f" and values.dtype.kind not in "iubf":
+        raise EncodingError(column, f"{values.dtype} values cannot be stored as {dtype}")
+    return values.astype(dtype)
+
+
+def _binary_pieces(array: pa.Array) -> Pieces:
+    """Pieces over a string/binary Arrow array (large or not), without copying values."""
+    if not pa.types.is_large_binary(array.type):
+        array = array.cast(pa.large_binary())
+    buffers = array.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int64)[
+        array.offset : array.offset + len(array) + 1
+    ]
+    data = np.frombuffer(buffers[2], dtype=U8) if buffers[2] is not None else np.empty(0, dtype=U8)
+    first = int(offsets[0]) if len(offsets) else 0
+    last = int(offsets[-1]) if len(offsets) else 0
+    return Pieces(data[first:last], offsets=offsets - first)
+
+
+def _pieces_from_bytes(values: list[bytes]) -> Pieces:
+    lengths = np.fromiter((len(v) for v in values), dtype=I64, count=len(values))
+    data = np.frombuffer(b"".join(values), dtype=U8)
+    return Pieces(data, offsets=offsets_from_lengths(lengths))
+
+
+def _binary_array(pieces: Pieces, string: bool, column: str) -> pa.Array:
+    assert pieces.offsets is not None
+    n = len(pieces.offsets) - 1
+    arr = pa.Array.from_buffers(
+        pa.large_string() if string else pa.large_binary(),
+        n,
+        [None, pa.py_buffer(pieces.offsets.astype(I64)), pa.py_buffer(pieces.data)],
+    )
+    if string:
+        try:
+            arr.validate(full=True)
+        except pa.ArrowInvalid as exc:
+            raise EncodingError(column, f"stored text is not valid UTF-8: {exc}") from None
+    return arr
+
+
+def _object_array(values: list[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _u32(data: bytes | np.ndarray, at: int, count: int, column: str) -> np.ndarray:
+    end = at + 4 * count
+    if count < 0 or end > len(data):
+        raise EncodingError(column, "value is truncated (a size header runs past its end)")
+    return np.frombuffer(bytes(data[at:end]), dtype="<u4")
+
+
+# --------------------------------------------------------------------------- base class
+
+
+class Encoding(ABC):
+    """One MDS encoding: its name in the index, its fixed size if any, and its codecs."""
+
+    name: str = ""
+    size: int | None = None  # bytes per value when fixed, else None
+    safe: bool = True  # False: decoding runs code (pickle)
+
+    @abstractmethod
+    def encode(self, array: pa.Array, column: str) -> Pieces:
+        """Per-sample bytes of a null-free Arrow array."""
+
+    @abstractmethod
+    def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> np.ndarray:
+        """A numpy batch from ``n`` encoded values."""
+
+    @abstractmethod
+    def arrow_type(self) -> pa.DataType:
+        """The natural Arrow type of decoded values (used when no schema was recorded)."""
+
+    def check_safe(self, column: str, options: DecodeOptions) -> None:
+        if not self.safe and not options.allow_unsafe:
+            raise UnsafeEncodingError(
+                f"column {column!r} uses the {self.name!r} encoding, which runs code when "
+                "read; open the dataset with allow_unsafe=True only if you trust its writer"
+            )
+
+    def __repr__(self) -> str:
+        return f"<encoding {self.name}>"
+
+
+# --------------------------------------------------------------------------- scalars
+
+
+class ScalarEncoding(Encoding):
+    """Fixed-width little-endian numbers: int8..int64, uint8..uint64, float16..64, int."""
+
+    def __init__(self, name: str, dtype: str) -> None:
+        self.name = name
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        self.size = self.dtype.itemsize
+
+    def encode(self, array: pa.Array, column: str) -> Pieces:
+        t = array.type
+        if not (
+            pa.types.is_integer(t)
+            or pa.types.is_floating(t)
+            or pa.types.is_boolean(t)
+            or pa.types.is_temporal(t)
+        ):
+            raise EncodingError(column, f"Arrow type {t} cannot be stored as {self.name!r}")
+        values = _cast_checked(_np_values(array), self.dtype, column)
+        return Pieces(np.ascontiguousarray(values).view(U8).reshape(-1), width=self.size)
+
+    def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> np.ndarray:
+        return (
+            pieces.data[: n * self.dtype.itemsize]
+            .view(self.dtype)
+            .astype(self.dtype.newbyteorder("="), copy=False)
+        )
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.from_numpy_dtype(self.dtype.newbyteorder("="))
+
+
+# --------------------------------------------------------------------------- text and bytes
+
+
+class BytesEncoding(Encoding):
+    name = "bytes"
+
+    def encode(self, array: pa.Array, column: str) -> Pieces:
+        if not (
+            pa.types.is_binary(array.type)
+            or pa.types.is_large_binary(array.type)
+            or pa.types.is_fixed_size_binary(array.type)
+            or pa.types.is_string(array.type)
+            or pa.types.is_large_string(array.type)
+        ):
+            raise EncodingError(column, f"Arrow type {array.type} cannot be stored as 'bytes'")
+        return _binary_pieces(array)
+
+    def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> np.ndarray:
+        return _binary_array(pieces, False, column).to_numpy(zero_copy_only=False)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.binary()
+
+
+class StrEncoding(Encoding):
+    name = "str"
+
+    def encode(self, array: pa.Array, column: str) -> Pieces:
+        if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
+            try:
+                array = array.cast(pa.large_string())
+                array.validate(full=True)
+            except pa.ArrowInvalid as exc:
+                raise EncodingError(column, f"binary values are not valid UTF-8: {exc}") from None
+        elif not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+            raise EncodingError(column, f"Arrow type {array.type} cannot be stored as 'str'")
+        return _binary_pieces(array)
+
+    def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> np.ndarray:
+        return _binary_array(pieces, True, column).to_numpy(zero_copy_only=False)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.string()
+
+
+class StrNumberEncoding(Encoding):
+    """Numbers as their decimal text: str_int, str_float, str_decimal."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def encode(self, array: pa.Array, column: str) -> Pieces:
+        t = array.type
+        if self.name == "str_int" and pa.types.is_integer(t):
+            return _binary_pieces(pc.cast(array, pa.large_string()))
+        if self.name == "str_float" and (pa.types.is_floating(t) or pa.types.is_integer(t)):
+            texts = [repr(float(v)) for v in array.to_pylist()]
+        elif self.name == "str_decimal" and (
+            pa.types.is_decimal(t) or pa.types.is_integer(t) or pa.types.is_string(t)
+        ):
+            try:
+                texts = [str(Decimal(v)) for v in array.to_pylist()]
+            except ArithmeticError as exc:
+                raise EncodingError(column, f"not a decimal number: {exc}") from None
+        else:
+            raise EncodingError(column, f"Arrow type {t} cannot be stored as {self.name!r}")
+        return _pieces_from_bytes([s.encode() for s in texts])
+
+    def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> np.ndarray:
+        text = _binary_array(pieces, True, column)
+        try:
+            if self.name == "str_int":
+                try:
+                    return pc.cast(text, pa.int64()).to_numpy()
+                except pa.ArrowInvalid:  # beyond int64: keep Python ints
+                    return _object_array([int(s) for s in text.to_pylist()])
+            if self.name == "str_float":
+                return pc.cast(text, pa.float64()).to_numpy()
+            return _object_array([Decimal(s) for s in text.to_pylist()])
+        except (ValueError, ArithmeticError, pa.ArrowInvalid) as exc:
+            raise EncodingError(column, f"stored text is not a {self.name} value: {exc}") from None
+
+    def arrow_type(self) -> pa.DataType:
+        return {"str_int": pa.int64(), "str_float": pa.float64()}.get(self.name, pa.string())
+
+
+def _jsonable(value: Any) -> Any:
+    """Arrow's Python values made JSON-ready: maps to dicts, decimals/dates to text."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        if value and all(isinstance(x, tuple) and len(x) == 2 for x in value):
+            return {str(k): _jsonable(v) for k, v in value}
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+class JsonEncoding(Encoding):
+    name = "json"
+
+    def encode(self, array: pa.Array, column: str) -> Pieces:
+        try:
+            texts = [json.dumps(_jsonable(v), allow_nan=False).encode() for v in array.to_pylist()]
+        except (TypeError, ValueError) as exc:
+            raise EncodingError(column, f"value is not JSON-serializable: {exc}") from None
+        return _pieces_from_bytes(texts)
+
+    def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> np.ndarray:
+        texts = _binary_array(pieces, True, column).to_pylist()
+        try:
+            return _object_array([json.loads(s) for s in texts])
+        except json.JSONDecodeError as exc:
+            raise EncodingError(column, f"stored value is not valid JSON: {exc}") from None
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.string()
+
+
+class PickleEncoding(Encoding):
+    name = "pkl"
+    safe = False
+
+    def encode(self, array: pa.Array, column: str) -> Pieces:
+        return _pieces_from_bytes([pickle.dumps(v) for v in array.to_pylist()])
+
+    def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> np.ndarray:
+        self.check_safe(column, options)
+        raw = _binary_array(pieces, False, column).to_pylist()
+        return _object_array([pickle.loads(b) for b in raw])
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.binary()
+
+
+# --------------------------------------------------------------------------- ndarray
+
+# Mosaic's dtype and shape-width codes (one byte each in per-sample headers).
+_DTYPE_CODES = {
+    "uint8": 8,
+    "int8": 9,
+    "uint16": 16,
+    "int16": 17,
+    "float16": 18,
+    "uint32": 32,
+    "int32": 33,
+    "float32": 34,
+    "uint64": 64,
+    "int64": 65,
+    "float64": 66,
+}
+_CODE_DTYPES = {code: np.dtype(name) for name, code in _DTYPE_CODES.items()}
+_SHAPE_DTYPES = [np.dtype("<u1"), np.dtype("<u2"), np.dtype("<u4"), np.dtype("<u8")]
+
+
+def _nested_values(array: pa.Array, column: str) -> tuple[pa.Array, np.ndarray]:
+    """Flatten nested lists into leaf values and a ``(n, ndim)`` shape per sample.
+
+    Each sample must be rectangular (every inner list of one sample equally long).
+    """
+    n = len(array)
+    owner = np.arange(n, dtype=I64)  # the sample each element at this depth belongs to
+    dims: list[np.ndarray] = []
+    level: pa.Array = array
+    while (
+        pa.types.is_list(level.type)
+        or pa.types.is_large_list(level.type)
+        or (pa.types.is_fixed_size_list(level.type))
+    ):
+        if level.null_count:
+            raise EncodingError(column, "arrays contain nulls; MDS arrays have no null values")
+        lengths = pc.list_value_length(level).to_numpy(zero_copy_only=False).astype(I64)
+        dim = np.zeros(n, dtype=I64)
+        if len(lengths):
+            lo = np.full(n, np.iinfo(np.int64).max, dtype=I64)
+            hi = np.full(n, -1, dtype=I64)
+            np.minimum.at(lo, owner, lengths)
+            np.maximum.at(hi, owner, lengths)
+            has = hi >= 0
+            if np.any(lo[has] != hi[has]):
+                row = int(np.flatnonzero(has & (lo != hi))[0])
+                raise EncodingError(
+                    column, f"row {row} is ragged below the top level; store it as 'json'"
+                )
+            dim[has] = hi[has]
+        dims.append(dim)
+        owner = np.repeat(owner, lengths)
+        level = level.flatten()
+    if level.null_count:
+        raise EncodingError(column, "arrays contain nulls; MDS arrays have no null values")
+    return level, np.stack(dims, axis=1) if dims else np.zeros((n, 0), dtype=I64)
+
+
+class NDArrayEncoding(Encoding):
+    """Numeric arrays: ``ndarray``, ``ndarray:DTYPE``, ``ndarray:DTYPE:D1,D2,...``.
+
+    Layout per sample: [dtype code, if not fixed] [ndim<<2 | shape width, shape, if not
+    fixed] [values]. Fixed dtype and shape make a fixed-width column.
+    """
+
+    def __init__(self, dtype: str | None = None, shape: tuple[int, ...] | None = None) -> None:
+        if dtype is not None and dtype not in _DTYPE_CODES:
+            raise ValueError(f"ndarray dtype {dtype!r} is not one of {sorted(_DTYPE_CODES)}")
+        if shape is not None and (not shape or any(d < 1 for d in shape)):
+            raise ValueError(f"ndarray shape {shape} must have dimensions >= 1")
+        self.dtype = np.dtype(dtype).newbyteorder("<") if dtype else None
+        self.shape = shape
+        self.name = "ndarray" + (f":{dtype}" if dtype else "")
+        if shape is not None:
+            if dtype is None:
+                raise ValueError("a fixed ndarray shape needs a fixed dtype too")
+            self.name += ":" + ",".join(map(str, shape))
+            self.size = int(np.prod(shape)) * self.dtype.itemsize  # type: ignore[union-attr]
+
+    @classmethod
+    def parse(cls, config: str) -> NDArrayEncoding:
+        parts = config.split(":") if config else []
+        if len(parts) > 2 or (parts and not parts[0]):
+            raise ValueError(f"malformed ndarray encoding 'ndarray:{config}'")
+        shape = None
+        if len(parts) == 2:
+            try:
+                shape = tuple(int(d) for d in parts[1].split(","))
+            except ValueError:
+                raise ValueError(f"malformed ndarray shape in 'ndarray:{config}'") from None
+        return cls(parts[0] if parts else None, shape)
+
+    # -- encode
+
+    def encode(self, array: pa.Array, column: str) -> Pieces:
+        leaves, shapes = _nested_values(array, column)
+        t = leaves.type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+            raise EncodingError(column, f"array elements of type {t} cannot be stored as ndarray")
+        values = _np_values(leaves)
+        dtype = self.dtype if self.dtype is not None else values.dtype.newbyteorder("<")
+        if dtype.name not in _DTYPE_CODES:
+            raise EncodingError(column, f"element dtype {dtype} has no ndarray code")
+        values = np.ascontiguousarray(_cast_checked(values, dtype, column))
+        n = len(array)
+        if shapes.shape[1] == 0:
+            raise EncodingError(column, "scalars need a scalar encoding, not ndarray")
+        if self.shape is not None:
+            bad = np.flatnonzero(np.any(shapes != np.asarray(self.shape, dtype=I64), axis=1))
+            if len(bad):
+                raise EncodingError(
+                    column,
+                    f"row {int(bad[0])} has shape {tuple(shapes[bad[0]].tolist())}, "
+                    f"encoding {self.name!r} needs {self.shape}",
+                )
+            return Pieces(values.view(U8).reshape(-1), width=self.size)
+        counts = np.prod(shapes, axis=1)
+        value_part = Pieces(values.view(U8), offsets=offsets_from_lengths(counts * dtype.itemsize))
+        parts = []
+        if self.dtype is None:
+            parts.append(Pieces(np.full(n, _DTYPE_CODES[dtype.name], dtype=U8), width=1))
+        parts.append(self._shape_headers(shapes))
+        parts.append(value_part)
+        return interleave(parts, n)
+
+    @staticmethod
+    def _shape_headers(shapes: np.ndarray) -> Pieces:
+        n, ndim = shapes.shape
+        if ndim >= 64:
+            raise ValueError(f"arrays have {ndim} axes; at most 63 fit the header")
+        biggest = shapes.max(axis=1) if n else np.zeros(0, dtype=I64)
+        code = (
+            (biggest >= 1 << 8).astype(np.int64)
+            + (biggest >= 1 << 16).astype(np.int64)
+            + (biggest >= 1 << 32).astype(np.int64)
+        )
+        lengths = 1 + ndim * (1 << code)
+        offsets = offsets_from_lengths(lengths)
+        out = np.empty(int(offsets[-1]), dtype=U8)
+        for c in np.unique(code).tolist():
+            rows = np.flatnonzero(code == c)
+            width = 1 + ndim * (1 << c)
+            block = np.empty((len(rows), width), dtype=U8)
+            block[:, 0] = (ndim << 2) | c
+            block[:, 1:] = shapes[rows].astype(_SHAPE_DTYPES[c]).view(U8).reshape(len(rows), -1)
+            out[(offsets[rows][:, None] + np.arange(width)).reshape(-1)] = block.reshape(-1)
+        return Pieces(out, offsets=offsets)
+
+    # -- decode
+
+    def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> np.ndarray:
+        if self.size is not None:
+            assert self.dtype is not None and self.shape is not None
+            flat = pieces.data[: n * self.size].view(self.dtype)
+            return flat.reshape((n, *self.shape)).astype(self.dtype.newbyteorder("="), copy=False)
+        assert pieces.offsets is not None
+        data, offsets = pieces.data, pieces.offsets
+        starts, lengths = offsets[:-1], np.diff(offsets)
+        head = 0 if self.dtype is not None else 1
+        if n and lengths.min() < head + 1:
+            raise EncodingError(column, "an ndarray value is shorter than its header")
+        if n == 0:
+            return np.empty(0, dtype=object)
+        codes = data[starts] if head else None
+        headers = data[starts + head]
+        if (codes is None or np.all(codes == codes[0])) and np.all(headers == headers[0]):
+            uniform = self._decode_uniform(data, starts, lengths, codes, int(headers[0]), column)
+            if uniform is not None:
+                return uniform
+        return _object_array(
+            [self._decode_one(bytes(data[s : s + m]), column) for s, m in zip(starts, lengths)]
+        )
+
+    def _value_dtype(self, code: int | None, column: str) -> np.dtype:
+        if code is None:
+            assert self.dtype is not None
+            return self.dtype
+        if code not in _CODE_DTYPES:
+            raise EncodingError(column, f"unknown ndarray dtype code {code}")
+        return _CODE_DTYPES[code].newbyteorder("<")
+
+    def _decode_uniform(
+        self,
+        data: np.ndarray,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        codes: np.ndarray | None,
+        header: int,
+        column: str,
+    ) -> np.ndarray | None:
+        """Stack a batch whose samples share dtype and shape; None when shapes differ."""
+        dtype = self._value_dtype(None if codes is None else int(codes[0]), column)
+        ndim, width = header >> 2, 1 << (header & 3)
+        at = starts + (0 if codes is None else 1) + 1
+        shape_bytes = ndim * width
+        if lengths.min() < (at - starts).max() + shape_bytes:
+            raise EncodingError(column, "an ndarray shape header is truncated")
+        raw = data[at[:, None] + np.arange(shape_bytes, dtype=I64)] if shape_bytes else None
+        shapes = (
+            raw.view(_SHAPE_DTYPES[header & 3]).reshape(len(starts), ndim).astype(I64)
+            if raw is not None
+            else np.zeros((len(starts), 0), dtype=I64)
+        )
+        if not np.all(shapes == shapes[0]):
+            return None
+        shape = tuple(int(d) for d in shapes[0])
+        body = at + shape_bytes
+        nbytes = lengths - (body - starts)
+        if float(np.prod(np.asarray(shape, dtype=np.float64))) * dtype.itemsize != float(
+            nbytes[0]
+        ) or not np.all(nbytes == nbytes[0]):
+            raise EncodingError(column, f"ndarray values do not match their shape {shape}")
+        size = int(nbytes[0])
+        block = (
+            data[body[:, None] + np.arange(size, dtype=I64)]
+            if size
+            else np.empty((len(starts), 0), dtype=U8)
+        )
+        return (
+            block.view(dtype)
+            .reshape((len(starts), *shape))
+            .astype(dtype.newbyteorder("="), copy=False)
+        )
+
+    def _decode_one(self, raw: bytes, column: str) -> np.ndarray:
+        at = 0
+        if self.dtype is None:
+            dtype = self._value_dtype(raw[0], column)
+            at = 1
+        else:
+            dtype = self.dtype
+        header = raw[at]
+        at += 1
+        ndim, width = header >> 2, 1 << (header & 3)
+        if at + ndim * width > len(raw):
+            raise EncodingError(column, "an ndarray shape header is truncated")
+        shape = tuple(int(d) for d in np.frombuffer(raw, _SHAPE_DTYPES[header & 3], ndim, at))
+        at += ndim * width
+        if float(np.prod(np.asarray(shape, dtype=np.float64))) * dtype.itemsize != len(raw) - at:
+            raise EncodingError(column, f"ndarray values do not match their shape {shape}")
+        return np.frombuffer(raw, dtype, offset=at).reshape(shape).astype(dtype.newbyteorder("="))
+
+    def arrow_type(self) -> pa.DataType:
+        value = pa.from_numpy_dtype(self.dtype.newbyteorder("=")) if self.dtype else pa.float64()
+        if self.shape is None:
+            return pa.list_(value)
+        out: pa.DataType = value
+        for dim in reversed(self.shape):
+            out = pa.list_(out, dim)
+        return out
+
+
+# --------------------------------------------------------------------------- images
+
+_SIGNATURES = {"jpeg": b"\xff\xd8", "png": b"\x89PNG\r\n\x1a\n"}
+
+
+def _pil() -> Any:
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - pillow is an optional extra
+        raise ImportError(
+            "decoding images needs Pillow: pip install 'spark-dl-core[images]'"
+        ) from None
+    return Image
+
+
+def _decode_image(kind: str, raw: bytes, mode: ImageMode, column: str) -> Any:
+    if mode == "bytes":
+        return raw
+    image_module = _pil()
+    try:
+        if kind == "pil":
+            if len(raw) < 12:
+                raise ValueError("pil header is truncated")
+            width, height, mode_size = np.frombuffer(raw, "<u4", 3)
+            image_mode = raw[12 : 12 + int(mode_size)].decode()
+            image = image_module.frombytes(
+                image_mode, (int(width), int(height)), raw[12 + int(mode_size) :]
+            )
+        else:
+            image = image_module.open(io.BytesIO(raw))
+            image.load()
+    except Exception as exc:
+        raise EncodingError(column, f"stored {kind} image does not decode: {exc}") from None
+    return image if mode == "pil" else np.asarray(image)
+
+
+def _stack_if_uniform(values: list[Any]) -> np.ndarray:
+    if values and all(isinstance(v, np.ndarray) for v in values):
+        first = values[0]
+        if all(v.shape == first.shape and v.dtype == first.dtype for v in values):
+            return np.stack(values)
+    return _object_array(values)
+
+
+class ImageEncoding(Encoding):
+    """jpeg / png (encoded files) and pil (raw pixels behind a small header).
+
+    Values are written as the bytes given (as Mosaic writes bytes passed to any encoding);
+    jpeg and png values are checked for their file signature.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def encode(self, array: pa.Array, column: str) -> Pieces:
+        if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
+            raise EncodingError(
+                column, f"{self.name!r} columns take encoded image bytes, not {array.type}"
+            )
+        pieces = _binary_pieces(array)
+        _check_signatures(self.name, pieces, column)
+        return pieces
+
+    def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> np.ndarray:
+        raw = _binary_array(pieces, False, column).to_pylist()
+        values = [_decode_image(self.name, r, options.images, column) for r in raw]
+        return _stack_if_uniform(values) if options.images == "numpy" else _object_array(values)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.binary()
+
+
+def _check_signatures(kind: str, pieces: Pieces, column: str) -> None:
+    signature = _SIGNATURES.get(kind)
+    if signature is None or pieces.offsets is None:
+        return
+    starts, lengths = pieces.offsets[:-1], np.diff(pieces.offsets)
+    short = lengths < len(signature)
+    ok = ~short
+    if (np.any(short) and np.any(lengths[short] > 0)) or (np.any(lengths == 0)):
+        raise EncodingError(column, f"a value is too short to be a {kind} file")
+    head = pieces.data[starts[ok][:, None] + np.arange(len(signature))]
+    bad = np.flatnonzero(np.any(head != np.frombuffer(signature, dtype=U8), axis=1))
+    if len(bad):
+        raise EncodingError(column, f"row {int(bad[0])} is not a {kind} file (bad signature)")
+
+
+class ImageListEncoding(Encoding):
+    """list[jpeg] / list[png] / list[pil] and jpeg_array: several images per sample.
+
+    list[...]: [u32 0] [u32 count] [u32 sizes...] [images]; jpeg_array drops the leading 0.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.kind = "jpeg" if name in ("jpeg_array", "jpegarray") else name[5:-1]
+        self.placeholder = name.startswith("list[")
+
+    def encode(self, array: pa.Array, column: str) -> Pieces:
+        t = array.type
+        if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not (
+            pa.types.is_binary(t.value_type) or pa.types.is_large_binary(t.value_type)
+        ):
+            raise EncodingError(column, f"{self.name!r} columns take list<binary>, not {t}")
+        n = len(array)
+        counts = pc.list_value_length(array).to_numpy(zero_copy_only=False).astype(I64)
+        images = _binary_pieces(array.flatten())
+        _check_signatures(self.kind, images, column)
+        assert images.offsets is not None
+        sizes = np.diff(images.offsets).astype("<u4")
+        first = offsets_from_lengths(counts)
+        head_words = 2 if self.placeholder else 1
+        head = np.zeros((n, head_words), dtype="<u4")
+        head[:, -1] = counts
+        parts = [
+            Pieces(head.view(U8).reshape(-1), width=4 * head_words),
+            Pieces(sizes.view(U8), offsets=first * 4),
+            Pieces(images.data, offsets=images.offsets[first]),
+        ]
+        return interleave(parts, n)
+
+    def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> np.ndarray:
+        raw = _binary_array(pieces, False, column).to_pylist()
+        out = []
+        for value in raw:
+            at = 4 if self.placeholder else 0
+            count = int(_u32(value, at, 1, column)[0])
+            sizes = _u32(value, at + 4, count, column).astype(I64)
+            ends = at + 4 + 4 * count + np.cumsum(sizes)
+            if count and int(ends[-1]) != len(value):
+                raise EncodingError(column, "image sizes do not add up to the stored value")
+            begins = np.concatenate([[at + 4 + 4 * count], ends[:-1]]).astype(I64)
+            out.append(
+                [
+                    _decode_image(self.kind, value[b:e], options.images, column)
+                    for b, e in zip(begins.tolist(), ends.tolist())
+                ]
+            )
+        return _object_array(out)
+
+    def arrow_type(self) -> pa.DataType:
+        return pa.list_(pa.binary())
+
+
+# --------------------------------------------------------------------------- registry
+
+_SCALARS = {
+    "int": "int64",
+    **{name: name for name in _DTYPE_CODES},
+}
+_SIMPLE: dict[str, type[Encoding]] = {
+    "bytes": BytesEncoding,
+    "str": StrEncoding,
+    "json": JsonEncoding,
+    "pkl": PickleEncoding,
+}
+
+
+def get_encoding(name: str) -> Encoding:
+    """The encoding an index names; ValueError for names MDS does not define."""
+    if name in _SCALARS:
+        return ScalarEncoding(name, _SCALARS[name])
+    if name in _SIMPLE:
+        return _SIMPLE[name]()
+    if name in ("str_int", "str_float", "str_decimal"):
+        return StrNumberEncoding(name)
+    if name in ("jpeg", "png", "pil"):
+        return ImageEncoding(name)
+    if name in ("list[jpeg]", "list[png]", "list[pil]", "jpeg_array", "jpegarray"):
+        return ImageListEncoding(name)
+    if name == "ndarray" or name.startswith("ndarray:"):
+        return NDArrayEncoding.parse(name[len("ndarray:") :] if ":" in name else "")
+    raise ValueError(f"unknown MDS encoding {name!r}; known: {sorted(encoding_names())}")
+
+
+def encoding_names() -> list[str]:
+    return sorted(
+        [*_SCALARS, *_SIMPLE, "str_int", "str_float", "str_decimal", "jpeg", "png", "pil"]
+        + ["list[jpeg]", "list[png]", "list[pil]", "jpeg_array", "ndarray"]  # noqa: RUF005
+    )
+
+
+def _leaf_type(t: pa.DataType) -> tuple[pa.DataType, list[int | None]]:
+    dims: list[int | None] = []
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        dims.append(t.list_size if pa.types.is_fixed_size_list(t) else None)
+        t = t.value_type
+    return t, dims
+
+
+def infer_encoding(field: pa.Field) -> str:
+    """The encoding a column gets when the spec names none, from its Arrow type."""
+    t = field.type
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_boolean(t):
+        return "uint8"
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return np.dtype(t.to_pandas_dtype()).name
+    if pa.types.is_decimal(t):
+        return "str_decimal"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "str"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "bytes"
+    if pa.types.is_temporal(t):
+        return "int32" if t.bit_width == 32 else "int64"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        leaf, dims = _leaf_type(t)
+        numeric = pa.types.is_integer(leaf) or pa.types.is_floating(leaf)
+        if numeric or pa.types.is_boolean(leaf):
+            dtype = "uint8" if pa.types.is_boolean(leaf) else np.dtype(leaf.to_pandas_dtype()).name
+            if all(d is not None for d in dims):
+                return f"ndarray:{dtype}:" + ",".join(str(d) for d in dims)
+            return f"ndarray:{dtype}"
+        return "json"
+    if pa.types.is_struct(t) or pa.types.is_map(t):
+        return "json"
+    raise EncodingError(field.name, f"Arrow type {t} has no MDS encoding; name one in the spec")

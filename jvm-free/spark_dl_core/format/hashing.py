@@ -1,0 +1,43 @@
+"""Shard hashes under the names Mosaic Streaming records: hashlib's and xxhash's."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import xxhash
+
+
+def _collect() -> dict[str, Callable[[bytes], Any]]:
+    found: dict[str, Callable[[bytes], Any]] = {}
+    for name in sorted(hashlib.algorithms_available):
+        if hasattr(hashlib, name) and not name.startswith("shake_"):
+            found[name] = getattr(hashlib, name)
+    for name in sorted(xxhash.algorithms_available):
+        found[name] = getattr(xxhash, name)
+    return found
+
+
+_HASHES = _collect()
+
+
+def hash_names() -> list[str]:
+    """Every hash name a dataset may list."""
+    return sorted(_HASHES)
+
+
+def check_hash_name(name: str) -> str:
+    if name not in _HASHES:
+        raise ValueError(f"unknown hash {name!r}; choose from {hash_names()}")
+    return name
+
+
+def digest(name: str, data: bytes | memoryview) -> str:
+    """Hex digest of ``data`` under the named algorithm."""
+    return str(_HASHES[check_hash_name(name)](data).hexdigest())
+
+
+def content_hash(data: bytes | memoryview) -> str:
+    """The hash spark-dl records for every shard to fingerprint datasets (fast, 128-bit)."""
+    return xxhash.xxh3_128_hexdigest(data)

@@ -1,0 +1,150 @@
+"""``index.json`` (Mosaic's, field for field) and ``spark_dl.json`` (ours, beside it)."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import DatasetError
+
+INDEX_FILE = "index.json"
+META_FILE = "spark_dl.json"
+INDEX_VERSION = 2
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    basename: str
+    bytes: int
+    hashes: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"basename": self.basename, "bytes": self.bytes, "hashes": dict(self.hashes)}
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One entry of ``index.json``'s ``shards`` list, as Mosaic's MDSWriter writes it."""
+
+    samples: int
+    raw_data: FileInfo
+    zip_data: FileInfo | None
+    column_names: list[str]
+    column_encodings: list[str]
+    column_sizes: list[int | None]
+    compression: str | None = None
+    hashes: list[str] = field(default_factory=list)
+    size_limit: int | None = None
+
+    def config(self) -> dict[str, Any]:
+        """The writer configuration Mosaic embeds in every shard and repeats in the index."""
+        return {
+            "column_encodings": self.column_encodings,
+            "column_names": self.column_names,
+            "column_sizes": self.column_sizes,
+            "compression": self.compression,
+            "format": "mds",
+            "hashes": self.hashes,
+            "size_limit": self.size_limit,
+            "version": INDEX_VERSION,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.config()
+        out["raw_data"] = self.raw_data.to_json()
+        out["samples"] = self.samples
+        out["zip_data"] = self.zip_data.to_json() if self.zip_data else None
+        return out
+
+    @property
+    def stored(self) -> FileInfo:
+        """The file actually on storage (compressed if compression was used)."""
+        return self.zip_data or self.raw_data
+
+
+def shard_config_bytes(config: dict[str, Any]) -> bytes:
+    return json.dumps(config, sort_keys=True).encode()
+
+
+def index_text(shards: list[ShardInfo]) -> str:
+    return json.dumps(
+        {"shards": [s.to_json() for s in shards], "version": INDEX_VERSION}, sort_keys=True
+    )
+
+
+def check_basename(name: object, where: str) -> str:
+    """A shard path must stay inside the dataset: relative, no '..', no scheme."""
+    if not isinstance(name, str) or not name:
+        raise DatasetError(f"{where}: shard basename {name!r} is not a file name")
+    normal = posixpath.normpath(name)
+    if (
+        name.startswith(("/", "\\"))
+        or "\\" in name
+        or ":" in name
+        or normal.startswith("..")
+        or "/../" in f"/{name}/"
+        or normal != name
+    ):
+        raise DatasetError(f"{where}: shard basename {name!r} points outside the dataset")
+    return name
+
+
+def _file_info(obj: Any, where: str) -> FileInfo:
+    if not isinstance(obj, dict):
+        raise DatasetError(f"{where}: expected an object, got {type(obj).__name__}")
+    size = obj.get("bytes")
+    hashes = obj.get("hashes") or {}
+    if not isinstance(size, int) or size < 0 or not isinstance(hashes, dict):
+        raise DatasetError(f"{where}: malformed file entry {obj!r}")
+    return FileInfo(check_basename(obj.get("basename"), where), size, dict(hashes))
+
+
+def parse_index(text: str | bytes, source: str) -> list[ShardInfo]:
+    """Validate and parse an ``index.json``; errors name ``source`` and the shard."""
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"{source}: not valid JSON ({exc})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("shards"), list):
+        raise DatasetError(f"{source}: no 'shards' list; is this an MDS dataset?")
+    if obj.get("version") != INDEX_VERSION:
+        raise DatasetError(f"{source}: index version {obj.get('version')!r}, expected 2")
+    shards = []
+    for i, entry in enumerate(obj["shards"]):
+        where = f"{source} shard {i}"
+        if not isinstance(entry, dict):
+            raise DatasetError(f"{where}: expected an object")
+        if entry.get("format") != "mds":
+            raise DatasetError(f"{where}: format {entry.get('format')!r} is not 'mds'")
+        names, encodings, sizes = (
+            entry.get("column_names"),
+            entry.get("column_encodings"),
+            entry.get("column_sizes"),
+        )
+        if not (
+            isinstance(names, list)
+            and isinstance(encodings, list)
+            and isinstance(sizes, list)
+            and len(names) == len(encodings) == len(sizes)
+        ):
+            raise DatasetError(f"{where}: column_names/encodings/sizes are malformed")
+        samples = entry.get("samples")
+        if not isinstance(samples, int) or samples < 0:
+            raise DatasetError(f"{where}: malformed sample count {samples!r}")
+        zip_entry = entry.get("zip_data")
+        shards.append(
+            ShardInfo(
+                samples=samples,
+                raw_data=_file_info(entry.get("raw_data"), where),
+                zip_data=_file_info(zip_entry, where) if zip_entry else None,
+                column_names=[str(n) for n in names],
+                column_encodings=[str(e) for e in encodings],
+                column_sizes=sizes,
+                compression=entry.get("compression"),
+                hashes=list(entry.get("hashes") or []),
+                size_limit=entry.get("size_limit"),
+            )
+        )
+    return shards

@@ -1,0 +1,141 @@
+"""The MDS shard file: ``[u32 count] [u32 offsets × (count+1)] [config json] [samples]``.
+
+Each sample is ``[u32 size of each variable-width column] [column values in order]``.
+Offsets are absolute positions in the (uncompressed) file. Building and slicing both work
+on whole batches of samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ShardError
+from .buffers import I64, U8, Pieces, gather, gather_fixed, interleave, offsets_from_lengths
+from .encodings import Encoding
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The columns of a shard in stored order, with each one's fixed size (None: variable)."""
+
+    names: tuple[str, ...]
+    encodings: tuple[Encoding, ...]
+
+    @property
+    def sizes(self) -> tuple[int | None, ...]:
+        return tuple(e.size for e in self.encodings)
+
+    @property
+    def variable(self) -> list[int]:
+        return [i for i, s in enumerate(self.sizes) if s is None]
+
+    @property
+    def row_size(self) -> int | None:
+        """Bytes per sample when every column is fixed-width, else None."""
+        sizes = self.sizes
+        return None if any(s is None for s in sizes) else sum(s or 0 for s in sizes)
+
+
+def assemble_samples(layout: Layout, columns: list[Pieces], n: int) -> Pieces:
+    """Lay the encoded columns out as MDS samples (size header, then each value)."""
+    parts: list[Pieces] = []
+    variable = layout.variable
+    if variable:
+        sizes = np.stack([np.diff(columns[i].offsets) for i in variable], axis=1)  # type: ignore[arg-type]
+        if sizes.size and sizes.max() >= 1 << 32:
+            raise ValueError("a value is 4 GiB or larger; MDS sizes are uint32")
+        parts.append(Pieces(sizes.astype("<u4").view(U8).reshape(-1), width=4 * len(variable)))
+    parts.extend(columns)
+    return interleave(parts, n)
+
+
+def build_shard(samples: Pieces, n: int, config: bytes) -> np.ndarray:
+    """The bytes of one shard file holding ``n`` assembled samples."""
+    lengths = samples.lengths(n)
+    header = 4 + 4 * (n + 1) + len(config)
+    offsets = offsets_from_lengths(lengths) + header
+    if int(offsets[-1]) >= 1 << 32:
+        raise ValueError("a shard reached 4 GiB; MDS offsets are uint32 (lower shard_size)")
+    out = np.empty(int(offsets[-1]), dtype=U8)
+    out[:4] = np.frombuffer(np.uint32(n).tobytes(), dtype=U8)
+    out[4 : 4 + 4 * (n + 1)] = offsets.astype("<u4").view(U8)
+    out[4 + 4 * (n + 1) : header] = np.frombuffer(config, dtype=U8)
+    out[header:] = samples.data[: int(lengths.sum())]
+    return out
+
+
+class ShardData:
+    """A decompressed shard in memory, validated, sliceable by sample indices."""
+
+    def __init__(self, raw: np.ndarray, file: str, layout: Layout, samples: int) -> None:
+        self.raw, self.file, self.layout = raw, file, layout
+        if len(raw) < 8:
+            raise ShardError(file, f"is {len(raw)} bytes, too short to be an MDS shard")
+        count = int(raw[:4].view("<u4")[0])
+        if count != samples:
+            raise ShardError(file, f"holds {count} samples, its index entry says {samples}")
+        if 4 + 4 * (count + 1) > len(raw):
+            raise ShardError(file, "is truncated inside its offset table")
+        offsets = raw[4 : 4 + 4 * (count + 1)].view("<u4").astype(I64)
+        if offsets[0] < 4 + 4 * (count + 1) or np.any(np.diff(offsets) < 0):
+            raise ShardError(file, "has a corrupted offset table")
+        if offsets[-1] != len(raw):
+            raise ShardError(
+                file, f"offsets end at byte {int(offsets[-1])} but the file has {len(raw)} bytes"
+            )
+        self.offsets = offsets
+        self.count = count
+        self._rows: np.ndarray | None = None
+        row = layout.row_size
+        if row is not None and count:
+            if np.any(np.diff(offsets) != row):
+                raise ShardError(file, f"samples are not all {row} bytes as its columns imply")
+            self._rows = raw[int(offsets[0]) : int(offsets[-1])].reshape(count, row)
+
+    def columns(self, index: np.ndarray, names: list[str]) -> dict[str, Pieces]:
+        """The stored bytes of ``names`` for the samples at ``index``, in that order."""
+        layout = self.layout
+        wanted = [layout.names.index(n) for n in names]
+        if len(index) and (index.min() < 0 or index.max() >= self.count):
+            raise IndexError(f"sample index out of range for shard {self.file!r}")
+        if self._rows is not None:
+            rows = self._rows[index]
+            out: dict[str, Pieces] = {}
+            at = np.cumsum([0, *(s or 0 for s in layout.sizes)])
+            for i in wanted:
+                width = layout.sizes[i] or 0
+                block = np.ascontiguousarray(rows[:, at[i] : at[i] + width])
+                out[layout.names[i]] = Pieces(block.reshape(-1), width=width)
+            return out
+        return self._columns_variable(index, wanted)
+
+    def _columns_variable(self, index: np.ndarray, wanted: list[int]) -> dict[str, Pieces]:
+        layout, raw = self.layout, self.raw
+        starts = self.offsets[index]
+        ends = self.offsets[index + 1]
+        variable = layout.variable
+        head = 4 * len(variable)
+        if len(index) and int((ends - starts).min()) < head:
+            raise ShardError(self.file, "a sample is shorter than its size header")
+        sizes = np.empty((len(index), len(layout.names)), dtype=I64)
+        if variable:
+            header = gather_fixed(raw, starts, head).view("<u4").reshape(len(index), -1)
+            sizes[:, variable] = header
+        for i, size in enumerate(layout.sizes):
+            if size is not None:
+                sizes[:, i] = size
+        positions = starts[:, None] + head + np.cumsum(sizes, axis=1) - sizes
+        if np.any(positions[:, -1] + sizes[:, -1] != ends) if len(index) else False:
+            raise ShardError(self.file, "a sample's column sizes do not add up to its length")
+        out: dict[str, Pieces] = {}
+        for i in wanted:
+            size = layout.sizes[i]
+            if size is not None:
+                block = gather_fixed(raw, positions[:, i], size)
+                out[layout.names[i]] = Pieces(block.reshape(-1), width=size)
+            else:
+                data, offsets = gather(raw, positions[:, i], sizes[:, i])
+                out[layout.names[i]] = Pieces(data, offsets=offsets)
+        return out

@@ -1,0 +1,110 @@
+"""DatasetSpec: the declarative description of how a dataset is written.
+
+A spec is data (pydantic, JSON round-trippable): it is recorded beside every dataset in
+``spark_dl.json``, it keys caches and it feeds the fingerprint. Invalid specs fail when
+constructed, with pydantic's message naming the field.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from .format.compression import parse_compression
+from .format.encodings import get_encoding
+from .format.hashing import check_hash_name
+from .transforms import Transform
+
+DEFAULT_SHARD_SIZE = 1 << 26  # Mosaic's default size_limit: 64 MiB
+MAX_SHARD_SIZE = (1 << 32) - 1  # sample offsets are uint32
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from ``67108864``, ``"64MiB"``, ``"64mb"`` or ``"512k"``.
+
+    Units are powers of 1024 whichever spelling is used (as Mosaic reads ``"64mb"``).
+    """
+    if isinstance(value, bool):
+        raise ValueError("a size must be a number of bytes or a string like '64MiB'")
+    if isinstance(value, int):
+        return value
+    match = _SIZE.match(str(value).lower())
+    if not match or match.group(2) not in _UNITS:
+        raise ValueError(f"cannot read {value!r} as a size; write e.g. 67108864, '64MiB', '512KiB'")
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def _size(value: Any) -> Any:
+    return parse_size(value) if isinstance(value, (int, str)) else value
+
+
+ByteSize = Annotated[int, BeforeValidator(_size), Field(ge=1, le=MAX_SHARD_SIZE)]
+
+
+class DatasetSpec(BaseModel):
+    """How to write a dataset: encodings, compression, shard size, hashes, nulls, transforms.
+
+    ``columns`` maps column names to MDS encodings (``"jpeg"``, ``"ndarray:float32:32"``…);
+    columns it does not name get an encoding inferred from their Arrow type.
+    ``nulls="error"`` refuses nulls, naming the column; ``nulls="mask"`` stores each
+    nullable column with nulls filled by zero/empty plus a ``<column>__isnull`` uint8
+    column, and readers that produce Arrow or Spark rows restore the nulls.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    columns: dict[str, str] = Field(default_factory=dict)
+    compression: str | None = None
+    shard_size: ByteSize = DEFAULT_SHARD_SIZE
+    hashes: list[str] = Field(default_factory=list)
+    nulls: Literal["error", "mask"] = "error"
+    transforms: list[Transform] = Field(default_factory=list)
+
+    @field_validator("columns")
+    @classmethod
+    def _known_encodings(cls, columns: dict[str, str]) -> dict[str, str]:
+        for name, encoding in columns.items():
+            try:
+                get_encoding(encoding)
+            except ValueError as exc:
+                raise ValueError(f"column {name!r}: {exc}") from None
+        return columns
+
+    @field_validator("compression")
+    @classmethod
+    def _known_compression(cls, value: str | None) -> str | None:
+        parse_compression(value)
+        return value or None
+
+    @field_validator("hashes")
+    @classmethod
+    def _known_hashes(cls, hashes: list[str]) -> list[str]:
+        for name in hashes:
+            check_hash_name(name)
+        if len(set(hashes)) != len(hashes):
+            raise ValueError(f"hashes are listed twice: {hashes}")
+        return sorted(hashes)  # Mosaic requires sorted hash lists
+
+    def canonical(self) -> dict[str, Any]:
+        """JSON-ready form used for fingerprints and cache keys (stable key order)."""
+        return self.model_dump(mode="json")
+
+
+NULL_SUFFIX = "__isnull"

@@ -1,0 +1,127 @@
+"""Where a dataset lives: a local directory or any fsspec URL (s3://, gs://, file://…).
+
+Writes of small metadata files are atomic on local disks (temporary name, then rename) and
+single PUTs on object stores, which S3-compatible stores apply atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import DatasetError
+
+
+def is_remote(url: str) -> bool:
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    return scheme not in ("", "file", "local")
+
+
+def _local_path(url: str) -> str:
+    if url.startswith("file://"):
+        return url[len("file://") :]
+    return os.path.expanduser(url)
+
+
+class Store:
+    """Files of one dataset directory, addressed by names relative to it."""
+
+    def __init__(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None):
+        self.url = str(url).rstrip("/") or "/"
+        self.remote = is_remote(self.url)
+        self.storage_options = dict(storage_options or {})
+        self._fs: Any = None
+        self.root = self.url if self.remote else os.path.abspath(_local_path(self.url))
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem for a remote store (created on first use, per process)."""
+        if self._fs is None:
+            try:
+                import fsspec
+            except ImportError:  # pragma: no cover - optional extra
+                raise ImportError(
+                    f"{self.url} needs fsspec: pip install 'spark-dl-core[remote]'"
+                ) from None
+            self._fs, _ = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        return self._fs
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_fs"] = None  # filesystems hold sockets and threads; rebuild after pickling
+        return state
+
+    def path(self, name: str) -> str:
+        return f"{self.root}/{name}" if self.remote else os.path.join(self.root, name)
+
+    def exists(self, name: str = "") -> bool:
+        target = self.path(name) if name else self.root
+        return bool(self.fs.exists(target)) if self.remote else os.path.exists(target)
+
+    def read_bytes(self, name: str) -> bytes:
+        try:
+            if self.remote:
+                return bytes(self.fs.cat_file(self.path(name)))
+            with open(self.path(name), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise DatasetError(f"{self.path(name)} does not exist") from None
+
+    def read_array(self, name: str) -> np.ndarray:
+        """A file's bytes as a read-only uint8 array (memory-mapped when local)."""
+        if self.remote:
+            return np.frombuffer(self.read_bytes(name), dtype=np.uint8)
+        path = self.path(name)
+        try:
+            if os.path.getsize(path) == 0:
+                return np.empty(0, dtype=np.uint8)
+            return np.memmap(path, dtype=np.uint8, mode="r")
+        except FileNotFoundError:
+            raise DatasetError(f"{path} does not exist") from None
+
+    def write_bytes(self, name: str, data: bytes | memoryview | np.ndarray) -> None:
+        """Write a whole file; on local disks readers see either nothing or all of it."""
+        payload = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
+        if self.remote:
+            self.fs.pipe_file(self.path(name), payload)
+            return
+        path = self.path(name)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        temp = f"{path}.tmp-{uuid.uuid4().hex}"
+        with open(temp, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+
+    def delete(self, name: str) -> None:
+        try:
+            if self.remote:
+                self.fs.rm_file(self.path(name))
+            else:
+                os.remove(self.path(name))
+        except FileNotFoundError:
+            pass
+
+    def listdir(self) -> list[str]:
+        """Names of the files directly in the dataset directory."""
+        if self.remote:
+            if not self.fs.exists(self.root):
+                return []
+            return sorted(
+                p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)
+            )
+        if not os.path.isdir(self.root):
+            return []
+        return sorted(os.listdir(self.root))
+
+    def makedirs(self) -> None:
+        if not self.remote:
+            os.makedirs(self.root, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
