@@ -20,10 +20,7 @@ if TYPE_CHECKING:
 def arrow_schema(dataset: Dataset, columns: list[str] | None = None) -> pa.Schema:
     """The Arrow schema a reader of ``dataset`` produces (masks folded into nullability)."""
     if dataset.plans:
-        fields = [
-            pa.field(p.name, p.arrow_type, nullable=p.null_mask is not None or p.encoding == "json")
-            for p in dataset.plans
-        ]
+        fields = [pa.field(p.name, p.arrow_type, nullable=p.nullable) for p in dataset.plans]
     else:
         fields = [
             pa.field(n, e.arrow_type(), nullable=False)

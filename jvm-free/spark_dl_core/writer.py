@@ -52,6 +52,7 @@ class ColumnPlan:
     arrow_type: pa.DataType
     encoding: str
     null_mask: str | None = None  # name of the companion "<name>__isnull" column
+    nullable: bool = True  # as the source schema declared it
 
 
 def plan_columns(schema: pa.Schema, spec: DatasetSpec) -> list[ColumnPlan]:
@@ -69,7 +70,7 @@ def plan_columns(schema: pa.Schema, spec: DatasetSpec) -> list[ColumnPlan]:
             mask = f.name + NULL_SUFFIX
             if mask in schema.names:
                 raise SpecError(f"column {mask!r} collides with the null mask of {f.name!r}")
-        plans.append(ColumnPlan(f.name, f.type, encoding, mask))
+        plans.append(ColumnPlan(f.name, f.type, encoding, mask, f.nullable))
     return plans
 
 
@@ -322,7 +323,7 @@ def build_meta(
     content_hashes: list[str],
     source: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    schema = pa.schema([pa.field(p.name, p.arrow_type) for p in plans])
+    schema = pa.schema([pa.field(p.name, p.arrow_type, nullable=p.nullable) for p in plans])
     return {
         "format": "spark-dl",
         "format_version": 1,
@@ -352,7 +353,9 @@ def plans_from_meta(meta: dict[str, Any]) -> list[ColumnPlan]:
     schema = schema_from_text(meta["arrow_schema"])
     cols = meta["columns"]
     return [
-        ColumnPlan(f.name, f.type, cols[f.name]["encoding"], cols[f.name].get("null_mask"))
+        ColumnPlan(
+            f.name, f.type, cols[f.name]["encoding"], cols[f.name].get("null_mask"), f.nullable
+        )
         for f in schema
     ]
 
