@@ -196,7 +196,7 @@ class Dataset:
             raise HashMismatchError(where, "has no hashes recorded to verify against")
         for name, expected in hashes.items():
             try:
-                actual = digest(name, memoryview(data))
+                actual = digest(name, data)
             except ValueError as exc:
                 raise ShardError(where, str(exc)) from None
             if actual != expected:

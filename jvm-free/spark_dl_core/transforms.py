@@ -112,7 +112,8 @@ class PythonTransform(_Base):
         if not module_name or not attr:
             raise SpecError(f"python transform {self.function!r}: write it as 'module:function'")
         try:
-            return getattr(importlib.import_module(module_name), attr)  # type: ignore[no-any-return]
+            function: Callable[[Any], Any] = getattr(importlib.import_module(module_name), attr)
+            return function
         except (ImportError, AttributeError) as exc:
             raise SpecError(
                 f"python transform {self.function!r} cannot be imported: {exc}"

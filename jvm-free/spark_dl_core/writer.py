@@ -153,7 +153,7 @@ class ShardWriter:
     def _set_plans(self, plans: list[ColumnPlan]) -> None:
         self.plans = plans
         self._layout = stored_layout(plans)
-        self._config = {
+        self._config: dict[str, Any] = {
             "column_encodings": [e.name for e in self._layout.encodings],
             "column_names": list(self._layout.names),
             "column_sizes": list(self._layout.sizes),

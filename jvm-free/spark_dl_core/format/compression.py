@@ -14,6 +14,8 @@ import brotli
 import cramjam
 import zstandard
 
+from .hashing import Data, as_buffer
+
 # family -> (allowed levels, default level); None: the family has no levels.
 _FAMILIES: dict[str, tuple[range, int] | None] = {
     "br": (range(0, 12), 11),
@@ -39,7 +41,8 @@ class Codec:
     def extension(self) -> str:
         return self.family
 
-    def compress(self, data: bytes | memoryview) -> bytes:
+    def compress(self, data: Data) -> bytes:
+        data = as_buffer(data)
         if self.family == "zstd":
             return zstandard.ZstdCompressor(level=self.level or 3).compress(data)
         if self.family == "gz":
@@ -54,9 +57,10 @@ class Codec:
             )
         return bytes(cramjam.snappy.compress_raw(bytes(data)))
 
-    def decompress(self, data: bytes | memoryview, expected_size: int) -> bytes:
+    def decompress(self, data: Data, expected_size: int) -> bytes:
         """Decompress, refusing output larger than ``expected_size`` bytes."""
         limit = expected_size
+        data = as_buffer(data)
         try:
             if self.family == "zstd":
                 reader = zstandard.ZstdDecompressor().stream_reader(bytes(data))

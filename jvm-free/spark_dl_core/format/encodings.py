@@ -344,7 +344,7 @@ _DTYPE_CODES = {
     "float64": 66,
 }
 _CODE_DTYPES = {code: np.dtype(name) for name, code in _DTYPE_CODES.items()}
-_SHAPE_DTYPES = [np.dtype("<u1"), np.dtype("<u2"), np.dtype("<u4"), np.dtype("<u8")]
+_SHAPE_DTYPES: list[np.dtype[Any]] = [np.dtype("<u1"), np.dtype("<u2"), np.dtype("<u4"), np.dtype("<u8")]
 
 
 def _nested_values(array: pa.Array, column: str) -> tuple[pa.Array, np.ndarray]:

@@ -6,11 +6,21 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import xxhash
 
+Data = bytes | memoryview | np.ndarray
 
-def _collect() -> dict[str, Callable[[bytes], Any]]:
-    found: dict[str, Callable[[bytes], Any]] = {}
+
+def as_buffer(data: Data) -> memoryview:
+    """A zero-copy view that every hash and codec accepts."""
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).data
+    return memoryview(data)
+
+
+def _collect() -> dict[str, Callable[..., Any]]:
+    found: dict[str, Callable[..., Any]] = {}
     for name in sorted(hashlib.algorithms_available):
         if hasattr(hashlib, name) and not name.startswith("shake_"):
             found[name] = getattr(hashlib, name)
@@ -33,11 +43,11 @@ def check_hash_name(name: str) -> str:
     return name
 
 
-def digest(name: str, data: bytes | memoryview) -> str:
+def digest(name: str, data: Data) -> str:
     """Hex digest of ``data`` under the named algorithm."""
-    return str(_HASHES[check_hash_name(name)](data).hexdigest())
+    return str(_HASHES[check_hash_name(name)](as_buffer(data)).hexdigest())
 
 
-def content_hash(data: bytes | memoryview) -> str:
+def content_hash(data: Data) -> str:
     """The hash spark-dl records for every shard to fingerprint datasets (fast, 128-bit)."""
-    return xxhash.xxh3_128_hexdigest(data)
+    return xxhash.xxh3_128_hexdigest(as_buffer(data))

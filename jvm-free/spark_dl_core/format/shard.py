@@ -43,7 +43,7 @@ def assemble_samples(layout: Layout, columns: list[Pieces], n: int) -> Pieces:
     parts: list[Pieces] = []
     variable = layout.variable
     if variable:
-        sizes = np.stack([np.diff(columns[i].offsets) for i in variable], axis=1)  # type: ignore[arg-type]
+        sizes = np.stack([columns[i].lengths(n) for i in variable], axis=1)
         if sizes.size and sizes.max() >= 1 << 32:
             raise ValueError("a value is 4 GiB or larger; MDS sizes are uint32")
         parts.append(Pieces(sizes.astype("<u4").view(U8).reshape(-1), width=4 * len(variable)))
