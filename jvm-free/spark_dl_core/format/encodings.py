@@ -344,7 +344,7 @@ _DTYPE_CODES = {
     "float64": 66,
 }
 _CODE_DTYPES = {code: np.dtype(name) for name, code in _DTYPE_CODES.items()}
-_SHAPE_DTYPES: list[np.dtype[Any]] = [np.dtype("<u1"), np.dtype("<u2"), np.dtype("<u4"), np.dtype("<u8")]
+_SHAPE_DTYPES: list[np.dtype[Any]] = [np.dtype(f"<u{2**i}") for i in range(4)]
 
 
 def _nested_values(array: pa.Array, column: str) -> tuple[pa.Array, np.ndarray]:
@@ -756,8 +756,12 @@ def get_encoding(name: str) -> Encoding:
 
 def encoding_names() -> list[str]:
     return sorted(
-        [*_SCALARS, *_SIMPLE, "str_int", "str_float", "str_decimal", "jpeg", "png", "pil"]
-        + ["list[jpeg]", "list[png]", "list[pil]", "jpeg_array", "ndarray"]  # noqa: RUF005
+        [
+            *_SCALARS,
+            *_SIMPLE,
+            *("str_int", "str_float", "str_decimal", "jpeg", "png", "pil"),
+            *("list[jpeg]", "list[png]", "list[pil]", "jpeg_array", "ndarray"),
+        ]
     )
 
 
