@@ -1,5 +1,7 @@
 """spark-dl-core: Mosaic-compatible MDS datasets and reproducible loaders, without a JVM."""
 
+from typing import Any
+
 __version__ = "0.1.0"
 
 from .dataset import Dataset, open_dataset
@@ -16,7 +18,7 @@ from .spec import DatasetSpec, parse_size
 from .writer import ShardWriter, WriteResult, write_mds
 
 
-def open_delta(path: str, version: int | None = None, **kwargs: object) -> object:
+def open_delta(path: str, version: int | None = None, **kwargs: Any) -> Any:
     """A Delta table snapshot as Arrow, with no JVM (see :mod:`spark_dl_core.delta`)."""
     from .delta import open_delta as _open_delta
 

@@ -1,0 +1,455 @@
+"""Delta tables at a pinned version, read with ``deltalake`` (delta-rs): no JVM.
+
+"The training data of run X" is a fact only if it can be named and read back: a table URI
+plus a version. :func:`open_delta` resolves that snapshot once and reads exactly its files,
+in a fixed order (files sorted by path, rows in file order), so two processes reading the
+same version produce the same rows in the same order — which the MDS export, and through it
+the loader's shuffle, depends on. ``deltalake``'s own ``DeltaTable.scan()`` honours deletion
+vectors but documents that row order is not guaranteed, so it is not used for the rows.
+
+What the reader does per data file: reads the Parquet file with pyarrow, drops the rows its
+deletion vector marks deleted (the keep-masks come from ``DeltaTable.deletion_vectors()``),
+adds the partition columns from the add action, and casts to the table schema (columns
+added later by schema evolution read as nulls). Tables with column mapping (``name``/``id``)
+are refused with a clear error: their Parquet column names are physical ids, and a reader
+that got them wrong would return wrong tensors silently.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import DatasetError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .dataset import Dataset
+    from .spec import DatasetSpec
+    from .writer import WriteResult
+
+# Reader features this module reads correctly. Others (e.g. columnMapping, v2Checkpoint
+# handled by deltalake itself is fine, but unknown row-level features are not) are refused.
+SUPPORTED_READER_FEATURES = frozenset(
+    {"deletionVectors", "timestampNtz", "v2Checkpoint", "vacuumProtocolCheck", "variantType"}
+)
+
+Timestamp = _dt.datetime | str | int | float
+
+
+class DeltaSnapshotError(DatasetError):
+    """A Delta snapshot that cannot be read: names the table, the version asked, what exists."""
+
+    def __init__(
+        self,
+        table: str,
+        message: str,
+        *,
+        asked: object = None,
+        available: tuple[int, int] | None = None,
+    ) -> None:
+        parts = [f"Delta table {table!r}"]
+        if asked is not None:
+            parts.append(f"at {asked}")
+        text = " ".join(parts) + f": {message}"
+        if available is not None:
+            text += f" (versions available: {available[0]}..{available[1]})"
+        super().__init__(text)
+        self.table = table
+        self.asked = asked
+        self.available = available
+
+
+def _import_deltalake() -> Any:
+    try:
+        import deltalake
+    except ImportError as exc:  # pragma: no cover - optional extra
+        raise ImportError(
+            "reading Delta tables without a JVM needs the 'deltalake' package: "
+            "pip install 'spark-dl-core[delta]'"
+        ) from exc
+    return deltalake
+
+
+def _to_utc_ms(ts: Timestamp) -> int:
+    """Milliseconds since the epoch; naive datetimes and ISO strings without zone are UTC."""
+    if isinstance(ts, (int, float)):
+        return int(ts)
+    if isinstance(ts, str):
+        ts = _dt.datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=_dt.timezone.utc)
+    return int(ts.timestamp() * 1000)
+
+
+def _iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).isoformat(
+        timespec="milliseconds"
+    )
+
+
+def commit_history(table: Any) -> list[tuple[int, int]]:
+    """``(version, commit timestamp ms)`` of every commit still in the log, oldest first."""
+    out = [(int(h["version"]), int(h["timestamp"])) for h in table.history() if "version" in h]
+    return sorted(out)
+
+
+def _available(history: list[tuple[int, int]]) -> tuple[int, int] | None:
+    return (history[0][0], history[-1][0]) if history else None
+
+
+def _file_key(uri: str) -> str:
+    """A data file's identity, whatever form (``file://`` URI or plain path) names it."""
+    if uri.startswith("file://"):
+        uri = uri[len("file://") :]
+    from urllib.parse import unquote
+
+    return unquote(uri)
+
+
+@dataclass
+class DeltaSnapshot:
+    """One version of a Delta table, pinned: the same rows, in the same order, every time.
+
+    Use :func:`open_delta`. ``columns`` projects; ``filter`` is a pyarrow compute expression
+    (or a SQL-ish string recorded in the lineage only when it is an expression's text) applied
+    per batch after deletion vectors.
+    """
+
+    table_uri: str
+    version: int
+    timestamp: str | None
+    files: list[str]
+    schema: pa.Schema
+    partition_columns: list[str]
+    columns: list[str] | None = None
+    filter: Any = None
+    storage_options: dict[str, str] | None = None
+    available: tuple[int, int] | None = None
+    _partition_values: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    _keep: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    # -- facts
+
+    @property
+    def has_deletion_vectors(self) -> bool:
+        """True when some file of this snapshot has deleted rows recorded in a deletion vector."""
+        return bool(self._keep)
+
+    @cached_property
+    def output_schema(self) -> pa.Schema:
+        if self.columns is None:
+            return self.schema
+        missing = [c for c in self.columns if c not in self.schema.names]
+        if missing:
+            raise DeltaSnapshotError(
+                self.table_uri,
+                f"has no column(s) {missing}; it has {self.schema.names}",
+                asked=f"version {self.version}",
+            )
+        return pa.schema([self.schema.field(c) for c in self.columns])
+
+    def lineage(self) -> dict[str, Any]:
+        """What a dataset written from this snapshot records as its source (spark_dl.json)."""
+        return {
+            "kind": "delta",
+            "table": self.table_uri,
+            "version": self.version,
+            "timestamp": self.timestamp,
+            "columns": list(self.columns) if self.columns is not None else None,
+            "filter": None if self.filter is None else str(self.filter),
+            "reader": "deltalake",
+        }
+
+    # -- reading
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """Record batches of the snapshot, file by file in path order (bounded memory)."""
+        import pyarrow.parquet as pq
+
+        filesystem, prefix = self._filesystem()
+        out_schema = self.output_schema
+        wanted = out_schema.names
+        for uri in self.files:
+            stored = [n for n in wanted if n not in self.partition_columns]
+            try:
+                pf = pq.ParquetFile(self._fs_path(uri, prefix), filesystem=filesystem)
+            except (FileNotFoundError, OSError) as exc:
+                raise DeltaSnapshotError(
+                    self.table_uri,
+                    f"data file {uri} is missing ({exc}); the snapshot was probably vacuumed",
+                    asked=f"version {self.version}",
+                    available=self.available,
+                ) from None
+            present = [n for n in stored if n in pf.schema_arrow.names]
+            keep = self._keep.get(_file_key(uri))
+            start = 0
+            for batch in pf.iter_batches(columns=present, batch_size=65536):
+                n = batch.num_rows
+                table = pa.Table.from_batches([batch])
+                if keep is not None:
+                    mask = keep[start : start + n]
+                    if len(mask) < n:  # rows past the vector's end are kept
+                        mask = mask + [True] * (n - len(mask))
+                    table = table.filter(pa.array(mask, type=pa.bool_()))
+                start += n
+                yield from self._finish(table, uri, out_schema)
+
+    def _finish(self, table: pa.Table, uri: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+        n = table.num_rows
+        arrays = []
+        for f in schema:
+            if f.name in self.partition_columns:
+                value = self._partition_values.get(_file_key(uri), {}).get(f.name)
+                # add actions carry typed values (or raw strings, cast like Delta does)
+                typed = isinstance(value, str) and not pa.types.is_string(f.type)
+                arr = pa.array([value] * n, type=pa.string() if typed else f.type)
+                arrays.append(arr.cast(f.type))
+            elif f.name in table.column_names:
+                arrays.append(table.column(f.name).cast(f.type))
+            else:  # added to the schema after this file was written
+                arrays.append(pa.nulls(n, type=f.type))
+        result = pa.Table.from_arrays(arrays, schema=schema)
+        if self.filter is not None:
+            result = result.filter(self.filter)
+        yield from result.combine_chunks().to_batches()
+
+    def to_arrow(self) -> pa.Table:
+        """The whole snapshot as one Arrow table (deletion vectors applied)."""
+        batches = list(self.batches())
+        return pa.Table.from_batches(batches, schema=self.output_schema)
+
+    def reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(self.output_schema, self.batches())
+
+    def write_mds(
+        self,
+        out_path: str,
+        spec: DatasetSpec | dict[str, Any] | None = None,
+        *,
+        mode: str = "overwrite",
+        progress: bool = False,
+        storage_options: dict[str, Any] | None = None,
+    ) -> WriteResult:
+        """Write this snapshot as an MDS dataset whose spark_dl.json names table and version."""
+        from .writer import write_mds
+
+        return write_mds(
+            self.batches(),
+            out_path,
+            spec,
+            mode=mode,  # type: ignore[arg-type]
+            source=self.lineage(),
+            progress=progress,
+            storage_options=storage_options,
+        )
+
+    def to_dataset(
+        self,
+        out_path: str,
+        spec: DatasetSpec | dict[str, Any] | None = None,
+        **open_kwargs: Any,
+    ) -> Dataset:
+        """Export to ``out_path`` unless this very snapshot and spec is there; open it.
+
+        Reuse is keyed by lineage and spec: a pinned export is written once.
+        """
+        from .dataset import open_dataset
+        from .spec import DatasetSpec as _Spec
+
+        spec_obj = spec if isinstance(spec, _Spec) else _Spec(**(spec or {}))
+        try:
+            existing = open_dataset(out_path, **open_kwargs)
+            if existing.source == self.lineage() and existing.spec == spec_obj.canonical():
+                return existing
+        except (DatasetError, FileNotFoundError, OSError):
+            pass
+        self.write_mds(out_path, spec_obj)
+        return open_dataset(out_path, **open_kwargs)
+
+    # -- filesystem
+
+    def _filesystem(self) -> tuple[Any, str]:
+        """A pyarrow filesystem for the table and how its URIs map to that filesystem's paths."""
+        from pyarrow import fs as pafs
+
+        if "://" not in self.table_uri or self.table_uri.startswith("file://"):
+            return pafs.LocalFileSystem(), ""
+        filesystem, _ = pafs.FileSystem.from_uri(self.table_uri)
+        return filesystem, self.table_uri.split("://", 1)[0] + "://"
+
+    @staticmethod
+    def _fs_path(uri: str, prefix: str) -> str:
+        if prefix and uri.startswith(prefix):
+            return uri[len(prefix) :]
+        return _file_key(uri)
+
+
+def open_delta(
+    path: str | os.PathLike[str],
+    version: int | None = None,
+    timestamp: Timestamp | None = None,
+    storage_options: dict[str, str] | None = None,
+    columns: Sequence[str] | None = None,
+    filter: Any = None,
+) -> DeltaSnapshot:
+    """Pin a Delta table at ``version`` (or the last commit at or before ``timestamp``).
+
+    ``None`` for both pins the latest version *now*: the returned snapshot keeps reading
+    that version after new commits land. Raises :class:`DeltaSnapshotError` naming the table,
+    the asked version and the versions available when the snapshot cannot be read.
+    """
+    deltalake = _import_deltalake()
+    uri = os.fspath(path)
+    if version is not None and timestamp is not None:
+        raise ValueError("give version or timestamp, not both")
+    try:
+        latest = deltalake.DeltaTable(uri, storage_options=storage_options)
+    except Exception as exc:
+        raise DeltaSnapshotError(uri, f"cannot be opened: {exc}") from None
+    history = commit_history(latest)
+    available = _available(history) or (latest.version(), latest.version())
+    asked: str | None = None
+    if timestamp is not None:
+        ms = _to_utc_ms(timestamp)
+        asked = f"timestamp {_iso(ms)}"
+        eligible = [v for v, t in history if t <= ms]
+        if not eligible:
+            first = _iso(history[0][1]) if history else "?"
+            raise DeltaSnapshotError(
+                uri,
+                f"the timestamp is before the first commit ({first})",
+                asked=asked,
+                available=available,
+            )
+        version = max(eligible)
+    if version is not None:
+        asked = asked or f"version {version}"
+        if version < 0 or version > latest.version():
+            raise DeltaSnapshotError(
+                uri, "no such version", asked=f"version {version}", available=available
+            )
+        if version < available[0]:
+            raise DeltaSnapshotError(
+                uri,
+                "the log no longer holds that version (log cleanup / checkpoint)",
+                asked=asked,
+                available=available,
+            )
+        try:
+            table = deltalake.DeltaTable(uri, version=version, storage_options=storage_options)
+        except Exception as exc:
+            raise DeltaSnapshotError(
+                uri, f"cannot be loaded: {exc}", asked=asked, available=available
+            ) from None
+    else:
+        table = latest
+    pinned = int(table.version())
+    asked = asked or f"version {pinned}"
+    _check_features(table, uri, asked, available)
+    when = dict(history).get(pinned)
+    schema = pa.schema(table.schema().to_arrow())
+    actions = pa.table(table.get_add_actions(flatten=True))
+    partition_columns = list(table.metadata().partition_columns)
+    base = table.table_uri.rstrip("/")
+    rel_paths = actions.column("path").to_pylist()
+    uris = [p if "://" in p or p.startswith("/") else f"{base}/{p}" for p in rel_paths]
+    uris = [_local(u) for u in uris]
+    part_values: dict[str, dict[str, Any]] = {}
+    for i, u in enumerate(uris):
+        part_values[_file_key(u)] = {
+            c: actions.column(f"partition.{c}")[i].as_py()
+            for c in partition_columns
+            if f"partition.{c}" in actions.column_names
+        }
+    keep: dict[str, Any] = {}
+    if "deletionVectors" in (table.protocol().reader_features or []):
+        dvs = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all()
+        for fp, sel in zip(dvs.column("filepath").to_pylist(), dvs.column("selection_vector")):
+            keep[_file_key(_local(fp))] = sel.as_py()
+    order = sorted(range(len(uris)), key=lambda i: rel_paths[i])
+    files = [uris[i] for i in order]
+    snap = DeltaSnapshot(
+        table_uri=_local(base),
+        version=pinned,
+        timestamp=_iso(when),
+        files=files,
+        schema=schema,
+        partition_columns=partition_columns,
+        columns=list(columns) if columns is not None else None,
+        filter=_as_expression(filter),
+        storage_options=storage_options,
+        available=available,
+        _partition_values=part_values,
+        _keep=keep,
+    )
+    snap.output_schema  # noqa: B018 - validate columns now, not at first read
+    _check_files_exist(snap, asked)
+    return snap
+
+
+def _as_expression(filter: Any) -> Any:
+    if filter is None or isinstance(filter, pc.Expression):
+        return filter
+    raise TypeError(
+        f"filter must be a pyarrow.compute.Expression (e.g. pc.field('x') > 3), "
+        f"not {type(filter).__name__}"
+    )
+
+
+def _local(uri: str) -> str:
+    """Local files as plain absolute paths, which pyarrow and Spark both accept."""
+    if uri.startswith("file://"):
+        return _file_key(uri)
+    return uri
+
+
+def _check_features(table: Any, uri: str, asked: str, available: tuple[int, int]) -> None:
+    protocol = table.protocol()
+    features = set(protocol.reader_features or [])
+    mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+    if mode != "none" or "columnMapping" in features:
+        raise DeltaSnapshotError(
+            uri,
+            f"uses column mapping (mode {mode!r}), which the JVM-free reader refuses rather "
+            "than risk reading the wrong columns; read it with Spark (delta-spark) instead",
+            asked=asked,
+            available=available,
+        )
+    unsupported = sorted(features - SUPPORTED_READER_FEATURES)
+    if unsupported or protocol.min_reader_version > 3:
+        raise DeltaSnapshotError(
+            uri,
+            f"needs reader feature(s) {unsupported} (reader version "
+            f"{protocol.min_reader_version}) that the JVM-free reader does not support",
+            asked=asked,
+            available=available,
+        )
+
+
+def _check_files_exist(snap: DeltaSnapshot, asked: str) -> None:
+    """Fail at open, not mid-export, when a vacuum removed files this snapshot needs."""
+    filesystem, prefix = snap._filesystem()
+    from pyarrow import fs as pafs
+
+    paths = [snap._fs_path(u, prefix) for u in snap.files]
+    if not paths:
+        return
+    infos = filesystem.get_file_info(paths)
+    missing = [u for u, info in zip(snap.files, infos) if info.type == pafs.FileType.NotFound]
+    if missing:
+        raise DeltaSnapshotError(
+            snap.table_uri,
+            f"{len(missing)} data file(s) of this snapshot are missing (vacuumed?), "
+            f"e.g. {missing[0]}",
+            asked=asked,
+            available=snap.available,
+        )

@@ -1,0 +1,359 @@
+"""``spark-dl``: export, inspect, verify and query datasets from the command line.
+
+Exit codes: 0 success, 1 failure (bad data, missing table, corrupted shard), 2 usage
+error (argparse). ``--json`` prints machine-readable data on stdout; messages go to stderr.
+pyspark is imported only by ``sql``, so ``export``/``inspect``/``verify`` start fast and
+run where no JVM is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class CommandError(Exception):
+    """A failure the CLI reports as one line and exit code 1."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _jsonable(value: Any, limit: int = 200) -> Any:
+    """Sample values in a form JSON can hold; long values are truncated with a note."""
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            return [_jsonable(v, limit) for v in value.tolist()]
+        if value.size > limit:
+            return {"shape": list(value.shape), "dtype": str(value.dtype), "truncated": True}
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        text = base64.b64encode(raw[:limit]).decode()
+        return {"base64": text, "bytes": len(raw), "truncated": len(raw) > limit}
+    if isinstance(value, str) and len(value) > limit:
+        return value[:limit] + "…"
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v, limit) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v, limit) for v in value]
+    return value
+
+
+def _print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=1, sort_keys=True, default=str)
+    sys.stdout.write("\n")
+
+
+def _read_spec(path: str | None) -> Any:
+    from spark_dl_core import DatasetSpec
+
+    if path is None:
+        return DatasetSpec()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return DatasetSpec(**json.load(f))
+    except (OSError, json.JSONDecodeError, ValueError) as exc:
+        raise CommandError(f"spec {path}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- export
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Delta (at a pinned version) or Parquet → MDS, with lineage in spark_dl.json."""
+    spec = _read_spec(args.spec)
+    columns = args.columns.split(",") if args.columns else None
+    if args.format == "delta":
+        from spark_dl_core.delta import open_delta
+
+        snapshot = open_delta(
+            args.table, version=args.version, timestamp=args.timestamp, columns=columns
+        )
+        data: Any = snapshot.batches()
+        source = snapshot.lineage()
+    else:
+        if args.version is not None or args.timestamp is not None:
+            raise CommandError("--version/--timestamp apply to Delta tables, not Parquet")
+        import pyarrow.dataset as pads
+
+        dataset = pads.dataset(args.table, format="parquet", partitioning="hive")
+        files = sorted(dataset.files)  # fixed order: same rows, same order, every run
+        dataset = pads.dataset(files, format="parquet", schema=dataset.schema)
+        data = dataset.to_batches(columns=columns)
+        source = {"kind": "parquet", "path": args.table, "files": len(files), "columns": columns}
+    from spark_dl_core import write_mds
+
+    result = write_mds(
+        data, args.out, spec, mode=args.mode, source=source, progress=not args.no_progress
+    )
+    summary = {
+        "path": result.path,
+        "samples": result.num_samples,
+        "shards": result.shards,
+        "fingerprint": result.fingerprint,
+        "source": source,
+    }
+    if args.json:
+        _print_json(summary)
+    else:
+        print(
+            f"wrote {result.num_samples} samples in {result.shards} shard(s) to {result.path}\n"
+            f"fingerprint {result.fingerprint}"
+        )
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- inspect
+
+
+def describe(path: str, samples: int = 3) -> dict[str, Any]:
+    """Everything ``inspect`` shows about a dataset, as plain data."""
+    from spark_dl_core import open_dataset
+
+    ds = open_dataset(path)
+    n = min(samples, len(ds))
+    rows: list[dict[str, Any]] = []
+    if n:
+        batch = ds.read(np.arange(n))
+        rows = [{k: _jsonable(v[i]) for k, v in batch.items()} for i in range(n)]
+    plans = {p.name: str(p.arrow_type) for p in ds.plans or []}
+    return {
+        "path": ds.path,
+        "samples": len(ds),
+        "columns": [
+            {"name": name, "encoding": enc, "arrow_type": plans.get(name)}
+            for name, enc in ds.columns.items()
+        ],
+        "shards": [
+            {
+                "file": s.stored.basename,
+                "samples": s.samples,
+                "bytes": s.stored.bytes,
+                "raw_bytes": s.raw_data.bytes,
+                "hashes": sorted(s.stored.hashes),
+            }
+            for s in ds.shards
+        ],
+        "num_shards": ds.num_shards,
+        "bytes": sum(s.stored.bytes for s in ds.shards),
+        "raw_bytes": sum(s.raw_data.bytes for s in ds.shards),
+        "compression": ds.shards[0].compression if ds.shards else None,
+        "spec": ds.spec,
+        "lineage": ds.source,
+        "fingerprint": ds.fingerprint,
+        "sample_rows": rows,
+    }
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    info = describe(args.path, args.samples)
+    if args.json:
+        _print_json(info)
+        return EXIT_OK
+    print(f"{info['path']}: {info['samples']} samples, {info['num_shards']} shard(s), ", end="")
+    print(
+        f"{info['bytes']} bytes stored ({info['raw_bytes']} raw), compression {info['compression']}"
+    )
+    print(f"fingerprint {info['fingerprint']}")
+    print("columns:")
+    for c in info["columns"]:
+        print(
+            f"  {c['name']}: {c['encoding']}" + (f" ({c['arrow_type']})" if c["arrow_type"] else "")
+        )
+    if info["lineage"]:
+        print("lineage:")
+        for k, v in info["lineage"].items():
+            print(f"  {k}: {v}")
+    print("shards:")
+    for s in info["shards"]:
+        print(f"  {s['file']}: {s['samples']} samples, {s['bytes']} bytes, hashes {s['hashes']}")
+    for i, row in enumerate(info["sample_rows"]):
+        print(f"sample {i}: {json.dumps(row, default=str)[:500]}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def verify(path: str) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Check every shard: size, recorded hashes, decompression, structure, content hash.
+
+    Returns (per-shard results, problems). Shards with no recorded hashes are still
+    decompressed, decoded in full and checked against spark_dl.json's content hash.
+    """
+    from spark_dl_core import SparkDLError, open_dataset
+    from spark_dl_core.format.hashing import content_hash
+
+    ds = open_dataset(path)
+    content = {m["basename"]: m.get("content_hash") for m in (ds.meta or {}).get("shards", [])}
+    results: list[dict[str, Any]] = []
+    problems: list[dict[str, str]] = []
+    for i, shard in enumerate(ds.shards):
+        name = shard.stored.basename
+        hashed = bool(shard.stored.hashes)
+        try:
+            data = ds.load_shard(i, verify_hashes=hashed)
+            ds.decode(data, np.arange(shard.samples))
+            expected = content.get(name)
+            if expected and content_hash(data.raw) != expected:
+                raise SparkDLError(
+                    f"shard {ds.store.path(name)!r}: content hash differs from spark_dl.json"
+                )
+        except (SparkDLError, ValueError, IndexError, OSError) as exc:
+            problems.append({"file": ds.store.path(name), "error": str(exc)})
+            results.append({"file": name, "ok": False, "hashes_checked": hashed})
+            continue
+        results.append({"file": name, "ok": True, "hashes_checked": hashed})
+    return results, problems
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    results, problems = verify(args.path)
+    if args.json:
+        _print_json(
+            {"path": args.path, "ok": not problems, "shards": results, "problems": problems}
+        )
+    else:
+        for p in problems:
+            print(f"BAD {p['file']}: {p['error']}", file=sys.stderr)
+        unhashed = sum(not r["hashes_checked"] for r in results)
+        note = f" ({unhashed} without recorded hashes: structure checked)" if unhashed else ""
+        status = "FAILED" if problems else "ok"
+        print(
+            f"{args.path}: {len(results) - len(problems)}/{len(results)} shard(s) ok"
+            f"{note}: {status}"
+        )
+    return EXIT_FAIL if problems else EXIT_OK
+
+
+# --------------------------------------------------------------------------- sql
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    """Run a .sql file's statements on a local Spark session (spark_dl registered)."""
+    from pyspark.sql import SparkSession
+
+    import spark_dl
+    from spark_dl.sql import run_sql_file
+
+    spark = (
+        SparkSession.builder.master(args.master)
+        .appName("spark-dl sql")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    try:
+        if hasattr(spark_dl, "register"):
+            spark_dl.register(spark)
+        variables = dict(v.split("=", 1) for v in args.var)
+        results = run_sql_file(spark, args.file, variables or None)
+        out = [_result_data(r, args.limit) for r in (results or [])]
+    finally:
+        spark.stop()
+    if args.json:
+        _print_json(out)
+    else:
+        for i, r in enumerate(out):
+            print(f"-- statement {i + 1}")
+            if r.get("columns"):
+                print("\t".join(r["columns"]))
+            for row in r.get("rows", []):
+                print("\t".join(str(v) for v in row))
+    return EXIT_OK
+
+
+def _result_data(result: Any, limit: int) -> dict[str, Any]:
+    """A statement result (DataFrame, list of Rows, or anything) as columns + rows."""
+    statement = None
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], str):
+        statement, result = result
+    if hasattr(result, "limit") and hasattr(result, "columns"):
+        rows = [list(r) for r in result.limit(limit).collect()]
+        data: dict[str, Any] = {"columns": list(result.columns), "rows": _jsonable(rows)}
+    elif isinstance(result, list):
+        data = {"columns": [], "rows": _jsonable([list(r) for r in result[:limit]])}
+    else:
+        data = {"columns": [], "rows": [] if result is None else [[_jsonable(result)]]}
+    if statement is not None:
+        data["statement"] = statement
+    return data
+
+
+# --------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spark-dl",
+        description="Reproducible deep-learning datasets from Spark and Delta tables (MDS).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("export", help="Delta table (pinned) or Parquet → MDS dataset")
+    p.add_argument("table", help="Delta table or Parquet directory (path or URL)")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--version", type=int, help="Delta version to pin (default: latest now)")
+    when.add_argument("--timestamp", help="last Delta commit at/before this ISO time")
+    p.add_argument("--out", required=True, help="output MDS directory or URL")
+    p.add_argument("--spec", help="JSON file with a DatasetSpec (encodings, compression…)")
+    p.add_argument("--format", choices=["delta", "parquet"], default="delta")
+    p.add_argument("--columns", help="comma-separated columns to export (default: all)")
+    p.add_argument(
+        "--mode", choices=["overwrite", "error", "append", "ignore"], default="overwrite"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("inspect", help="columns, encodings, shards, sizes, lineage, fingerprint")
+    p.add_argument("path")
+    p.add_argument("--samples", type=int, default=3, help="sample rows to show (default 3)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("verify", help="re-hash and decode every shard; exit 1 naming bad files")
+    p.add_argument("path")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("sql", help="run the statements of a .sql file on a local Spark session")
+    p.add_argument("file")
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--limit", type=int, default=100, help="rows printed per result")
+    p.add_argument(
+        "--var", action="append", default=[], metavar="NAME=VALUE", help="${NAME} substitution"
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_sql)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``spark-dl``; returns the exit code (also when called from Python)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 on usage errors
+    from spark_dl_core import SparkDLError
+
+    try:
+        return int(args.func(args))
+    except (CommandError, SparkDLError, OSError, ValueError, RuntimeError) as exc:
+        print(f"spark-dl {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The real ``spark-dl`` entry point, run as a subprocess: export, inspect, verify, sql."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+deltalake = pytest.importorskip("deltalake")
+from deltalake import write_deltalake  # noqa: E402
+
+_BIN = Path(sys.executable).with_name("spark-dl")
+CLI = [str(_BIN)] if _BIN.exists() else [sys.executable, "-m", "spark_dl.cli"]
+
+
+def run(*args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=240)
+    if check is not None:
+        assert proc.returncode == check, (proc.returncode, proc.stdout, proc.stderr)
+    return proc
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = str(tmp_path_factory.mktemp("cli") / "events")
+    data = pa.table(
+        {
+            "id": list(range(50)),
+            "label": [i % 3 for i in range(50)],
+            "text": [f"t{i}" for i in range(50)],
+        }
+    )
+    write_deltalake(path, data)
+    write_deltalake(path, data.slice(0, 10), mode="append")
+    return path
+
+
+@pytest.fixture(scope="module")
+def exported(table: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("out")
+    spec = root / "spec.json"
+    spec.write_text(json.dumps({"compression": "zstd", "hashes": ["xxh64"], "shard_size": 400}))
+    out = str(root / "ds")
+    proc = run("export", table, "--version", "0", "--out", out, "--spec", str(spec), "--json")
+    return {"out": out, "result": json.loads(proc.stdout), "stderr": proc.stderr}
+
+
+def test_help_and_usage_errors() -> None:
+    assert "export" in run("--help").stdout
+    assert "--version" in run("export", "--help").stdout
+    assert run(check=2).returncode == 2
+    assert run("export", "tbl", check=2).returncode == 2  # --out missing
+    assert run("frobnicate", check=2).returncode == 2
+    assert run("export", "t", "--out", "o", "--version", "x", check=2).returncode == 2
+
+
+def test_export_inspect_verify(exported: dict[str, Any], table: str) -> None:
+    result = exported["result"]
+    assert result["samples"] == 50 and result["shards"] > 1
+    assert result["source"]["version"] == 0
+    info = json.loads(run("inspect", exported["out"], "--json").stdout)
+    assert info["samples"] == 50 and info["num_shards"] == result["shards"]
+    assert info["fingerprint"] == result["fingerprint"]
+    assert info["lineage"]["table"] == table and info["lineage"]["version"] == 0
+    assert [c["name"] for c in info["columns"]] == ["id", "label", "text"]
+    assert info["compression"] == "zstd" and len(info["sample_rows"]) == 3
+    assert "fingerprint" in run("inspect", exported["out"]).stdout
+    verified = run("verify", exported["out"])
+    assert "ok" in verified.stdout
+
+
+def test_verify_names_corrupted_shard(exported: dict[str, Any], tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "ds"
+    shutil.copytree(exported["out"], copy)
+    shard = sorted(copy.glob("*.mds.zstd"))[1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    proc = run("verify", str(copy), check=1)
+    assert shard.name in proc.stderr
+    report = json.loads(run("verify", str(copy), "--json", check=1).stdout)
+    assert not report["ok"] and [p["file"] for p in report["problems"]] == [str(shard)]
+
+
+def test_verify_without_hashes_checks_structure(table: str, tmp_path: Path) -> None:
+    out = str(tmp_path / "plain")
+    run("export", table, "--out", out, "--no-progress")  # latest, no hashes recorded
+    assert "structure checked" in run("verify", out).stdout
+    shard = sorted(Path(out).glob("*.mds"))[0]
+    shard.write_bytes(shard.read_bytes()[:-7])  # truncated
+    assert shard.name in run("verify", out, check=1).stderr
+
+
+def test_export_errors_exit_1(table: str, tmp_path: Path) -> None:
+    proc = run("export", table, "--version", "5", "--out", str(tmp_path / "x"), check=1)
+    assert "version 5" in proc.stderr and "0..1" in proc.stderr
+    assert run("inspect", str(tmp_path / "missing"), check=1).stderr
+
+
+def test_export_parquet(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "pq"
+    src.mkdir()
+    pq.write_table(pa.table({"a": [1, 2, 3]}), src / "p0.parquet")
+    pq.write_table(pa.table({"a": [4, 5]}), src / "p1.parquet")
+    res = json.loads(
+        run(
+            "export", str(src), "--format", "parquet", "--out", str(tmp_path / "o"), "--json"
+        ).stdout
+    )
+    assert res["samples"] == 5 and res["source"]["kind"] == "parquet"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_sql_file(tmp_path: Path) -> None:
+    sql = tmp_path / "q.sql"
+    sql.write_text("SELECT 1 AS one;\nSELECT id * 2 AS twice FROM range(3);\n")
+    out = json.loads(run("sql", str(sql), "--json", "--master", "local[1]").stdout)
+    assert out[0]["rows"] == [[1]] and out[1]["rows"] == [[0], [2], [4]]
+    bad = tmp_path / "bad.sql"
+    bad.write_text("SELECT * FROM no_such_table;\n")
+    assert "no_such_table" in run("sql", str(bad), check=1).stderr

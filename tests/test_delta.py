@@ -1,0 +1,314 @@
+"""Delta version-pinned reads: JVM-free (deltalake) and Spark paths give the same rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+import uuid
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+deltalake = pytest.importorskip("deltalake")
+from deltalake import DeltaTable, write_deltalake  # noqa: E402
+
+from spark_dl_core import DatasetSpec, open_dataset  # noqa: E402
+from spark_dl_core.delta import DeltaSnapshotError, open_delta  # noqa: E402
+
+# --------------------------------------------------------------------------- table builders
+
+
+def _roaring64(values: list[int]) -> bytes:
+    """Delta's deletion-vector bitmap: magic, then a 64-bit portable RoaringBitmap."""
+    by_high: dict[int, list[int]] = {}
+    for v in sorted(values):
+        by_high.setdefault(v >> 16, []).append(v & 0xFFFF)
+    head = struct.pack("<II", 12346, len(by_high))  # SERIAL_COOKIE_NO_RUNCONTAINER
+    for key, vs in by_high.items():
+        head += struct.pack("<HH", key, len(vs) - 1)
+    offset = len(head) + 4 * len(by_high)
+    offsets, data = b"", b""
+    for vs in by_high.values():
+        offsets += struct.pack("<I", offset + len(data))
+        data += struct.pack(f"<{len(vs)}H", *vs)
+    return struct.pack("<iqi", 1681511377, 1, 0) + head + offsets + data
+
+
+def add_deletion_vector(table: str, deleted_rows: list[int]) -> None:
+    """Commit a deletion vector on the table's single data file, as delta-spark would.
+
+    deltalake's own ``delete`` rewrites files instead, so a DV table is built by hand.
+    """
+    dt = DeltaTable(table)
+    version = dt.version()
+    log = Path(table, "_delta_log", f"{version:020}.json").read_text().splitlines()
+    add = next(json.loads(line)["add"] for line in log if '"add"' in line)
+    blob = _roaring64(deleted_rows)
+    name = f"deletion_vector_{uuid.uuid4()}.bin"
+    crc = struct.pack(">I", zlib.crc32(blob))
+    Path(table, name).write_bytes(b"\x01" + struct.pack(">i", len(blob)) + blob + crc)
+    dv = {
+        "storageType": "p",
+        "pathOrInlineDv": "file://" + os.path.join(os.path.abspath(table), name),
+        "offset": 1,
+        "sizeInBytes": len(blob),
+        "cardinality": len(deleted_rows),
+    }
+    ts = int(time.time() * 1000)
+    remove = {
+        "path": add["path"],
+        "deletionTimestamp": ts,
+        "dataChange": True,
+        "extendedFileMetadata": True,
+        "size": add["size"],
+        "partitionValues": add["partitionValues"],
+    }
+    actions = [
+        {"commitInfo": {"timestamp": ts, "operation": "DELETE"}},
+        {"remove": remove},
+        {"add": dict(add, deletionVector=dv, dataChange=True)},
+    ]
+    Path(table, "_delta_log", f"{version + 1:020}.json").write_text(
+        "\n".join(json.dumps(a) for a in actions) + "\n"
+    )
+
+
+def rows(table: pa.Table) -> list[tuple[Any, ...]]:
+    return sorted(tuple(r.values()) for r in table.to_pylist())
+
+
+def _data(ids: range) -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(list(ids), pa.int64()),
+            "x": pa.array([float(i) / 2 for i in ids], pa.float32()),
+            "name": [f"row{i}" for i in ids],
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """history: v0 write, v1 append, v2 delete, v3 overwrite; part: partitioned; dv: DVs."""
+    root = tmp_path_factory.mktemp("delta")
+    history = str(root / "history")
+    expected: dict[int, list[int]] = {}
+    write_deltalake(history, _data(range(10)))
+    expected[0] = list(range(10))
+    time.sleep(0.01)
+    write_deltalake(history, _data(range(10, 15)), mode="append")
+    expected[1] = list(range(15))
+    time.sleep(0.01)
+    DeltaTable(history).delete("id < 3")
+    expected[2] = list(range(3, 15))
+    time.sleep(0.01)
+    write_deltalake(history, _data(range(100, 104)), mode="overwrite")
+    expected[3] = list(range(100, 104))
+
+    part = str(root / "part")
+    t = _data(range(12)).append_column("part", pa.array(["a", "b", "c"] * 4))
+    t = t.append_column("year", pa.array([2020, 2021] * 6, pa.int32()))
+    write_deltalake(part, t, partition_by=["part", "year"])
+
+    dv = str(root / "dv")
+    write_deltalake(dv, _data(range(10)), configuration={"delta.enableDeletionVectors": "true"})
+    add_deletion_vector(dv, [0, 3, 9])
+    return {"root": root, "history": history, "expected": expected, "part": part, "dv": dv}
+
+
+# --------------------------------------------------------------------------- JVM-free reads
+
+
+def test_each_version_of_history(tables: dict[str, Any]) -> None:
+    for version, ids in tables["expected"].items():
+        snap = open_delta(tables["history"], version=version)
+        assert snap.version == version
+        table = snap.to_arrow()
+        assert sorted(table["id"].to_pylist()) == ids
+        assert table.schema.names == ["id", "x", "name"]
+        assert table.num_rows == sum(b.num_rows for b in snap.batches())
+    assert open_delta(tables["history"]).version == 3  # latest, pinned
+
+
+def test_partition_columns_present_and_typed(tables: dict[str, Any]) -> None:
+    table = open_delta(tables["part"]).to_arrow()
+    assert table.schema.field("year").type == pa.int32()
+    assert table.schema.field("part").type == pa.string()
+    by_id = {r["id"]: (r["part"], r["year"]) for r in table.to_pylist()}
+    assert by_id == {i: ("abc"[i % 3], 2020 + i % 2) for i in range(12)}
+
+
+def test_deletion_vectors_are_honoured(tables: dict[str, Any]) -> None:
+    before = open_delta(tables["dv"], version=0)
+    after = open_delta(tables["dv"], version=1)
+    assert not before.has_deletion_vectors and after.has_deletion_vectors
+    assert sorted(before.to_arrow()["id"].to_pylist()) == list(range(10))
+    assert after.to_arrow()["id"].to_pylist() == [1, 2, 4, 5, 6, 7, 8]
+    # deltalake's own engine agrees (it applies DVs too, in no fixed order)
+    engine = pa.RecordBatchReader.from_stream(DeltaTable(tables["dv"]).scan()).read_all()
+    assert rows(engine) == rows(after.to_arrow())
+
+
+def test_columns_and_filter(tables: dict[str, Any]) -> None:
+    snap = open_delta(tables["history"], version=1, columns=["id"], filter=pc.field("id") >= 12)
+    assert snap.to_arrow().to_pydict() == {"id": [12, 13, 14]}
+    assert snap.lineage()["columns"] == ["id"] and "12" in snap.lineage()["filter"]
+
+
+def test_timestamp_pins_last_commit_at_or_before(tables: dict[str, Any]) -> None:
+    history = sorted(DeltaTable(tables["history"]).history(), key=lambda h: h["version"])
+    ts1 = history[1]["timestamp"]
+    assert open_delta(tables["history"], timestamp=ts1).version == 1
+    assert open_delta(tables["history"], timestamp=history[2]["timestamp"] - 1).version == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"version": 9}, ["version 9", "no such version", "0..3"]),
+        ({"version": -1}, ["version -1", "0..3"]),
+        (
+            {"timestamp": "2001-01-01T00:00:00"},
+            ["timestamp 2001-01-01", "before the first", "0..3"],
+        ),
+    ],
+)
+def test_bad_versions_name_table_and_range(
+    tables: dict[str, Any], kwargs: dict[str, Any], words: list[str]
+) -> None:
+    with pytest.raises(DeltaSnapshotError) as err:
+        open_delta(tables["history"], **kwargs)
+    text = str(err.value)
+    assert tables["history"] in text
+    for w in words:
+        assert w in text
+
+
+def test_vacuumed_snapshot_and_missing_table(tables: dict[str, Any], tmp_path: Path) -> None:
+    table = str(tmp_path / "vac")
+    write_deltalake(table, _data(range(3)))
+    write_deltalake(table, _data(range(5, 7)), mode="overwrite")
+    DeltaTable(table).vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
+    assert sorted(open_delta(table, version=1).to_arrow()["id"].to_pylist()) == [5, 6]
+    with pytest.raises(DeltaSnapshotError, match=r"version 0.*missing.*versions available: 0\.\."):
+        open_delta(table, version=0)
+    with pytest.raises(DeltaSnapshotError, match="cannot be opened"):
+        open_delta(str(tmp_path / "nope"))
+
+
+def test_column_mapping_refused_clearly(tmp_path: Path) -> None:
+    table = str(tmp_path / "cm")
+    write_deltalake(table, _data(range(2)), configuration={"delta.columnMapping.mode": "name"})
+    with pytest.raises(DeltaSnapshotError, match="column mapping"):
+        open_delta(table)
+
+
+# --------------------------------------------------------------------------- lineage, pinning
+
+
+def test_export_records_lineage_and_pins(tables: dict[str, Any], tmp_path: Path) -> None:
+    table = str(tmp_path / "pin")
+    write_deltalake(table, _data(range(20)))
+    write_deltalake(table, _data(range(20, 30)), mode="append")
+    spec = DatasetSpec(hashes=["xxh64"], shard_size=256)
+    first = open_delta(table, version=1).write_mds(str(tmp_path / "a"), spec)
+    ds = open_dataset(str(tmp_path / "a"))
+    assert ds.source["table"] == table and ds.source["version"] == 1
+    assert ds.source["timestamp"] and ds.source["kind"] == "delta"
+    assert ds.num_shards > 1
+    write_deltalake(table, _data(range(30, 40)), mode="append")  # a new commit lands
+    again = open_delta(table, version=1).write_mds(str(tmp_path / "b"), spec)
+    assert again.fingerprint == first.fingerprint
+    other = open_delta(table, version=2).write_mds(str(tmp_path / "c"), spec)
+    assert other.fingerprint != first.fingerprint
+    # to_dataset reuses a matching export and rewrites only when the snapshot differs
+    reused = open_delta(table, version=1).to_dataset(str(tmp_path / "a"), spec)
+    assert reused.fingerprint == first.fingerprint
+    assert open_delta(table, version=2).to_dataset(str(tmp_path / "a"), spec).source["version"] == 2
+
+
+_HASH_SCRIPT = """
+import hashlib, sys
+from spark_dl_core import open_delta, open_dataset
+table, version, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+open_delta(table, version=version).write_mds(out, {"shard_size": 300, "hashes": ["xxh64"]})
+ds = open_dataset(out)
+h = hashlib.sha256()
+for batch in ds.iter_batches(batch_size=4, shuffle=True, seed=7):
+    for name in sorted(batch):
+        h.update(name.encode()); h.update(repr(batch[name].tolist()).encode())
+print(ds.fingerprint, h.hexdigest())
+"""
+
+
+def test_two_processes_same_batches(tables: dict[str, Any], tmp_path: Path) -> None:
+    outs = []
+    for i in range(2):
+        proc = subprocess.run(
+            [sys.executable, "-c", _HASH_SCRIPT, tables["part"], "0", str(tmp_path / f"o{i}")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        outs.append(proc.stdout.split())
+    assert outs[0] == outs[1]
+    assert len(outs[0]) == 2
+
+
+# --------------------------------------------------------------------------- Spark path
+
+
+@pytest.fixture(scope="module")
+def spark() -> Any:
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[1]")
+        .appName("test_delta")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()
+
+
+@pytest.mark.spark
+def test_read_delta_matches_open_delta(spark: Any, tables: dict[str, Any]) -> None:
+    from spark_dl.delta import lineage_for, read_delta, session_reads_delta
+
+    assert not session_reads_delta(spark)
+    cases = [(tables["history"], v) for v in tables["expected"]]
+    cases += [(tables["part"], 0), (tables["dv"], 0), (tables["dv"], 1)]
+    for path, version in cases:
+        df = read_delta(spark, path, version=version)
+        snap = open_delta(path, version=version)
+        assert df.columns == snap.schema.names, path
+        got = sorted(tuple(r) for r in df.collect())
+        assert got == rows(snap.to_arrow()), (path, version)
+        lineage = lineage_for(df)
+        assert lineage is not None and lineage["version"] == version
+        assert lineage["reader"] == (
+            "spark-arrow" if snap.has_deletion_vectors else "spark-parquet"
+        )
+    latest = read_delta(spark, tables["history"])
+    assert lineage_for(latest)["version"] == 3  # type: ignore[index]
+    assert lineage_for(latest.select("id")) is None
+
+
+@pytest.mark.spark
+def test_read_delta_errors(spark: Any, tables: dict[str, Any]) -> None:
+    from spark_dl.delta import read_delta
+
+    with pytest.raises(DeltaSnapshotError, match=r"version 7.*0\.\.3"):
+        read_delta(spark, tables["history"], version=7)
