@@ -275,13 +275,17 @@ class Dataset:
         verify_hashes: bool = False,
         shuffle_window: int | None = None,
         start_batch: int = 0,
+        consumed: int = 0,
+        prefetch_bytes: int | None = None,
     ) -> Iterator[Batch]:
         """Batches (dicts of numpy arrays) of this rank's share of one epoch.
 
         The global order depends only on (fingerprint, seed, epoch, shuffle settings); see
-        :mod:`spark_dl_core.ordering`.
+        :mod:`spark_dl_core.ordering`. ``consumed`` skips that many samples of the global
+        order (elastic resume); ``start_batch`` skips this rank's first batches after that.
+        Shards are loaded ahead by a thread within ``prefetch_bytes`` of decompressed data.
         """
-        from .ordering import EpochPlan
+        from .ordering import DEFAULT_PREFETCH_BYTES, EpochPlan
 
         plan = EpochPlan.build(
             self,
@@ -293,9 +297,15 @@ class Dataset:
             world_size=world_size,
             drop_last=drop_last,
             shuffle_window=shuffle_window,
+            consumed=consumed,
         )
-        yield from plan.batches(
-            self, columns=columns, images=images, verify_hashes=verify_hashes, start=start_batch
+        yield from plan.batches_from(
+            self,
+            start=start_batch,
+            columns=columns,
+            images=images,
+            verify_hashes=verify_hashes,
+            prefetch_bytes=DEFAULT_PREFETCH_BYTES if prefetch_bytes is None else prefetch_bytes,
         )
 
     def to_arrow(self, columns: list[str] | None = None, batch_size: int = 65536) -> pa.Table:

@@ -1,0 +1,200 @@
+"""Loader throughput: one shuffled epoch of 1M rows (float32[32] + int64 label), batch 1024.
+
+Compares, in one run, with alternating rounds and medians:
+
+- ``ours_w2``: ``ds.to_torch(shuffle=True, num_workers=2)``
+- ``ours_w0``: the same in-process (``num_workers=0``)
+- ``pyarrow``: a plain ``pq.ParquetFile.iter_batches`` → ``torch.from_numpy`` loop (no shuffle)
+- ``mem_seq``: sequential slices of a preloaded tensor (upper limit)
+- ``mem_shuf``: a preloaded tensor gathered by a random permutation, batch by batch
+- ``mosaic``: Mosaic ``StreamingDataset`` + DataLoader(2 workers), if ``.venv-mosaic`` exists
+
+Each measurement runs in a fresh subprocess, so peak RSS (self + worker children) is its
+own. Usage: ``python bench/loader_bench.py [--rows N] [--rounds R]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BATCH = 1024
+
+
+def make_data(directory: Path, rows: int) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_dl_core import DatasetSpec, write_mds
+
+    if (directory / "done").exists():
+        return
+    rng = np.random.default_rng(0)
+    x = rng.random((rows, 32), dtype=np.float32)
+    table = pa.table(
+        {
+            "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 32),
+            "label": pa.array(np.arange(rows, dtype=np.int64)),
+        }
+    )
+    write_mds(table, str(directory / "mds"), DatasetSpec(shard_size="8MiB"))
+    pq.write_table(table, directory / "data.parquet", row_group_size=65536)
+    np.save(directory / "x.npy", x)
+    (directory / "done").write_text("ok")
+
+
+def run_one(name: str, directory: Path) -> dict[str, float]:
+    """One epoch of one loader; returns seconds, time to first batch, samples, peak RSS."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    import torch
+
+    from spark_dl_core import open_dataset
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()  # loader time, not interpreter start or module imports
+    first = None
+    samples = 0
+    if name.startswith("ours"):
+        ds = open_dataset(str(directory / "mds"))
+        workers = 2 if name == "ours_w2" else 0
+        batches = ds.to_torch(batch_size=BATCH, shuffle=True, seed=0, num_workers=workers)
+        for b in batches:
+            first = first or time.perf_counter()
+            samples += len(b["label"])
+            assert b["x"].shape[1] == 32
+    elif name == "pyarrow":
+        for rb in pq.ParquetFile(directory / "data.parquet").iter_batches(batch_size=BATCH):
+            x = torch.from_numpy(rb.column(0).values.to_numpy(zero_copy_only=False).reshape(-1, 32))
+            y = torch.from_numpy(rb.column(1).to_numpy())
+            first = first or time.perf_counter()
+            samples += len(y)
+            assert x.shape[1] == 32
+    elif name.startswith("mem"):
+        x_all = torch.from_numpy(np.load(directory / "x.npy"))
+        y_all = torch.arange(len(x_all))
+        start = time.perf_counter()  # the limit excludes loading the tensor
+        n = len(x_all)
+        if name == "mem_seq":
+            for i in range(0, n, BATCH):
+                x, y = x_all[i : i + BATCH], y_all[i : i + BATCH]
+                first = first or time.perf_counter()
+                samples += len(y)
+        else:
+            perm = torch.randperm(n)
+            for i in range(0, n, BATCH):
+                idx = perm[i : i + BATCH]
+                x, y = x_all[idx], y_all[idx]
+                first = first or time.perf_counter()
+                samples += len(y)
+    else:
+        raise ValueError(name)
+    end = time.perf_counter()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {
+        "seconds": end - start,
+        "first_batch_s": (first or end) - start,
+        "samples": samples,
+        "peak_rss_mib": (rss + rss_children) / 1024,
+    }
+
+
+MOSAIC = """
+import json, sys, time, resource
+from streaming import StreamingDataset
+from torch.utils.data import DataLoader
+start = time.perf_counter(); first = None; n = 0
+ds = StreamingDataset(local=sys.argv[1], shuffle=True, shuffle_seed=0, batch_size=1024)
+for b in DataLoader(ds, batch_size=1024, num_workers=2):
+    first = first or time.perf_counter(); n += len(b["label"])
+end = time.perf_counter()
+r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(
+    resource.RUSAGE_CHILDREN).ru_maxrss
+print(json.dumps({"seconds": end - start, "first_batch_s": first - start, "samples": n,
+                  "peak_rss_mib": r / 1024}))
+"""
+
+
+def measure(name: str, directory: Path) -> dict[str, float]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    if name == "mosaic":
+        python = ROOT / ".venv-mosaic" / "bin" / "python"
+        cmd = [str(python), "-c", MOSAIC, str(directory / "mds")]
+    else:
+        cmd = [sys.executable, __file__, "--one", name, "--dir", str(directory)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    if out.returncode:
+        raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--one")
+    parser.add_argument("--dir")
+    parser.add_argument("--skip", default="", help="comma-separated loaders to leave out")
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args.one, Path(args.dir))))
+        return
+    directory = Path(args.dir or Path(tempfile.gettempdir()) / f"spark-dl-bench-{args.rows}")
+    directory.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    make_data(directory, args.rows)
+    print(f"data ready in {time.perf_counter() - t:.1f}s at {directory}")
+    names = ["ours_w2", "ours_w0", "pyarrow", "mem_seq", "mem_shuf"]
+    if (ROOT / ".venv-mosaic" / "bin" / "python").exists():
+        names.append("mosaic")
+    else:
+        print("mosaic: skipped (.venv-mosaic not found)")
+    print("petastorm: skipped (no side environment)")
+    names = [n for n in names if n not in args.skip.split(",")]
+    results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else reversed(names):  # alternate the order
+            try:
+                results[name].append(measure(name, directory))
+            except RuntimeError as exc:
+                print(exc)
+    med = {
+        n: {k: statistics.median(x[k] for x in runs) for k in runs[0]}
+        for n, runs in results.items()
+        if runs
+    }
+    rate = {n: m["samples"] / m["seconds"] for n, m in med.items()}
+    print(f"\n{args.rows:,} rows, batch {BATCH}, {args.rounds} rounds (medians)")
+    print(
+        f"{'loader':10} {'samples/s':>12} {'epoch s':>8} {'1st batch s':>11} {'peak RSS MiB':>12}"
+    )
+    for n, m in med.items():
+        print(
+            f"{n:10} {rate[n]:12,.0f} {m['seconds']:8.2f} {m['first_batch_s']:11.3f} "
+            f"{m['peak_rss_mib']:12.0f}"
+        )
+    print("\nratios")
+    for a, b in [
+        ("ours_w2", "pyarrow"),
+        ("ours_w2", "mosaic"),
+        ("ours_w0", "mem_shuf"),
+        ("ours_w2", "mem_shuf"),
+        ("mem_shuf", "mem_seq"),
+    ]:
+        if a in rate and b in rate:
+            print(f"  {a} / {b}: {rate[a] / rate[b]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
