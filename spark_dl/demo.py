@@ -1,95 +1,180 @@
 """The main job end to end on the embedded default (``make demo``).
 
-Generates a small tabular classification set in place, writes it as an MDS dataset,
-opens it again and trains a tiny PyTorch model for an epoch from shuffled batches,
-printing what it did at each step. No arguments needed; ``--out`` and ``--rows`` exist.
+A local Spark session, a small Delta table generated in place, a pinned version of it
+written as MDS through ``df.write.format("mds")``, one epoch of PyTorch training from
+``df.dl.to_torch`` with a mid-epoch checkpoint and exact resume, one epoch of Keras from
+``df.dl.to_tf``, and proof that a new Delta commit changes nothing for the pinned data.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from spark_dl_core import DatasetSpec, open_dataset, write_mds
+FEATURES = 16
 
 
-def make_table(rows: int, seed: int = 0) -> pa.Table:
-    """Points in 16 dimensions labelled by which side of a fixed hyperplane they fall."""
+def make_rows(rows: int, seed: int) -> pa.Table:
+    """Points in 16 dimensions labelled by the side of a fixed hyperplane they fall on."""
     rng = np.random.default_rng(seed)
-    features = rng.normal(size=(rows, 16)).astype(np.float32)
-    weights = np.linspace(-1.0, 1.0, 16, dtype=np.float32)
-    labels = (features @ weights > 0).astype(np.int64)
+    x = rng.normal(size=(rows, FEATURES)).astype(np.float32)
+    y = (x @ np.linspace(-1.0, 1.0, FEATURES, dtype=np.float32) > 0).astype(np.int64)
     return pa.table(
         {
-            "features": pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), 16),
-            "label": pa.array(labels),
-            "id": pa.array(np.arange(rows, dtype=np.int64)),
+            "features": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), FEATURES),
+            "label": pa.array(y),
         }
     )
 
 
-def train_one_epoch(path: str, batch_size: int, seed: int) -> tuple[float, float, float]:
-    """Train logistic regression for one shuffled epoch; returns loss, accuracy, samples/s."""
+def step(message: str) -> None:
+    print(f"\n== {message}", flush=True)
+
+
+def train_torch(loader: Any, stop_after: int | None = None) -> tuple[float, int, float, Any]:
+    """Logistic regression over the loader; optionally stop after some batches."""
     import torch
 
-    torch.manual_seed(seed)
-    model = torch.nn.Linear(16, 2)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(FEATURES, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    dataset = open_dataset(path)
-    seen = correct = 0
     loss = torch.tensor(0.0)
-    start = time.perf_counter()
-    for batch in dataset.iter_batches(batch_size=batch_size, shuffle=True, seed=seed):
-        x = torch.from_numpy(batch["features"])
-        y = torch.from_numpy(batch["label"])
-        logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits, y)
+    seen, start = 0, time.perf_counter()
+    for i, batch in enumerate(loader):
+        logits = model(batch["features"])
+        loss = torch.nn.functional.cross_entropy(logits, batch["label"])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        seen += len(y)
-        correct += int((logits.argmax(dim=1) == y).sum())
-    elapsed = time.perf_counter() - start
-    return float(loss.detach()), correct / max(seen, 1), seen / elapsed
+        seen += len(batch["label"])
+        if stop_after is not None and i + 1 == stop_after:
+            break
+    return float(loss.detach()), seen, seen / (time.perf_counter() - start), model
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spark_dl.demo", description=__doc__)
-    parser.add_argument(
-        "--out", default="demo-output", help="working directory (default: %(default)s)"
-    )
-    parser.add_argument("--rows", type=int, default=50_000, help="rows to generate")
+    parser.add_argument("--out", default="demo-output", help="working directory (%(default)s)")
+    parser.add_argument("--rows", type=int, default=20_000, help="rows per Delta commit")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    from deltalake import write_deltalake
+    from pyspark.sql import SparkSession
+
+    import spark_dl
+    from spark_dl_core import open_dataset
 
     out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    dataset_path = str(out / "train-mds")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    table_path, mds_path = str(out / "events-delta"), str(out / "train-mds")
 
-    table = make_table(args.rows, args.seed)
-    print(f"[1/3] generated {table.num_rows:,} rows: {', '.join(table.column_names)}")
+    step("1. a Delta table with two commits (generated in place, no JVM needed)")
+    write_deltalake(table_path, make_rows(args.rows, args.seed))
+    write_deltalake(table_path, make_rows(args.rows, args.seed + 1), mode="append")
+    print(f"   {table_path}: versions 0 and 1, {2 * args.rows:,} rows at version 1")
 
-    spec = DatasetSpec(compression="zstd", shard_size="1MiB", hashes=["xxh64"])
+    step("2. local Spark reads the table pinned at version 1")
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("spark-dl demo")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark_dl.cache.dir", str(out / "cache"))
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_dl.register(spark)
+    df = spark_dl.read_delta(spark, table_path, version=1)
+    print(f"   {df.count():,} rows, schema {df.schema.simpleString()}")
+
+    step('3. df.write.format("mds") writes Mosaic-compatible shards from the executors')
     start = time.perf_counter()
-    result = write_mds(table, dataset_path, spec)
+    df.write.format("mds").mode("overwrite").option("compression", "zstd").save(mds_path)
+    ds = open_dataset(mds_path)
     print(
-        f"[2/3] wrote {result.num_samples:,} samples in {result.shards} zstd shards to "
-        f"{dataset_path} in {time.perf_counter() - start:.2f}s\n"
-        f"      fingerprint {result.fingerprint[:16]}…"
+        f"   {len(ds):,} samples in {ds.num_shards} shards, {time.perf_counter() - start:.1f}s; "
+        f"columns {ds.columns}\n   fingerprint {ds.fingerprint[:16]}…"
     )
 
-    ds = open_dataset(dataset_path)
-    loss, accuracy, rate = train_one_epoch(dataset_path, batch_size=256, seed=args.seed)
+    step("4. one epoch of PyTorch from df.dl.to_torch (cached materialization)")
+    loader = df.dl.to_torch(batch_size=256, shuffle=True, seed=args.seed)
+    loss, seen, rate, model = train_torch(loader)
+    with_weights = model.weight.detach().numpy()
+    accuracy = _accuracy(open_dataset(mds_path), with_weights, model.bias.detach().numpy())
+    print(f"   loss {loss:.3f}, accuracy {accuracy:.1%}, {seen:,} samples, {rate:,.0f} samples/s")
+
+    step("5. checkpoint mid-epoch, resume in a new loader: every sample exactly once")
+    first = df.dl.to_torch(batch_size=256, shuffle=True, seed=args.seed)
+    seen_ids: list[int] = []
+    for i, batch in enumerate(first):
+        seen_ids.extend(batch["label"].tolist())
+        if i == 39:
+            state = first.state_dict()
+            break
+    resumed = df.dl.to_torch(batch_size=256, shuffle=True, seed=args.seed)
+    resumed.load_state_dict(state)
+    rest = sum(len(b["label"]) for b in resumed)
     print(
-        f"[3/3] trained torch logistic regression for 1 epoch on {len(ds):,} samples: "
-        f"loss {loss:.3f}, accuracy {accuracy:.1%}, {rate:,.0f} samples/s"
+        f"   checkpoint after {len(seen_ids):,} samples; resumed loader yields the other "
+        f"{rest:,} ({len(seen_ids) + rest:,} of {seen:,})"
     )
-    return 0
+    if len(seen_ids) + rest != seen:
+        print("   resume lost or repeated samples", file=sys.stderr)
+        return 1
+
+    step("6. one epoch of Keras from df.dl.to_tf")
+    import tensorflow as tf
+
+    tf_ds = df.dl.to_tf(batch_size=256, shuffle=True, seed=args.seed).map(
+        lambda b: (b["features"], b["label"])
+    )
+    keras_model = tf.keras.Sequential([tf.keras.Input((FEATURES,)), tf.keras.layers.Dense(2)])
+    keras_model.compile(
+        optimizer=tf.keras.optimizers.SGD(0.5),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    start = time.perf_counter()
+    history = keras_model.fit(tf_ds, epochs=1, verbose=0, shuffle=False)
+    print(
+        f"   loss {history.history['loss'][-1]:.3f}, accuracy "
+        f"{history.history['accuracy'][-1]:.1%}, {seen / (time.perf_counter() - start):,.0f} "
+        "samples/s"
+    )
+
+    step("7. a new Delta commit does not change the pinned training data")
+    write_deltalake(table_path, make_rows(args.rows, args.seed + 2), mode="append")
+    again = spark_dl.read_delta(spark, table_path, version=1)
+    again.write.format("mds").mode("overwrite").option("compression", "zstd").save(
+        str(out / "train-mds-again")
+    )
+    same = open_dataset(str(out / "train-mds-again")).fingerprint == ds.fingerprint
+    print(f"   version 2 committed; version 1 re-exported: fingerprint unchanged = {same}")
+    spark.stop()
+    print(f"\nDone. Everything is under {out}")
+    return 0 if same else 1
+
+
+def _accuracy(ds: Any, weight: np.ndarray, bias: np.ndarray) -> float:
+    correct = total = 0
+    for batch in ds.iter_batches(batch_size=4096):
+        predicted = (batch["features"] @ weight.T + bias).argmax(axis=1)
+        correct += int((predicted == batch["label"]).sum())
+        total += len(predicted)
+    return correct / max(total, 1)
 
 
 if __name__ == "__main__":

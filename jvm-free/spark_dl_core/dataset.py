@@ -82,9 +82,10 @@ class Dataset:
             return stored_layout(plans)
         first = self.shards[0]
         for i, shard in enumerate(self.shards):
-            if (shard.column_names, shard.column_encodings) != (
+            if (shard.column_names, shard.column_encodings, shard.column_sizes) != (
                 first.column_names,
                 first.column_encodings,
+                first.column_sizes,
             ):
                 raise DatasetError(
                     f"{self.path}: shard {i} ({shard.stored.basename}) has columns "

@@ -58,6 +58,14 @@ class Store:
     def path(self, name: str) -> str:
         return f"{self.root}/{name}" if self.remote else os.path.join(self.root, name)
 
+    def _inside(self, name: str) -> str:
+        """The local path of ``name``, refusing symlinks that lead out of the dataset."""
+        path = self.path(name)
+        real, root = os.path.realpath(path), os.path.realpath(self.root)
+        if os.path.commonpath([real, root]) != root:
+            raise DatasetError(f"{path} resolves to {real}, outside the dataset {root}")
+        return path
+
     def exists(self, name: str = "") -> bool:
         target = self.path(name) if name else self.root
         return bool(self.fs.exists(target)) if self.remote else os.path.exists(target)
@@ -66,7 +74,7 @@ class Store:
         try:
             if self.remote:
                 return bytes(self.fs.cat_file(self.path(name)))
-            with open(self.path(name), "rb") as f:
+            with open(self._inside(name), "rb") as f:
                 return f.read()
         except FileNotFoundError:
             raise DatasetError(f"{self.path(name)} does not exist") from None
@@ -75,7 +83,7 @@ class Store:
         """A file's bytes as a read-only uint8 array (memory-mapped when local)."""
         if self.remote:
             return np.frombuffer(self.read_bytes(name), dtype=np.uint8)
-        path = self.path(name)
+        path = self._inside(name)
         try:
             if os.path.getsize(path) == 0:
                 return np.empty(0, dtype=np.uint8)

@@ -133,11 +133,16 @@ def parse_index(text: str | bytes, source: str) -> list[ShardInfo]:
         samples = entry.get("samples")
         if not isinstance(samples, int) or samples < 0:
             raise DatasetError(f"{where}: malformed sample count {samples!r}")
+        raw_info = _file_info(entry.get("raw_data"), where)
+        if 4 * (samples + 2) > raw_info.bytes:
+            raise DatasetError(
+                f"{where}: {samples} samples cannot fit in a shard of {raw_info.bytes} bytes"
+            )
         zip_entry = entry.get("zip_data")
         shards.append(
             ShardInfo(
                 samples=samples,
-                raw_data=_file_info(entry.get("raw_data"), where),
+                raw_data=raw_info,
                 zip_data=_file_info(zip_entry, where) if zip_entry else None,
                 column_names=[str(n) for n in names],
                 column_encodings=[str(e) for e in encodings],
