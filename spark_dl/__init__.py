@@ -1,0 +1,57 @@
+"""spark-dl: Spark DataFrames into PyTorch and TensorFlow through MDS datasets.
+
+``import spark_dl`` registers the ``mds`` data source on the active Spark session (classic or
+Connect), adds the ``df.dl`` accessor, and teaches ``DataFrameWriter.save`` Spark's default
+save modes for ``format("mds")`` (PySpark only hands Python data sources append/overwrite;
+see docs/spark.md, "Save modes").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spark_dl_core import DatasetSpec, open_dataset, write_mds
+
+from .accessor import DLAccessor, install_accessor
+from .converter import Converter
+from .datasource import MDSDataSource, install_save_modes
+from .delta import read_delta
+from .sql import register_dataset, run_sql_file
+
+__version__ = "0.1.0"
+
+
+def register(spark: Any) -> Any:
+    """Register the ``mds`` data source on ``spark`` (classic or Spark Connect session)."""
+    spark.dataSource.register(MDSDataSource)
+    return spark
+
+
+def _register_active() -> None:
+    """Best effort: the active session, if any, gets the data source at import time."""
+    try:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+    except Exception:  # no session machinery available: nothing to do
+        return
+    if spark is not None:
+        register(spark)
+
+
+install_accessor()
+install_save_modes()
+_register_active()
+
+__all__ = [
+    "Converter",
+    "DLAccessor",
+    "DatasetSpec",
+    "MDSDataSource",
+    "open_dataset",
+    "read_delta",
+    "register",
+    "register_dataset",
+    "run_sql_file",
+    "write_mds",
+]

@@ -110,21 +110,22 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     step("4. one epoch of PyTorch from df.dl.to_torch (cached materialization)")
-    loader = df.dl.to_torch(batch_size=256, shuffle=True, seed=args.seed)
+    dl: Any = df.dl  # typed Any: type checkers read df.<name> as a Column
+    loader = dl.to_torch(batch_size=256, shuffle=True, seed=args.seed)
     loss, seen, rate, model = train_torch(loader)
     with_weights = model.weight.detach().numpy()
     accuracy = _accuracy(open_dataset(mds_path), with_weights, model.bias.detach().numpy())
     print(f"   loss {loss:.3f}, accuracy {accuracy:.1%}, {seen:,} samples, {rate:,.0f} samples/s")
 
     step("5. checkpoint mid-epoch, resume in a new loader: every sample exactly once")
-    first = df.dl.to_torch(batch_size=256, shuffle=True, seed=args.seed)
+    first = dl.to_torch(batch_size=256, shuffle=True, seed=args.seed)
     seen_ids: list[int] = []
     for i, batch in enumerate(first):
         seen_ids.extend(batch["label"].tolist())
         if i == 39:
             state = first.state_dict()
             break
-    resumed = df.dl.to_torch(batch_size=256, shuffle=True, seed=args.seed)
+    resumed = dl.to_torch(batch_size=256, shuffle=True, seed=args.seed)
     resumed.load_state_dict(state)
     rest = sum(len(b["label"]) for b in resumed)
     print(
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     step("6. one epoch of Keras from df.dl.to_tf")
     import tensorflow as tf
 
-    tf_ds = df.dl.to_tf(batch_size=256, shuffle=True, seed=args.seed).map(
+    tf_ds = dl.to_tf(batch_size=256, shuffle=True, seed=args.seed).map(
         lambda b: (b["features"], b["label"])
     )
     keras_model = tf.keras.Sequential([tf.keras.Input((FEATURES,)), tf.keras.layers.Dense(2)])

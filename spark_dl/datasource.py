@@ -1,0 +1,546 @@
+"""The ``mds`` Python Data Source: Spark writes and reads MDS datasets.
+
+Bytes are the core's business (:class:`spark_dl_core.ShardWriter`, :class:`Dataset`); this
+module only plans Spark's side: each write task encodes its partition's Arrow batches into
+shards under a task-attempt-unique prefix and reports them; the driver's ``commit`` merges
+the reports, in partition order, into one index (written last, atomically). ``abort`` and
+``commit`` both delete every file of this job that the index does not name, so failed and
+speculative attempts leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import DataType, StructType, UserDefinedType
+
+from spark_dl_core import DatasetSpec, ShardWriter, open_dataset
+from spark_dl_core.arrow_bridge import arrow_schema, batch_to_arrow
+from spark_dl_core.errors import DatasetError, SpecError
+from spark_dl_core.format.index import ShardInfo
+from spark_dl_core.storage import Store
+from spark_dl_core.transforms import apply_transforms
+from spark_dl_core.writer import (
+    ColumnPlan,
+    commit_dataset,
+    load_existing,
+    plan_columns,
+    plans_from_meta,
+)
+
+from .types import conform, spark_arrow_schema, to_spark_schema
+
+FORMAT = "mds"
+SPEC_OPTIONS = ("compression", "shard_size", "hashes", "nulls", "columns", "spec")
+WRITE_MODES = ("append", "error", "ignore")
+_READ_ROWS = 8192  # rows per Arrow batch a read task yields (bounded memory)
+
+
+# --------------------------------------------------------------------------- options
+
+
+def spec_from_options(options: dict[str, str], schema_names: Sequence[str] = ()) -> DatasetSpec:
+    """A :class:`DatasetSpec` from data source options (keys arrive lowercased).
+
+    ``spec`` is a whole spec as JSON; the other keys override its fields. ``columns`` is a
+    JSON object (column names keep their case there); ``encoding.<column>`` options are
+    matched to ``schema_names`` case-insensitively, since Spark lowercases option keys.
+    """
+    opts = {k.lower(): v for k, v in options.items()}
+    fields: dict[str, Any] = json.loads(opts["spec"]) if opts.get("spec") else {}
+    for key in ("compression", "shard_size", "nulls"):
+        if key in opts:
+            fields[key] = opts[key] or None if key == "compression" else opts[key]
+    if "shard_size" in fields and str(fields["shard_size"]).isdigit():
+        fields["shard_size"] = int(fields["shard_size"])
+    if "hashes" in opts:
+        text = opts["hashes"].strip()
+        fields["hashes"] = (
+            json.loads(text) if text.startswith("[") else [h.strip() for h in text.split(",") if h]
+        )
+    columns = dict(fields.get("columns") or {})
+    if opts.get("columns"):
+        try:
+            columns.update(json.loads(opts["columns"]))
+        except json.JSONDecodeError as exc:
+            raise SpecError(
+                f"option 'columns' must be a JSON object like '{{\"image\": \"jpeg\"}}': {exc}"
+            ) from None
+    by_lower = {n.lower(): n for n in schema_names}
+    for key, value in opts.items():
+        if key.startswith("encoding."):
+            name = key[len("encoding.") :]
+            columns[by_lower.get(name, name)] = value
+    if columns:
+        fields["columns"] = columns
+    return DatasetSpec(**fields)
+
+
+def _has_spec_options(options: dict[str, str]) -> bool:
+    return any(k.lower() in SPEC_OPTIONS or k.lower().startswith("encoding.") for k in options)
+
+
+def _storage_options(options: Mapping[str, str]) -> dict[str, Any]:
+    """``storage.<key>`` options, passed to fsspec (``storage.key``, ``storage.secret``,
+    ``storage.endpoint_url``…): Spark tasks do not see the client's environment."""
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if key.lower().startswith("storage."):
+            out[key[len("storage.") :]] = value
+    for key in ("endpoint_url", "region_name"):  # botocore client settings, for s3fs
+        if key in out:
+            out.setdefault("client_kwargs", {})[key] = out.pop(key)
+    return out
+
+
+def _path(options: Mapping[str, str]) -> str:
+    path = options.get("path")
+    if not path:
+        raise DatasetError("the mds data source needs a path: .save(path) / .load(path)")
+    return path
+
+
+# --------------------------------------------------------------------------- vectors
+
+
+def _is_vector(dt: DataType) -> bool:
+    return isinstance(dt, UserDefinedType) and type(dt).__name__ == "VectorUDT"
+
+
+def vectors_to_arrays(array: pa.Array, dtype: str) -> pa.Array:
+    """Spark ML vectors (Arrow struct<type,size,indices,values>) as dense float lists."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    n = len(array)
+    kind = array.field("type").to_numpy(zero_copy_only=False)
+    size = array.field("size").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    values = array.field("values")
+    indices = array.field("indices")
+    val_len = values.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+    dense_len = np.where(kind == 1, val_len, size).astype(np.int64)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(dense_len, out=offsets[1:])
+    out = np.zeros(int(offsets[-1]), dtype=dtype)
+    flat_vals = values.flatten().to_numpy(zero_copy_only=False)
+    val_off = values.offsets.to_numpy()
+    dense = np.flatnonzero(kind == 1)
+    if len(dense):
+        starts = np.repeat(offsets[dense], val_len[dense])
+        src_starts = np.repeat(val_off[dense], val_len[dense])
+        within = np.arange(int(val_len[dense].sum())) - np.repeat(
+            np.cumsum(val_len[dense]) - val_len[dense], val_len[dense]
+        )
+        out[starts + within] = flat_vals[src_starts + within]
+    sparse = np.flatnonzero(kind == 0)
+    if len(sparse):
+        flat_idx = indices.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+        idx_off = indices.offsets.to_numpy()
+        counts = idx_off[sparse + 1] - idx_off[sparse]
+        src = np.concatenate([np.arange(idx_off[i], idx_off[i + 1]) for i in sparse])
+        out[np.repeat(offsets[sparse], counts) + flat_idx[src]] = flat_vals[src]
+    result = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(out))
+    if array.null_count:
+        result = pa.ListArray.from_arrays(
+            pa.array(offsets.astype(np.int32)), pa.array(out), mask=array.is_null()
+        )
+    return result
+
+
+def _convert_vectors(batch: pa.RecordBatch, vectors: dict[str, str]) -> pa.RecordBatch:
+    if not vectors:
+        return batch
+    arrays, fields = [], []
+    for f, col in zip(batch.schema, batch.columns):
+        if f.name in vectors:
+            col = vectors_to_arrays(col, vectors[f.name])
+            f = pa.field(f.name, col.type, nullable=f.nullable)
+        arrays.append(col)
+        fields.append(f)
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def writer_arrow_schema(schema: StructType, vectors: dict[str, str]) -> pa.Schema:
+    """The Arrow schema write tasks see, after ML vectors become float lists."""
+    plain = StructType([f for f in schema.fields if f.name not in vectors])
+    converted = to_arrow_schema(plain, timezone="UTC")
+    fields = []
+    for f in schema.fields:
+        if f.name in vectors:
+            fields.append(
+                pa.field(f.name, pa.list_(pa.from_numpy_dtype(np.dtype(vectors[f.name]))))
+            )
+        else:
+            fields.append(converted.field(f.name))
+    return pa.schema(fields)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+@dataclass
+class MDSCommitMessage(WriterCommitMessage):
+    """What one write task produced: its shards, their content hashes and column plans."""
+
+    partition: int
+    shards: list[ShardInfo] = field(default_factory=list)
+    content_hashes: list[str] = field(default_factory=list)
+    plans: list[ColumnPlan] | None = None
+
+
+class MDSWriter(DataSourceArrowWriter):
+    """Plans on the driver, encodes on executors, commits once on the driver."""
+
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
+        self.path = _path(options)
+        self.storage_options = _storage_options(options)
+        mode = (options.get("save_mode") or "append").lower()
+        mode = {"errorifexists": "error", "default": "error"}.get(mode, mode)
+        if not overwrite and mode not in WRITE_MODES:
+            raise DatasetError(
+                f"option save_mode={mode!r}: expected one of {WRITE_MODES} (or Spark's overwrite)"
+            )
+        self.mode = "overwrite" if overwrite else mode
+        self.token = uuid.uuid4().hex[:10]
+        dtype = options.get("vector_dtype", "float64")
+        self.vectors = {f.name: dtype for f in schema.fields if _is_vector(f.dataType)}
+        self.arrow_schema = writer_arrow_schema(schema, self.vectors)
+        store = Store(self.path, self.storage_options)
+        existing = load_existing(store)
+        self.skip = False
+        self.append_plans: list[ColumnPlan] | None = None
+        if existing is not None and self.mode == "error":
+            raise DatasetError(
+                f"an MDS dataset already exists at {self.path}; "
+                'write with .mode("overwrite") or .mode("append")'
+            )
+        if existing is not None and self.mode == "ignore":
+            self.skip = True
+        if existing is not None and self.mode == "append":
+            self.spec, self.append_plans = self._append_plan(existing[1], options)
+        else:
+            self.spec = spec_from_options(options, schema.names)
+        self.plans = self.append_plans or plan_columns(self._written_schema(), self.spec)
+
+    def _written_schema(self) -> pa.Schema:
+        """The schema shards will store: the input's, after the spec's write transforms."""
+        if not self.spec.transforms:
+            return self.arrow_schema
+        empty = pa.RecordBatch.from_pylist([], schema=self.arrow_schema)
+        return apply_transforms(empty, self.spec.transforms, "write").schema
+
+    def _append_plan(
+        self, meta: dict[str, Any] | None, options: dict[str, str]
+    ) -> tuple[DatasetSpec, list[ColumnPlan]]:
+        """The existing dataset's spec and plans, after refusing schema or encoding drift."""
+        if meta is None:
+            raise DatasetError(
+                f"{self.path} was not written by spark-dl (no spark_dl.json); cannot append"
+            )
+        spec = DatasetSpec(**meta["spec"])
+        old = plans_from_meta(meta)
+        if _has_spec_options(options):
+            given = spec_from_options(options, [p.name for p in old])
+            for key in ("compression", "shard_size", "hashes", "nulls"):
+                if getattr(given, key) != getattr(spec, key) and key in {
+                    k.lower() for k in options
+                }:
+                    raise SpecError(
+                        f"append to {self.path}: {key}={getattr(given, key)!r} differs from the "
+                        f"dataset's {getattr(spec, key)!r}"
+                    )
+            old_encodings = {p.name: p.encoding for p in old}
+            for name, enc in given.columns.items():
+                if old_encodings.get(name, enc) != enc:
+                    raise SpecError(
+                        f"append to {self.path}: column {name!r} encoding {enc!r} differs from "
+                        f"the dataset's {old_encodings[name]!r}"
+                    )
+        new = plan_columns(self.arrow_schema, DatasetSpec(**{**meta["spec"], "columns": {}}))
+        old_by = {p.name: p for p in old}
+        new_by = {p.name: p for p in new}
+        for name in [*old_by, *new_by]:
+            if name not in new_by:
+                raise SpecError(f"append to {self.path}: column {name!r} is missing from the data")
+            if name not in old_by:
+                raise SpecError(f"append to {self.path}: column {name!r} is not in the dataset")
+            if not _same_type(old_by[name].arrow_type, new_by[name].arrow_type):
+                raise SpecError(
+                    f"append to {self.path}: column {name!r} has type "
+                    f"{new_by[name].arrow_type}, the dataset stores {old_by[name].arrow_type}"
+                )
+        if [p.name for p in old] != [p.name for p in new]:
+            raise SpecError(
+                f"append to {self.path}: columns are in order {[p.name for p in new]}, "
+                f"the dataset stores {[p.name for p in old]}"
+            )
+        return spec, old
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> MDSCommitMessage:
+        """Runs on an executor: encode this partition into shards of its own prefix."""
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        partition = ctx.partitionId() if ctx else 0
+        attempt = ctx.attemptNumber() if ctx else 0
+        if self.skip:
+            for _ in iterator:
+                pass
+            return MDSCommitMessage(partition)
+        prefix = f"shard-{self.token}-p{partition:05}-a{attempt}-{uuid.uuid4().hex[:6]}"
+        store = Store(self.path, self.storage_options)
+        writer = ShardWriter(store, self.spec, prefix=prefix, plans=self.append_plans)
+        try:
+            for batch in iterator:
+                batch = _convert_vectors(batch, self.vectors)
+                if self.append_plans is not None:
+                    batch = _align(batch, self.append_plans)
+                writer.write(batch)
+            writer.finish()
+        except BaseException:
+            for info in writer.shards:
+                store.delete(info.stored.basename)
+            raise
+        return MDSCommitMessage(partition, writer.shards, writer.content_hashes, writer.plans)
+
+    def commit(self, messages: list[MDSCommitMessage | None]) -> None:  # type: ignore[override]
+        """Runs on the driver: one index for the whole job, then stray files go."""
+        store = Store(self.path, self.storage_options)
+        if self.skip:
+            self._cleanup(store, keep=set())
+            return
+        done = sorted((m for m in messages if m is not None), key=lambda m: m.partition)
+        shards: list[ShardInfo] = []
+        hashes: list[str] = []
+        # the column types tasks actually saw (the driver's are derived from Spark's schema)
+        plans = next((m.plans for m in done if m.plans and m.shards), self.plans)
+        for m in done:
+            if m.plans is not None and m.shards:
+                _check_plans(self.path, plans, m.plans)
+            shards.extend(m.shards)
+            hashes.extend(m.content_hashes)
+        existing = load_existing(store)
+        replaced: list[str] = []
+        if existing is not None:
+            if self.mode == "error":
+                self._cleanup(store, keep=set())
+                raise DatasetError(f"an MDS dataset appeared at {self.path} during the write")
+            if self.mode == "ignore":
+                self._cleanup(store, keep=set())
+                return
+            if self.mode == "append":
+                old_shards, meta = existing
+                assert meta is not None
+                shards = old_shards + shards
+                hashes = [s["content_hash"] for s in meta["shards"]] + hashes
+            else:
+                replaced = [s.stored.basename for s in existing[0]]
+        source = {"writer": "spark", "format": FORMAT, "job": self.token}
+        commit_dataset(store, self.spec, plans, shards, hashes, source, replaced)
+        self._cleanup(store, keep={s.stored.basename for s in shards})
+
+    def abort(self, messages: list[MDSCommitMessage | None]) -> None:  # type: ignore[override]
+        """Runs on the driver after a failed job: every file this job wrote goes."""
+        self._cleanup(Store(self.path, self.storage_options), keep=set())
+
+    def _cleanup(self, store: Store, keep: set[str]) -> None:
+        mine = f"shard-{self.token}-"
+        for name in store.listdir():
+            if name.startswith(mine) and name not in keep:
+                store.delete(name)
+
+
+def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    if a == b:
+        return True
+    if pa.types.is_timestamp(a) and pa.types.is_timestamp(b):
+        return a.unit == b.unit and (a.tz is None) == (b.tz is None)
+    return False
+
+
+def _align(batch: pa.RecordBatch, plans: list[ColumnPlan]) -> pa.RecordBatch:
+    """Cast equivalent types (e.g. a timestamp's zone name) to the dataset's."""
+    schema = pa.schema([pa.field(p.name, p.arrow_type, nullable=p.nullable) for p in plans])
+    if batch.schema.equals(schema):
+        return batch
+    return conform(batch.select([p.name for p in plans]), schema)
+
+
+def _check_plans(path: str, want: list[ColumnPlan], got: list[ColumnPlan]) -> None:
+    for a, b in zip(want, got):
+        if (a.name, a.encoding) != (b.name, b.encoding):
+            raise SpecError(
+                f"write to {path}: a task encoded column {b.name!r} as {b.encoding!r}, "
+                f"expected {a.encoding!r}"
+            )
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class ShardGroup(InputPartition):
+    """A read partition: some consecutive shards, named so a changed dataset is noticed."""
+
+    def __init__(self, shards: list[int], basenames: list[str]) -> None:
+        super().__init__(shards)
+        self.shards = shards
+        self.basenames = basenames
+
+
+class MDSReader(DataSourceReader):
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self.path = _path(options)
+        self.storage_options = _storage_options(options)
+        self.shards_per_partition = max(1, int(options.get("shards_per_partition", "1")))
+        self.verify = options.get("verify_hashes", "false").lower() == "true"
+        self.allow_unsafe = options.get("allow_unsafe", "false").lower() == "true"
+
+    def _open(self) -> Any:
+        return open_dataset(
+            self.path, allow_unsafe=self.allow_unsafe, storage_options=self.storage_options
+        )
+
+    def partitions(self) -> Sequence[InputPartition]:
+        ds = self._open()
+        n = ds.num_shards
+        step = self.shards_per_partition
+        groups = [list(range(i, min(n, i + step))) for i in range(0, n, step)]
+        return [ShardGroup(g, [ds.shards[i].stored.basename for i in g]) for g in groups] or [
+            ShardGroup([], [])
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ShardGroup)
+        if not partition.shards:
+            return
+        ds = self._open()
+        names = [ds.shards[i].stored.basename for i in partition.shards]
+        if names != partition.basenames:
+            raise DatasetError(f"{self.path} changed while it was being read; read it again")
+        schema = spark_arrow_schema(arrow_schema(ds))
+        for i in partition.shards:
+            data = ds.load_shard(i, verify_hashes=self.verify)
+            n = ds.shards[i].samples
+            for start in range(0, n, _READ_ROWS):
+                index = np.arange(start, min(n, start + _READ_ROWS))
+                decoded = ds.decode(data, index)
+                yield conform(batch_to_arrow(ds, decoded), schema)
+
+
+class MDSDataSource(DataSource):
+    """``format("mds")``: MDS datasets (spark-dl's or Mosaic Streaming's) as Spark tables."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> StructType:
+        ds = open_dataset(_path(self.options), storage_options=_storage_options(self.options))
+        return to_spark_schema(arrow_schema(ds))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return MDSReader(dict(self.options), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> MDSWriter:
+        return MDSWriter(dict(self.options), schema, overwrite)
+
+
+# --------------------------------------------------------------------------- save modes
+
+_SAVE_MODE_ALIASES = {"errorifexists": "error", "default": "error"}
+
+
+def _wrap_writer_class(cls: Any) -> None:
+    """Record format/mode/path options on ``cls`` and give ``save`` Spark's default modes.
+
+    PySpark rejects every save mode but append and overwrite for Python data sources, so
+    a plain ``df.write.format("mds").save(path)`` would fail. For ``mds`` only, error and
+    ignore are decided here, on the client, from the dataset at ``path``; the write then
+    runs as append with option ``save_mode`` set, and the driver's commit checks again
+    (a dataset that appeared meanwhile fails an ``error`` write, nothing is replaced).
+    """
+    if getattr(cls, "_spark_dl_wrapped", False):
+        return
+    orig_mode, orig_format, orig_option, orig_save = cls.mode, cls.format, cls.option, cls.save
+    orig_options = cls.options
+
+    def mode(self: Any, saveMode: str | None) -> Any:
+        if saveMode is not None:
+            self._spark_dl_mode = saveMode
+        return orig_mode(self, saveMode)
+
+    def format(self: Any, source: str) -> Any:
+        self._spark_dl_format = source
+        return orig_format(self, source)
+
+    def option(self: Any, key: str, value: Any) -> Any:
+        if value is not None:
+            recorded = self.__dict__.setdefault("_spark_dl_options", {})
+            recorded[key.lower()] = str(value)
+        return orig_option(self, key, value)
+
+    def options(self: Any, **opts: Any) -> Any:
+        recorded = self.__dict__.setdefault("_spark_dl_options", {})
+        recorded.update({k.lower(): str(v) for k, v in opts.items() if v is not None})
+        return orig_options(self, **opts)
+
+    def save(
+        self: Any,
+        path: str | None = None,
+        format: str | None = None,
+        mode: str | None = None,
+        partitionBy: Any = None,
+        **options: Any,
+    ) -> None:
+        fmt = format or getattr(self, "_spark_dl_format", None)
+        if fmt is None or fmt.lower() != FORMAT:
+            return orig_save(self, path, format, mode, partitionBy, **options)
+        chosen = (mode or getattr(self, "_spark_dl_mode", None) or "error").lower()
+        chosen = _SAVE_MODE_ALIASES.get(chosen, chosen)
+        if chosen not in ("error", "ignore"):
+            return orig_save(self, path, format, mode, partitionBy, **options)
+        recorded = {**getattr(self, "_spark_dl_options", {}), **options}
+        target = path or recorded.get("path")
+        if not target:
+            raise DatasetError("the mds data source needs a path: .save(path)")
+        if Store(target, _storage_options(recorded)).exists("index.json"):
+            if chosen == "ignore":
+                return None
+            raise DatasetError(
+                f"an MDS dataset already exists at {target}; "
+                'write with .mode("overwrite") or .mode("append")'
+            )
+        self.option("save_mode", chosen)
+        return orig_save(self, path, format, "append", partitionBy, **options)
+
+    wrapped = {"mode": mode, "format": format, "option": option, "options": options, "save": save}
+    for name, fn in wrapped.items():
+        fn.__doc__ = getattr(cls, name).__doc__
+        fn.__name__ = name
+        setattr(cls, name, fn)
+    cls._spark_dl_wrapped = True
+
+
+def install_save_modes() -> None:
+    """Apply :func:`_wrap_writer_class` to the classic and Spark Connect writers."""
+    from pyspark.sql.readwriter import DataFrameWriter
+
+    _wrap_writer_class(DataFrameWriter)
+    try:
+        from pyspark.sql.connect.readwriter import DataFrameWriter as ConnectWriter
+    except ImportError:  # Connect's extra dependencies (grpc) are not installed
+        return
+    _wrap_writer_class(ConnectWriter)

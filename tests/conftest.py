@@ -1,0 +1,101 @@
+"""Shared Spark sessions: one classic ``local[2]`` and one Spark Connect ``remote("local[2]")``.
+
+Both are session-scoped (Spark starts slowly); tests take ``spark`` (parametrized over both
+kinds) or ``classic_spark`` / ``connect_spark`` directly. Spark-free test modules never
+touch these fixtures, so they do not start a JVM.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+_CONF = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+}
+
+
+def _builder(builder: Any, tmp: str, connect: bool) -> Any:
+    for key, value in _CONF.items():
+        if not (connect and key.startswith("spark.ui")):  # static: Connect refuses them
+            builder = builder.config(key, value)
+    if connect:
+        return builder
+    return builder.config("spark.sql.warehouse.dir", os.path.join(tmp, "warehouse"))
+
+
+class _Sessions:
+    """At most one Spark session kind at a time in this process.
+
+    A local Spark Connect server needs its own SparkContext (with the Connect plugin), and
+    while it runs PySpark routes ``pyspark.sql.functions`` to Connect; so switching kinds
+    stops the other one first. pytest groups tests by the ``spark`` param, so each kind
+    starts once per run.
+    """
+
+    def __init__(self, tmp: str) -> None:
+        self.tmp = tmp
+        self.kind: str | None = None
+        self.session: Any = None
+
+    def get(self, kind: str) -> Any:
+        if self.kind == kind:
+            return self.session
+        self.stop()
+        from pyspark.sql import SparkSession
+
+        if kind == "connect":
+            pytest.importorskip("grpc")
+            builder = SparkSession.builder.remote("local[2]")
+        else:
+            builder = SparkSession.builder.master("local[2]")
+        self.session = _builder(builder, self.tmp, kind == "connect").getOrCreate()
+        import spark_dl
+
+        spark_dl.register(self.session)
+        self.kind = kind
+        return self.session
+
+    def stop(self) -> None:
+        if self.session is not None:
+            self.session.stop()
+        self.session, self.kind = None, None
+
+
+@pytest.fixture(scope="session")
+def _spark_sessions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Sessions]:
+    sessions = _Sessions(str(tmp_path_factory.mktemp("spark")))
+    yield sessions
+    sessions.stop()
+
+
+@pytest.fixture(scope="session", params=["classic", "connect"])
+def spark_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def spark(spark_kind: str, _spark_sessions: _Sessions) -> Any:
+    """Each Spark test runs on a classic ``local[2]`` and a Connect ``remote("local[2]")``."""
+    return _spark_sessions.get(spark_kind)
+
+
+@pytest.fixture
+def classic_spark(_spark_sessions: _Sessions) -> Any:
+    return _spark_sessions.get("classic")
+
+
+@pytest.fixture
+def connect_spark(_spark_sessions: _Sessions) -> Any:
+    return _spark_sessions.get("connect")

@@ -1,0 +1,61 @@
+"""SQL: views over MDS datasets, register_dataset, and the runnable sql_examples/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import spark_dl
+from spark_dl.sql import run_sql_file, split_statements
+
+EXAMPLES = sorted((Path(__file__).parent.parent / "sql_examples").glob("*.sql"))
+
+
+def test_split_statements_respects_quotes_and_comments() -> None:
+    text = "SELECT 1; -- a; comment\nSELECT ';' AS s /* ; */;\n\n SELECT `a;b` FROM t"
+    assert split_statements(text) == ["SELECT 1", "SELECT ';' AS s", "SELECT `a;b` FROM t"]
+
+
+@pytest.mark.spark
+def test_create_temporary_view_using_mds(spark: Any, tmp_path: Any) -> None:
+    path = str(tmp_path / "ds")
+    spark.range(40).write.format("mds").save(path)
+    spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW nums USING mds OPTIONS (path '{path}')")
+    assert spark.sql("SELECT sum(id) AS s FROM nums").collect()[0].s == sum(range(40))
+
+
+@pytest.mark.spark
+def test_register_dataset(spark: Any, tmp_path: Any) -> None:
+    path = str(tmp_path / "ds")
+    spark.range(10).write.format("mds").save(path)
+    spark_dl.register_dataset(spark, "by_path", path=path)
+    spark_dl.register_dataset(spark, "by_query", query="SELECT id * 2 AS d FROM by_path")
+    spark_dl.register_dataset(spark, "by_frame", dataframe=spark.range(3))
+    assert spark.sql("SELECT max(d) AS m FROM by_query").collect()[0].m == 18
+    assert spark.sql("SELECT count(*) AS n FROM by_frame").collect()[0].n == 3
+    with pytest.raises(ValueError, match="exactly one"):
+        spark_dl.register_dataset(spark, "none")
+
+
+@pytest.mark.spark
+def test_register_delta_at_a_version(spark: Any, tmp_path: Any) -> None:
+    deltalake = pytest.importorskip("deltalake")
+    import pyarrow as pa
+
+    table = str(tmp_path / "delta")
+    deltalake.write_deltalake(table, pa.table({"a": [1, 2]}))
+    deltalake.write_deltalake(table, pa.table({"a": [3]}), mode="append")
+    spark_dl.register_dataset(spark, "pinned", delta=table, version=0)
+    spark_dl.register_dataset(spark, "latest", delta=table)
+    assert spark.sql("SELECT count(*) AS n FROM pinned").collect()[0].n == 2
+    assert spark.sql("SELECT count(*) AS n FROM latest").collect()[0].n == 3
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_sql_example_runs(spark: Any, tmp_path: Any, example: Path) -> None:
+    results = run_sql_file(spark, example, variables={"out": str(tmp_path)})
+    rows = results[-1].collect()
+    assert rows, f"{example.name}: the last statement returned no rows"
