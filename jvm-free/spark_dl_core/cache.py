@@ -2,18 +2,27 @@
 
 Why each mechanism:
 
-- *Download to a temporary name, check the size against the index, then rename*: readers
-  (other ranks, DataLoader workers) only ever see complete files.
-- *A per-shard ``flock``*: one process downloads a shard while others wait for it, instead
-  of all fetching it. The same lock is held *shared* while a shard is in use (for as long
-  as the returned array lives), and eviction takes it *exclusive, non-blocking*, so a shard
-  in use is never evicted.
+- *Download to a temporary name, check size (and hash, when the index records one), fsync,
+  then rename*: readers (other ranks, DataLoader workers) only ever see complete, verified
+  files; a download that fails or is killed midway leaves at most a ``.tmp-*`` file that no
+  reader opens and that the next downloader of that shard (or any eviction pass) removes.
+- *Two ``flock``s per shard*: ``<name>.dl`` is held exclusive by the one process that
+  downloads the shard while the others wait for it; ``<name>.use`` is held *shared* while a
+  shard is in use (for as long as the returned array lives), and eviction takes it
+  *exclusive, non-blocking*, so a shard in use is never evicted. Keeping the two apart means
+  waiting for a download never waits on a reader that holds the shard (no rank or thread
+  can stall on another's window, hence no deadlock with collective ops).
 - *LRU by modification time* (touched on every hit), under a byte limit
   (``SPARK_DL_CACHE_BYTES`` or ``limit_bytes``; default 32 GiB).
-- *Retries with exponential backoff* on transient errors (connection resets, throttling).
+- *Retries with exponential backoff and jitter* on transient errors (connection resets,
+  HTTP 5xx, throttling, torn bodies): ``retries`` extra attempts (``SPARK_DL_RETRIES``,
+  default 5), first delay ``backoff_s`` (``SPARK_DL_RETRY_BACKOFF_S``, default 0.2 s),
+  doubling up to ``max_backoff_s`` (10 s). Then a :class:`ShardError` names the shard and its
+  URL, with credentials redacted.
+- *Optional progress*: a tqdm bar per download (``progress=True`` or ``SPARK_DL_PROGRESS=1``).
 
 Locks are plain files and kernel ``flock``s: they vanish with the process, nothing
-outlives a crash except files that a later process can read or evict.
+outlives a crash except files that a later process can read, evict or delete.
 """
 
 from __future__ import annotations
@@ -22,22 +31,29 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import random
 import tempfile
 import threading
 import time
 import uuid
 import weakref
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ShardError
+from .errors import HashMismatchError, ShardError
+from .format.hashing import digest
 
 if TYPE_CHECKING:
     from .dataset import Dataset
 
 DEFAULT_LIMIT = 32 << 30
+DEFAULT_RETRIES = 5
+DEFAULT_BACKOFF_S = 0.2
 _LOCKS = ".locks"
+_TMP = ".tmp-"
+_FAST_HASHES = ("xxh3_64", "xxh64", "xxh3_128", "xxh128", "xxh32", "md5", "sha1", "sha256")
 
 
 def default_cache_dir(url: str) -> str:
@@ -46,52 +62,81 @@ def default_cache_dir(url: str) -> str:
     return os.path.join(tempfile.gettempdir(), "spark-dl-cache", key)
 
 
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 class ShardCache:
-    """Remote shard files of one dataset, fetched once into ``directory``."""
+    """Remote shard files of one dataset, fetched once into ``directory``.
+
+    ``hashes`` maps shard basenames to the index's ``{algorithm: hexdigest}``; a download
+    whose bytes do not match is never committed to the cache.
+    """
 
     def __init__(
         self,
         store: Any,
         directory: str,
         limit_bytes: int | None = None,
-        retries: int = 5,
-        backoff_s: float = 0.2,
+        retries: int | None = None,
+        backoff_s: float | None = None,
+        *,
+        max_backoff_s: float = 10.0,
+        progress: bool | None = None,
+        hashes: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.store, self.directory = store, directory
         env = os.environ.get("SPARK_DL_CACHE_BYTES")
         self.limit = int(limit_bytes if limit_bytes is not None else env or DEFAULT_LIMIT)
-        self.retries, self.backoff_s = retries, backoff_s
+        env_retries = os.environ.get("SPARK_DL_RETRIES")
+        self.retries = max(
+            0, int(retries if retries is not None else env_retries or DEFAULT_RETRIES)
+        )
+        env_backoff = os.environ.get("SPARK_DL_RETRY_BACKOFF_S")
+        self.backoff_s = float(
+            backoff_s if backoff_s is not None else env_backoff or DEFAULT_BACKOFF_S
+        )
+        self.max_backoff_s = max_backoff_s
+        self.progress = _env_flag("SPARK_DL_PROGRESS") if progress is None else progress
+        self.hashes = dict(hashes or {})
         self.downloads = 0  # remote reads made by this process (tests and progress)
+        self.failed_attempts = 0  # transient download failures retried or given up on
         self.hits = 0
         os.makedirs(os.path.join(directory, _LOCKS), exist_ok=True)
         self._mutex = threading.Lock()
 
-    def _lock_path(self, name: str) -> str:
-        return os.path.join(self.directory, _LOCKS, name + ".lock")
+    def _lock(self, name: str, kind: str) -> int:
+        """An fd on the lock file of ``name`` (``kind`` is ``dl`` or ``use``)."""
+        path = os.path.join(self.directory, _LOCKS, f"{name}.{kind}")
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
 
     def fetch(self, basename: str, nbytes: int) -> np.ndarray:
         """The shard's bytes (memory-mapped), downloading it first if not yet cached."""
         path = os.path.join(self.directory, basename)
-        fd = os.open(self._lock_path(basename), os.O_RDWR | os.O_CREAT, 0o644)
+        use = self._lock(basename, "use")
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            if not self._complete(path, nbytes):
-                fcntl.flock(fd, fcntl.LOCK_EX)  # one downloader; the others wait here
-                if not self._complete(path, nbytes):
-                    self._make_room(nbytes, keep=basename)
-                    self._download(basename, path, nbytes)
-                else:
-                    self._hit(path)
-                fcntl.flock(fd, fcntl.LOCK_SH)  # downgrade: in use from here on
-            else:
+            fcntl.flock(use, fcntl.LOCK_SH)  # in use from here on: never evicted
+            if self._complete(path, nbytes):
                 self._hit(path)
+            else:
+                dl = self._lock(basename, "dl")
+                try:
+                    fcntl.flock(dl, fcntl.LOCK_EX)  # one downloader; the others wait here
+                    if self._complete(path, nbytes):
+                        self._hit(path)
+                    else:
+                        self._remove_temps(basename)  # left by a crashed downloader
+                        self._make_room(nbytes, keep=basename)
+                        self._download(basename, path, nbytes)
+                finally:
+                    os.close(dl)
             data: np.ndarray = (
                 np.memmap(path, dtype=np.uint8, mode="r") if nbytes else np.empty(0, dtype=np.uint8)
             )
         except BaseException:
-            os.close(fd)
+            os.close(use)
             raise
-        weakref.finalize(data, os.close, fd)  # the shared lock lasts as long as the array
+        weakref.finalize(data, os.close, use)  # the shared lock lasts as long as the array
         return data
 
     @staticmethod
@@ -107,29 +152,83 @@ class ShardCache:
         with contextlib.suppress(FileNotFoundError):  # evicted between check and touch
             os.utime(path)  # LRU clock
 
+    def _delay(self, attempt: int) -> float:
+        """Exponential backoff with jitter (half fixed, half random): spreads out the
+        retries of many ranks hitting the same throttled store."""
+        base = min(self.max_backoff_s, self.backoff_s * (2 ** (attempt - 1)))
+        return base * (0.5 + 0.5 * random.random())
+
     def _download(self, basename: str, path: str, nbytes: int) -> None:
         remote = self.store.path(basename)
-        temp = os.path.join(self.directory, f".tmp-{uuid.uuid4().hex}-{basename}")
-        delay = self.backoff_s
-        for attempt in range(self.retries + 1):
+        shown = self.store.display(basename) if hasattr(self.store, "display") else remote
+        attempts = self.retries + 1
+        for attempt in range(1, attempts + 1):
+            temp = os.path.join(self.directory, f"{_TMP}{uuid.uuid4().hex}-{basename}")
             try:
-                self.store.fs.get_file(remote, temp)
-                size = os.path.getsize(temp)
-                if size != nbytes:
-                    raise ShardError(remote, f"has {size} bytes, the index says {nbytes}")
+                self._get(remote, temp, basename)
+                self._check(shown, basename, temp, nbytes)
                 os.replace(temp, path)
+                _fsync_dir(self.directory)
                 with self._mutex:
                     self.downloads += 1
                 return
-            except (FileNotFoundError, ShardError):
-                _remove(temp)
-                raise
-            except Exception:  # transient: network, throttling, server errors
-                _remove(temp)
-                if attempt == self.retries:
-                    raise
-                time.sleep(delay)
-                delay *= 2
+            except FileNotFoundError:
+                raise ShardError(shown, "does not exist on the store") from None
+            except PermissionError as exc:
+                raise ShardError(shown, f"access denied: {self._redact(exc)}") from None
+            except ShardError:
+                raise  # the stored object disagrees with the index: retrying will not help
+            except Exception as exc:  # transient: network, throttling, server errors
+                with self._mutex:
+                    self.failed_attempts += 1
+                if attempt == attempts:
+                    err = ShardError(
+                        shown,
+                        f"download failed after {attempts} attempts "
+                        f"(last: {type(exc).__name__}: {self._redact(exc)})",
+                    )
+                    raise err from None
+                time.sleep(self._delay(attempt))
+            finally:
+                _remove(temp)  # a no-op after the rename; never a partial file left
+
+    def _get(self, remote: str, temp: str, basename: str) -> None:
+        if not self.progress:
+            self.store.fs.get_file(remote, temp)
+            return
+        from fsspec.callbacks import TqdmCallback
+
+        bar = TqdmCallback(
+            tqdm_kwargs={"desc": basename, "unit": "B", "unit_scale": True, "leave": False}
+        )
+        try:
+            self.store.fs.get_file(remote, temp, callback=bar)
+        finally:
+            bar.close()
+
+    def _check(self, shown: str, basename: str, temp: str, nbytes: int) -> None:
+        """Size, then (if the index records one) the fastest hash, then fsync."""
+        size = os.path.getsize(temp)
+        if size != nbytes:
+            raise ShardError(shown, f"has {size} bytes, the index says {nbytes}")
+        expected = self.hashes.get(basename) or {}
+        name = next((h for h in _FAST_HASHES if h in expected), next(iter(expected), None))
+        with open(temp, "rb") as f:
+            if name is not None and size:
+                view = np.memmap(f, dtype=np.uint8, mode="r")
+                try:
+                    actual = digest(name, view)
+                finally:
+                    del view
+                if actual != expected[name]:
+                    raise HashMismatchError(
+                        shown, f"{name} is {actual}, the index says {expected[name]}"
+                    )
+            os.fsync(f.fileno())
+
+    def _redact(self, exc: BaseException) -> str:
+        text = str(exc)
+        return self.store.redact(text) if hasattr(self.store, "redact") else text
 
     def _files(self) -> list[tuple[float, int, str]]:
         out = []
@@ -147,16 +246,39 @@ class ShardCache:
         """Bytes of complete shards in the cache directory."""
         return sum(size for _, size, _ in self._files())
 
+    def _remove_temps(self, basename: str | None = None) -> None:
+        """Delete ``.tmp-*`` files nobody is writing (of ``basename``, or of every shard whose
+        download lock is free): what a process killed mid-download left behind."""
+        for name in os.listdir(self.directory):
+            if not name.startswith(_TMP):
+                continue
+            target = name[len(_TMP) + 33 :]
+            if basename is not None:
+                if target == basename:
+                    _remove(os.path.join(self.directory, name))
+                continue
+            fd = self._lock(target, "dl")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _remove(os.path.join(self.directory, name))
+            except BlockingIOError:
+                pass  # being downloaded right now
+            finally:
+                os.close(fd)
+
     def _make_room(self, nbytes: int, keep: str) -> None:
         """Evict least recently used shards not in use by any process until ``nbytes`` fit."""
         files = self._files()
         used = sum(size for _, size, _ in files)
+        if used + nbytes <= self.limit:
+            return
+        self._remove_temps()
         for _, size, name in files:
             if used + nbytes <= self.limit:
                 return
             if name == keep:
                 continue
-            fd = os.open(self._lock_path(name), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._lock(name, "use")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -174,6 +296,16 @@ def _remove(path: str) -> None:
         os.remove(path)
 
 
+def _fsync_dir(directory: str) -> None:
+    """Make the rename durable (best effort: some filesystems refuse directory fsync)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 _CACHES: dict[tuple[int, str], ShardCache] = {}
 
 
@@ -183,5 +315,6 @@ def shard_cache(dataset: Dataset) -> ShardCache:
     key = (os.getpid(), directory)
     cache = _CACHES.get(key)
     if cache is None:
-        cache = _CACHES[key] = ShardCache(dataset.store, directory)
+        hashes = {s.stored.basename: s.stored.hashes for s in dataset.shards if s.stored.hashes}
+        cache = _CACHES[key] = ShardCache(dataset.store, directory, hashes=hashes)
     return cache

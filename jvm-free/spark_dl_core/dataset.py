@@ -40,6 +40,7 @@ class Dataset:
     ) -> None:
         self.path = str(path)
         self.store = Store(self.path, storage_options)
+        self.shown = self.store.display()  # the path with any credentials redacted
         self.cache_dir = cache_dir
         self.allow_unsafe = allow_unsafe
         self.shards, self.meta, self._index_text = self._load()
@@ -53,13 +54,13 @@ class Dataset:
     def _load(self) -> tuple[list[ShardInfo], dict[str, Any] | None, bytes]:
         for _ in range(3):  # a concurrent overwrite may swap the index between our two reads
             text = self.store.read_bytes(INDEX_FILE)
-            shards = parse_index(text, self.store.path(INDEX_FILE))
+            shards = parse_index(text, self.store.display(INDEX_FILE))
             meta = self._read_meta()
             if meta is None or [m["basename"] for m in meta.get("shards", [])] == [
                 s.stored.basename for s in shards
             ]:
                 return shards, meta, text
-        raise DatasetError(f"{self.path}: spark_dl.json does not match index.json")
+        raise DatasetError(f"{self.shown}: spark_dl.json does not match index.json")
 
     def _read_meta(self) -> dict[str, Any] | None:
         if not self.store.exists(META_FILE):
@@ -67,9 +68,9 @@ class Dataset:
         try:
             meta = json.loads(self.store.read_bytes(META_FILE))
         except json.JSONDecodeError as exc:
-            raise DatasetError(f"{self.store.path(META_FILE)}: not valid JSON ({exc})") from None
+            raise DatasetError(f"{self.store.display(META_FILE)}: not valid JSON ({exc})") from None
         if not isinstance(meta, dict) or meta.get("format") != "spark-dl":
-            raise DatasetError(f"{self.store.path(META_FILE)}: not a spark-dl metadata file")
+            raise DatasetError(f"{self.store.display(META_FILE)}: not a spark-dl metadata file")
         return meta
 
     def _layout(self) -> Layout:
@@ -88,7 +89,7 @@ class Dataset:
                 first.column_sizes,
             ):
                 raise DatasetError(
-                    f"{self.path}: shard {i} ({shard.stored.basename}) has columns "
+                    f"{self.shown}: shard {i} ({shard.stored.basename}) has columns "
                     f"{dict(zip(shard.column_names, shard.column_encodings))}, shard 0 has "
                     f"{dict(zip(first.column_names, first.column_encodings))}"
                 )
@@ -97,15 +98,15 @@ class Dataset:
             try:
                 encoding = get_encoding(enc)
             except ValueError as exc:
-                raise DatasetError(f"{self.path}: column {name!r}: {exc}") from None
+                raise DatasetError(f"{self.shown}: column {name!r}: {exc}") from None
             if encoding.size != size:
                 raise DatasetError(
-                    f"{self.path}: column {name!r} ({enc}) lists size {size}, "
+                    f"{self.shown}: column {name!r} ({enc}) lists size {size}, "
                     f"the encoding has {encoding.size}"
                 )
             encodings.append(encoding)
         if len(set(first.column_names)) != len(first.column_names):
-            raise DatasetError(f"{self.path}: column names repeat: {first.column_names}")
+            raise DatasetError(f"{self.shown}: column names repeat: {first.column_names}")
         return Layout(tuple(first.column_names), tuple(encodings))
 
     # -- facts
@@ -148,7 +149,7 @@ class Dataset:
 
     def __repr__(self) -> str:
         return (
-            f"<Dataset {self.path!r}: {len(self)} samples, {self.num_shards} shards, "
+            f"<Dataset {self.shown!r}: {len(self)} samples, {self.num_shards} shards, "
             f"columns={self.columns}>"
         )
 
@@ -167,7 +168,7 @@ class Dataset:
         """One shard decompressed, size-checked and (optionally) hash-verified."""
         info = self.shards[shard]
         stored = info.stored
-        where = self.store.path(stored.basename)
+        where = self.store.display(stored.basename)
         data = self.stored_bytes(shard)
         if len(data) != stored.bytes:
             raise ShardError(where, f"has {len(data)} bytes, the index says {stored.bytes}")
@@ -217,7 +218,7 @@ class Dataset:
         missing = [c for c in names if c not in self.layout.names]
         if missing:
             raise KeyError(
-                f"{self.path} has no column(s) {missing}; it has {list(self.layout.names)}"
+                f"{self.shown} has no column(s) {missing}; it has {list(self.layout.names)}"
             )
         options = DecodeOptions(images=images, allow_unsafe=self.allow_unsafe)
         for name in names:

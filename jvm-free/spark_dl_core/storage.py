@@ -7,13 +7,49 @@ single PUTs on object stores, which S3-compatible stores apply atomically.
 from __future__ import annotations
 
 import os
+import re
 import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .errors import DatasetError
+
+_SECRET_NAME = re.compile(r"key|secret|token|passw|credential|sas|signature|auth", re.I)
+_SECRET_ENV = (
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_CLIENT_SECRET",
+    "GOOGLE_API_KEY",
+)
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+
+def _secret_values(options: Any, named: bool = False) -> Iterator[str]:
+    """String values stored under secret-looking names, at any depth of ``options``."""
+    if isinstance(options, Mapping):
+        for key, value in options.items():
+            yield from _secret_values(value, named or bool(_SECRET_NAME.search(str(key))))
+    elif isinstance(options, list | tuple):
+        for value in options:
+            yield from _secret_values(value, named)
+    elif named and isinstance(options, str) and len(options) >= 4:
+        yield options
+
+
+def redact(text: str, storage_options: Mapping[str, Any] | None = None) -> str:
+    """``text`` without credentials: URL userinfo, secret ``storage_options`` values and
+    the usual secret environment variables become ``***`` (for error messages and logs)."""
+    text = _USERINFO.sub(r"\1***@", text)
+    secrets = set(_secret_values(storage_options or {}))
+    secrets.update(v for k in _SECRET_ENV if len(v := os.environ.get(k, "")) >= 4)
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def is_remote(url: str) -> bool:
@@ -58,6 +94,14 @@ class Store:
     def path(self, name: str) -> str:
         return f"{self.root}/{name}" if self.remote else os.path.join(self.root, name)
 
+    def display(self, name: str = "") -> str:
+        """``path(name)`` safe to show: without credentials (see :func:`redact`)."""
+        return self.redact(self.path(name) if name else self.root)
+
+    def redact(self, text: str) -> str:
+        """``text`` without this store's credentials."""
+        return redact(text, self.storage_options)
+
     def _inside(self, name: str) -> str:
         """The local path of ``name``, refusing symlinks that lead out of the dataset."""
         path = self.path(name)
@@ -77,7 +121,7 @@ class Store:
             with open(self._inside(name), "rb") as f:
                 return f.read()
         except FileNotFoundError:
-            raise DatasetError(f"{self.path(name)} does not exist") from None
+            raise DatasetError(f"{self.display(name)} does not exist") from None
 
     def read_array(self, name: str) -> np.ndarray:
         """A file's bytes as a read-only uint8 array (memory-mapped when local)."""
@@ -132,4 +176,4 @@ class Store:
             os.makedirs(self.root, exist_ok=True)
 
     def __repr__(self) -> str:
-        return f"Store({self.url!r})"
+        return f"Store({self.redact(self.url)!r})"
