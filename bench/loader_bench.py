@@ -11,6 +11,11 @@ Compares, in one run, with alternating rounds and medians:
 
 Each measurement runs in a fresh subprocess, so peak RSS (self + worker children) is its
 own. Usage: ``python bench/loader_bench.py [--rows N] [--rounds R]``.
+
+``--memory`` instead shows bounded memory: peak RSS of one shuffled epoch (in-process and
+2 workers) over datasets of ``rows / 4`` and ``rows`` rows, same shard size and shuffle
+window, next to ``baseline`` (interpreter, torch and the opened dataset, no iteration).
+Peak RSS should stay about equal although the larger dataset is 4x the data.
 """
 
 from __future__ import annotations
@@ -53,6 +58,19 @@ def make_data(directory: Path, rows: int) -> None:
     (directory / "done").write_text("ok")
 
 
+def _peak_rss_kib() -> int:
+    """This process's peak RSS. ``VmHWM`` where Linux has it: ``ru_maxrss`` survives exec, so
+    a child started from a big parent (e.g. one that just built a dataset) inherits its peak.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def run_one(name: str, directory: Path) -> dict[str, float]:
     """One epoch of one loader; returns seconds, time to first batch, samples, peak RSS."""
     import numpy as np
@@ -68,11 +86,21 @@ def run_one(name: str, directory: Path) -> dict[str, float]:
     if name.startswith("ours"):
         ds = open_dataset(str(directory / "mds"))
         workers = 2 if name == "ours_w2" else 0
-        batches = ds.to_torch(batch_size=BATCH, shuffle=True, seed=0, num_workers=workers)
+        prefetch = int(os.environ.get("SPARK_DL_BENCH_PREFETCH_MIB", "1024")) << 20
+        batches = ds.to_torch(
+            batch_size=BATCH,
+            shuffle=True,
+            seed=0,
+            num_workers=workers,
+            prefetch_bytes=prefetch,
+        )
         for b in batches:
             first = first or time.perf_counter()
             samples += len(b["label"])
             assert b["x"].shape[1] == 32
+    elif name == "baseline":  # what the process holds before reading a sample
+        ds = open_dataset(str(directory / "mds"))
+        samples = 1
     elif name == "pyarrow":
         for rb in pq.ParquetFile(directory / "data.parquet").iter_batches(batch_size=BATCH):
             x = torch.from_numpy(rb.column(0).values.to_numpy(zero_copy_only=False).reshape(-1, 32))
@@ -100,7 +128,7 @@ def run_one(name: str, directory: Path) -> dict[str, float]:
     else:
         raise ValueError(name)
     end = time.perf_counter()
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss = _peak_rss_kib()
     rss_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {
         "seconds": end - start,
@@ -146,6 +174,34 @@ def measure(name: str, directory: Path) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def memory(rows: int, rounds: int) -> None:
+    """Peak RSS of one epoch for ``rows // 4`` and ``rows`` rows: bounded by window, not size."""
+    sizes = [rows // 4, rows]
+    dirs = {}
+    for n in sizes:
+        dirs[n] = Path(tempfile.gettempdir()) / f"spark-dl-bench-{n}"
+        dirs[n].mkdir(parents=True, exist_ok=True)
+        make_data(dirs[n], n)
+    names = ["baseline", "ours_w0", "ours_w2"]
+    peak: dict[tuple[str, int], list[float]] = {}
+    for r in range(rounds):
+        for n in sizes if r % 2 == 0 else reversed(sizes):
+            for name in names:
+                peak.setdefault((name, n), []).append(measure(name, dirs[n])["peak_rss_mib"])
+    prefetch = os.environ.get("SPARK_DL_BENCH_PREFETCH_MIB", "1024")
+    print(f"\npeak RSS MiB (median of {rounds}); shards 8 MiB, window 4, prefetch {prefetch} MiB")
+    print(f"{'loader':10} " + " ".join(f"{n:>12,} rows" for n in sizes) + "  ratio")
+    for name in names:
+        values = [statistics.median(peak[(name, n)]) for n in sizes]
+        print(
+            f"{name:10} "
+            + " ".join(f"{v:17.0f}" for v in values)
+            + f"  {values[1] / values[0]:.2f}"
+        )
+    data = {n: sum(f.stat().st_size for f in (dirs[n] / "mds").iterdir()) >> 20 for n in sizes}
+    print("dataset MiB: " + ", ".join(f"{n:,} rows = {m}" for n, m in data.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -153,9 +209,16 @@ def main() -> None:
     parser.add_argument("--one")
     parser.add_argument("--dir")
     parser.add_argument("--skip", default="", help="comma-separated loaders to leave out")
+    parser.add_argument("--memory", action="store_true", help="peak RSS at 1/4 and full size")
+    parser.add_argument("--prefetch-mib", type=int, default=None, help="loader prefetch budget")
     args = parser.parse_args()
+    if args.prefetch_mib is not None:
+        os.environ["SPARK_DL_BENCH_PREFETCH_MIB"] = str(args.prefetch_mib)
     if args.one:
         print(json.dumps(run_one(args.one, Path(args.dir))))
+        return
+    if args.memory:
+        memory(args.rows, args.rounds)
         return
     directory = Path(args.dir or Path(tempfile.gettempdir()) / f"spark-dl-bench-{args.rows}")
     directory.mkdir(parents=True, exist_ok=True)

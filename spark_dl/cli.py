@@ -1,9 +1,9 @@
-"""``spark-dl``: export, inspect, verify and query datasets from the command line.
+"""``spark-dl``: export, inspect, verify, vacuum and query datasets from the command line.
 
 Exit codes: 0 success, 1 failure (bad data, missing table, corrupted shard), 2 usage
 error (argparse). ``--json`` prints machine-readable data on stdout; messages go to stderr.
-pyspark is imported only by ``sql``, so ``export``/``inspect``/``verify`` start fast and
-run where no JVM is installed.
+pyspark is imported only by ``sql``, so the other commands start fast and run where no
+JVM is installed.
 """
 
 from __future__ import annotations
@@ -237,6 +237,28 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_FAIL if problems else EXIT_OK
 
 
+# --------------------------------------------------------------------------- vacuum
+
+
+def cmd_vacuum(args: argparse.Namespace) -> int:
+    """Delete files the committed index does not reference, older than the retention."""
+    from spark_dl_core.maintenance import vacuum
+
+    report = vacuum(args.path, retention_seconds=args.retention, dry_run=args.dry_run)
+    if args.json:
+        _print_json(report.to_dict())
+        return EXIT_OK
+    verb = "would remove" if args.dry_run else "removed"
+    for name in report.removed:
+        print(f"{verb} {name}")
+    print(
+        f"{report.path}: {verb} {len(report.removed)} file(s), {report.bytes_removed} bytes; "
+        f"kept {len(report.kept)}, {len(report.too_new)} unreferenced but newer than "
+        f"{args.retention:g}s"
+    )
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------- sql
 
 
@@ -327,6 +349,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("vacuum", help="delete leftover files no committed index references")
+    p.add_argument("path")
+    p.add_argument(
+        "--retention",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="keep unreferenced files younger than this: a write may be in flight (default 3600)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_vacuum)
 
     p = sub.add_parser("sql", help="run the statements of a .sql file on a local Spark session")
     p.add_argument("file")

@@ -5,13 +5,17 @@ module only plans Spark's side: each write task encodes its partition's Arrow ba
 shards under a task-attempt-unique prefix and reports them; the driver's ``commit`` merges
 the reports, in partition order, into one index (written last, atomically). ``abort`` and
 ``commit`` both delete every file of this job that the index does not name, so failed and
-speculative attempts leave nothing behind.
+speculative attempts leave nothing behind; after its index, ``commit`` also vacuums files of
+earlier jobs older than the retention (see :mod:`spark_dl_core.maintenance`).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
 import uuid
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +36,7 @@ from spark_dl_core import DatasetSpec, ShardWriter, open_dataset
 from spark_dl_core.arrow_bridge import arrow_schema, batch_to_arrow
 from spark_dl_core.errors import DatasetError, SpecError
 from spark_dl_core.format.index import ShardInfo
+from spark_dl_core.maintenance import DEFAULT_RETENTION_SECONDS, vacuum_store
 from spark_dl_core.storage import Store
 from spark_dl_core.transforms import apply_transforms
 from spark_dl_core.writer import (
@@ -215,6 +220,7 @@ class MDSWriter(DataSourceArrowWriter):
             )
         self.mode = "overwrite" if overwrite else mode
         self.token = uuid.uuid4().hex[:10]
+        self.options_retention = options.get("vacuum_retention")
         dtype = options.get("vector_dtype", "float64")
         self.vectors = {f.name: dtype for f in schema.fields if _is_vector(f.dataType)}
         self.arrow_schema = writer_arrow_schema(schema, self.vectors)
@@ -318,11 +324,17 @@ class MDSWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[MDSCommitMessage | None]) -> None:  # type: ignore[override]
         """Runs on the driver: one index for the whole job, then stray files go."""
-        store = Store(self.path, self.storage_options)
+        store = (_CrashHookStore if os.environ.get(CRASH_HOOK_ENV) else Store)(
+            self.path, self.storage_options
+        )
         if self.skip:
             self._cleanup(store, keep=set())
             return
-        done = sorted((m for m in messages if m is not None), key=lambda m: m.partition)
+        taken: dict[int, MDSCommitMessage] = {}
+        for m in messages:  # exactly one attempt per partition, should two ever report
+            if m is not None:
+                taken.setdefault(m.partition, m)
+        done = [taken[p] for p in sorted(taken)]
         shards: list[ShardInfo] = []
         hashes: list[str] = []
         # the column types tasks actually saw (the driver's are derived from Spark's schema)
@@ -351,6 +363,22 @@ class MDSWriter(DataSourceArrowWriter):
         source = {"writer": "spark", "format": FORMAT, "job": self.token}
         commit_dataset(store, self.spec, plans, shards, hashes, source, replaced)
         self._cleanup(store, keep={s.stored.basename for s in shards})
+        self._sweep(store)
+
+    def _sweep(self, store: Store) -> None:
+        """Leftovers of earlier failed jobs go too, if older than the retention (option
+        ``vacuum_retention``, seconds, default 3600; ``off`` disables): a younger file may
+        belong to another write in flight. Best effort: the commit has already succeeded."""
+        setting = (self.options_retention or "").strip().lower()
+        if setting in ("off", "none", "false", "-1"):
+            return
+        try:
+            retention = float(setting) if setting else DEFAULT_RETENTION_SECONDS
+            vacuum_store(store, retention_seconds=retention)
+        except Exception as exc:  # never fail a committed job over cleanup
+            warnings.warn(
+                f"spark-dl: cleanup after commit at {store.display()}: {exc}", stacklevel=2
+            )
 
     def abort(self, messages: list[MDSCommitMessage | None]) -> None:  # type: ignore[override]
         """Runs on the driver after a failed job: every file this job wrote goes."""
@@ -361,6 +389,26 @@ class MDSWriter(DataSourceArrowWriter):
         for name in store.listdir():
             if name.startswith(mine) and name not in keep:
                 store.delete(name)
+
+
+CRASH_HOOK_ENV = "SPARK_DL_TEST_CRASH_BEFORE"
+
+
+class _CrashHookStore(Store):
+    """Test hook for driver-death tests (tests/test_spark_faults.py), inert unless the
+    environment sets ``SPARK_DL_TEST_CRASH_BEFORE=<file name>``: right before the commit
+    writes that file it creates ``$SPARK_DL_TEST_CRASH_MARKER.<pid>`` and waits, so the
+    test can kill the driver at exactly that point of the commit."""
+
+    def write_bytes(self, name: str, data: bytes | memoryview | np.ndarray) -> None:
+        if name == os.environ.get(CRASH_HOOK_ENV):
+            marker = f"{os.environ['SPARK_DL_TEST_CRASH_MARKER']}.{os.getpid()}"
+            with open(marker + ".tmp", "w") as f:
+                f.write(self.root)
+            os.replace(marker + ".tmp", marker)
+            time.sleep(120)  # killed long before; never write if the test forgot to
+            os._exit(1)
+        super().write_bytes(name, data)
 
 
 def _same_type(a: pa.DataType, b: pa.DataType) -> bool:

@@ -16,7 +16,7 @@ from .errors import DatasetError, HashMismatchError, ShardError
 from .format.compression import DecompressionError, parse_compression
 from .format.encodings import DecodeOptions, Encoding, ImageMode, get_encoding
 from .format.hashing import digest
-from .format.index import INDEX_FILE, META_FILE, ShardInfo, parse_index
+from .format.index import INDEX_FILE, META_FILE, PREVIOUS_META_FILE, ShardInfo, parse_index
 from .format.shard import Layout, ShardData
 from .storage import Store
 from .writer import ColumnPlan, plans_from_meta
@@ -55,22 +55,28 @@ class Dataset:
         for _ in range(3):  # a concurrent overwrite may swap the index between our two reads
             text = self.store.read_bytes(INDEX_FILE)
             shards = parse_index(text, self.store.display(INDEX_FILE))
-            meta = self._read_meta()
-            if meta is None or [m["basename"] for m in meta.get("shards", [])] == [
-                s.stored.basename for s in shards
-            ]:
-                return shards, meta, text
+            names = [s.stored.basename for s in shards]
+            for meta_file in (META_FILE, PREVIOUS_META_FILE):
+                meta = self._read_meta(meta_file)
+                if meta_file == META_FILE and meta is None:
+                    return shards, None, text
+                if meta is not None and [m["basename"] for m in meta["shards"]] == names:
+                    return shards, meta, text
         raise DatasetError(f"{self.shown}: spark_dl.json does not match index.json")
 
-    def _read_meta(self) -> dict[str, Any] | None:
-        if not self.store.exists(META_FILE):
+    def _read_meta(self, name: str = META_FILE) -> dict[str, Any] | None:
+        if not self.store.exists(name):
             return None
         try:
-            meta = json.loads(self.store.read_bytes(META_FILE))
+            meta = json.loads(self.store.read_bytes(name))
         except json.JSONDecodeError as exc:
-            raise DatasetError(f"{self.store.display(META_FILE)}: not valid JSON ({exc})") from None
-        if not isinstance(meta, dict) or meta.get("format") != "spark-dl":
-            raise DatasetError(f"{self.store.display(META_FILE)}: not a spark-dl metadata file")
+            raise DatasetError(f"{self.store.display(name)}: not valid JSON ({exc})") from None
+        if (
+            not isinstance(meta, dict)
+            or meta.get("format") != "spark-dl"
+            or not isinstance(meta.get("shards"), list)
+        ):
+            raise DatasetError(f"{self.store.display(name)}: not a spark-dl metadata file")
         return meta
 
     def _layout(self) -> Layout:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .format.shard import ShardData
 
 DEFAULT_WINDOW = 4
-DEFAULT_PREFETCH_BYTES = 1 << 30
+DEFAULT_PREFETCH_BYTES = 256 << 20  # one default window (4 shards of 64 MiB) read ahead
 
 
 def _rng(fingerprint: str, seed: int, epoch: int) -> np.random.Generator:
@@ -236,8 +236,11 @@ class BatchReader:
         self.columns, self.images, self.verify = columns, images, verify_hashes
         self.budget = max(0, int(prefetch_bytes))
         offsets = dataset.shard_offsets
+        # Shard of each sample, int32: held for the whole pass, so ~4 bytes per sample.
         self.shards_of = [
-            np.searchsorted(offsets, b, side="right") - 1 if len(b) else np.empty(0, np.int64)
+            (np.searchsorted(offsets, b, side="right") - 1).astype(np.int32)
+            if len(b)
+            else np.empty(0, np.int32)
             for b in batches
         ]
         self.needs = [np.unique(s).tolist() for s in self.shards_of]
@@ -255,6 +258,10 @@ class BatchReader:
         self.stop = False
         self.cond = threading.Condition()
         self.fixed = self._fixed_layout()
+        # Where fixed-width batch ``j`` of ``n`` bytes is decoded to (None: a fresh buffer);
+        # DataLoader workers point it at reusable shared-memory slabs.
+        self.out_for: Callable[[int, int], np.ndarray | None] | None = None
+        self._scratch = np.empty(0, dtype=np.uint8)
 
     def _fixed_layout(self) -> list[tuple[str, int, int]] | None:
         layout = self.dataset.layout
@@ -311,7 +318,10 @@ class BatchReader:
                     if self.error is not None:
                         raise self.error
                     shards = {s: self.loaded[s] for s in self.needs[j]}
-                yield self._decode(j, index, shards)
+                out = None
+                if self.out_for is not None and self.fixed is not None:
+                    out = self.out_for(j, self.fixed_bytes(len(index)) or 0)
+                yield self._decode(j, index, shards, out)
                 with self.cond:
                     for s in self.needs[j]:
                         if self.last_use[s] == j:
@@ -324,31 +334,61 @@ class BatchReader:
                 self.loaded.clear()
                 self.cond.notify_all()
 
-    def _decode(self, j: int, index: np.ndarray, shards: dict[int, ShardData]) -> Batch:
+    def fixed_bytes(self, n: int) -> int | None:
+        """Bytes :meth:`_decode` needs in an ``out`` buffer for ``n`` rows (None: not fixed)."""
+        if self.fixed is None:
+            return None
+        return n * sum(width for _, _, width in self.fixed)
+
+    def _decode(
+        self,
+        j: int,
+        index: np.ndarray,
+        shards: dict[int, ShardData],
+        out: np.ndarray | None = None,
+    ) -> Batch:
+        """Decode batch ``j``. Fixed-width columns are gathered straight into column blocks of
+        ``out`` (or a fresh buffer): one copy per byte, the decoded arrays are views of it.
+        """
         ds = self.dataset
         if self.fixed is None:
             return ds.read(index, self.columns, self.images, self.verify, loaded=dict(shards))
         from .format.buffers import Pieces
         from .format.encodings import DecodeOptions
 
-        row = ds.layout.row_size or 0
-        rows = np.empty((len(index), row), dtype=np.uint8)
+        n, row = len(index), ds.layout.row_size or 0
+        need = self.fixed_bytes(n) or 0
+        buffer = np.empty(need, dtype=np.uint8) if out is None else out[:need]
+        single_column = len(self.fixed) == 1 and self.fixed[0][2] == row
+        if single_column:  # the rows are the column: gather straight into the output
+            rows = buffer.reshape(n, row)
+        else:  # gather whole rows (fast, contiguous) into reused scratch, then split
+            if self._scratch.size < n * row:
+                self._scratch = np.empty(n * row, dtype=np.uint8)
+            rows = self._scratch[: n * row].reshape(n, row)
         shard_of = self.shards_of[j]
-        single = len(shards) == 1
         for s, data in shards.items():
             matrix = data.raw[int(data.offsets[0]) : int(data.offsets[-1])].reshape(data.count, row)
-            if single:
-                rows[:] = matrix[index - ds.shard_offsets[s]]
+            local = index - ds.shard_offsets[s]
+            if len(shards) == 1:
+                np.take(matrix, local, axis=0, out=rows)
             else:
                 where = np.flatnonzero(shard_of == s)
-                rows[where] = matrix[index[where] - ds.shard_offsets[s]]
+                rows[where] = matrix[local[where]]
+        if not single_column:
+            at_out = 0
+            for _name, at, width in self.fixed:  # column-major: each column contiguous
+                block = buffer[at_out : at_out + n * width].reshape(n, width)
+                np.copyto(block, rows[:, at : at + width])
+                at_out += n * width
         options = DecodeOptions(images=self.images, allow_unsafe=ds.allow_unsafe)
-        out: Batch = {}
-        for name, at, width in self.fixed:
-            block = rows[:, at : at + width] if len(self.fixed) > 1 else rows
-            piece = Pieces(np.ascontiguousarray(block).reshape(-1), width=width)
-            out[name] = ds.encoding(name).decode(piece, len(index), name, options)
-        return out
+        decoded: Batch = {}
+        at_out = 0
+        for name, _at, width in self.fixed:
+            piece = Pieces(buffer[at_out : at_out + n * width], width=width)
+            decoded[name] = ds.encoding(name).decode(piece, n, name, options)
+            at_out += n * width
+        return decoded
 
 
 # --------------------------------------------------------------------------- quality

@@ -29,6 +29,7 @@ from .format.hashing import content_hash, digest
 from .format.index import (
     INDEX_FILE,
     META_FILE,
+    PREVIOUS_META_FILE,
     FileInfo,
     ShardInfo,
     index_text,
@@ -374,8 +375,11 @@ def commit_dataset(
     Files listed in ``replaced`` (an overwritten dataset's shards) are deleted afterwards.
     """
     meta = build_meta(spec, plans, shards, content_hashes, source)
+    if store.exists(META_FILE):
+        store.write_bytes(PREVIOUS_META_FILE, store.read_bytes(META_FILE))
     store.write_bytes(META_FILE, json.dumps(meta, indent=1, sort_keys=True).encode())
     store.write_bytes(INDEX_FILE, index_text(shards).encode())
+    store.delete(PREVIOUS_META_FILE)  # committed: the fallback is no longer needed
     keep = {s.stored.basename for s in shards}
     for name in replaced:
         if name not in keep:

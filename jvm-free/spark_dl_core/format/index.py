@@ -11,6 +11,9 @@ from ..errors import DatasetError
 
 INDEX_FILE = "index.json"
 META_FILE = "spark_dl.json"
+# The metadata of the dataset being replaced, kept until the new index lands, so a commit
+# torn between the two metadata writes still leaves the old dataset readable.
+PREVIOUS_META_FILE = "spark_dl.prev.json"
 INDEX_VERSION = 2
 
 
