@@ -26,10 +26,12 @@ import pyarrow as pa
 import pytest
 
 pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 
-from spark_dl_core import DatasetSpec, open_dataset, write_mds  # noqa: E402
-from spark_dl_core.cache import ShardCache  # noqa: E402
+from s3_helpers import aws_test_env, endpoint_options, moto_server
+
+from spark_dl_core import DatasetSpec, open_dataset, write_mds
+from spark_dl_core.cache import ShardCache
 
 N = 4000
 WORLD = 4
@@ -43,35 +45,15 @@ def _values(ids: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, Any]]:
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    import s3fs
+    with moto_server() as (host, port), aws_test_env():
+        import s3fs
 
-    options = {
-        "client_kwargs": {"endpoint_url": f"http://{host}:{port}", "region_name": "us-east-1"}
-    }
-    s3fs.S3FileSystem(**options).call_s3("create_bucket", Bucket="bucket")
-    ids = np.arange(N, dtype=np.int64)
-    table = pa.table({"id": pa.array(ids), "v": pa.array(list(_values(ids)))})
-    write_mds(table, "s3://bucket/ds", DatasetSpec(shard_size="8KiB"), storage_options=options)
-    try:
+        options = endpoint_options(host, port)
+        s3fs.S3FileSystem(**options).call_s3("create_bucket", Bucket="bucket")
+        ids = np.arange(N, dtype=np.int64)
+        table = pa.table({"id": pa.array(ids), "v": pa.array(list(_values(ids)))})
+        write_mds(table, "s3://bucket/ds", DatasetSpec(shard_size="8KiB"), storage_options=options)
         yield options
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 _READER = textwrap.dedent(

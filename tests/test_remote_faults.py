@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import http.client
 import logging
-import os
 import re
 import socket
 import threading
@@ -29,12 +28,14 @@ import pyarrow as pa
 import pytest
 
 pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 
-from spark_dl_core import DatasetSpec, ShardError, open_dataset, write_mds  # noqa: E402
-from spark_dl_core.cache import ShardCache, shard_cache  # noqa: E402
-from spark_dl_core.errors import HashMismatchError  # noqa: E402
-from spark_dl_core.storage import Store, redact  # noqa: E402
+from s3_helpers import aws_test_env, endpoint_options, moto_server
+
+from spark_dl_core import DatasetSpec, ShardError, open_dataset, write_mds
+from spark_dl_core.cache import ShardCache, shard_cache
+from spark_dl_core.errors import HashMismatchError
+from spark_dl_core.storage import Store, redact
 
 N = 2000
 SECRET = "sEcReT-do-not-leak-7f3a9c"
@@ -143,57 +144,38 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def s3() -> Iterator[tuple[Any, dict[str, Any], Faults]]:
     """moto on 127.0.0.1, the fault proxy in front of it, storage options through the proxy."""
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    faults = Faults()
-    proxy = _Proxy(("127.0.0.1", 0), _Handler)
-    proxy.upstream, proxy.faults, proxy.budget = (host, port), faults, 20_000
-    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
-    thread.start()
-    deadline = threading.Timer(300, proxy.shutdown)  # stops by itself, whatever happens
-    deadline.daemon = True
-    deadline.start()
-    env = {
-        "AWS_ACCESS_KEY_ID": ACCESS,
-        "AWS_SECRET_ACCESS_KEY": SECRET,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    options: dict[str, Any] = {
-        "key": ACCESS,
-        "secret": SECRET,
-        "client_kwargs": {
-            "endpoint_url": f"http://127.0.0.1:{proxy.server_address[1]}",
-            "region_name": "us-east-1",
-        },
-        "config_kwargs": {
-            "retries": {"total_max_attempts": 1},
-            "connect_timeout": 5,
-            "read_timeout": 10,
-        },
-    }
-    import s3fs
+    with moto_server() as (host, port), aws_test_env(ACCESS, SECRET):
+        faults = Faults()
+        proxy = _Proxy(("127.0.0.1", 0), _Handler)
+        proxy.upstream, proxy.faults, proxy.budget = (host, port), faults, 20_000
+        thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+        thread.start()
+        deadline = threading.Timer(300, proxy.shutdown)  # stops by itself, whatever happens
+        deadline.daemon = True
+        deadline.start()
+        options: dict[str, Any] = {
+            "key": ACCESS,
+            "secret": SECRET,
+            **endpoint_options("127.0.0.1", proxy.server_address[1]),
+            "config_kwargs": {
+                "retries": {"total_max_attempts": 1},
+                "connect_timeout": 5,
+                "read_timeout": 10,
+            },
+        }
+        import s3fs
 
-    saved_retries = s3fs.S3FileSystem.retries
-    s3fs.S3FileSystem.retries = 1  # a class setting: s3fs's own retry loop off
-    fs = s3fs.S3FileSystem(**options)
-    fs.call_s3("create_bucket", Bucket="bucket")
-    try:
-        yield fs, options, faults
-    finally:
-        deadline.cancel()
-        proxy.shutdown()
-        proxy.server_close()
-        server.stop()
-        s3fs.S3FileSystem.retries = saved_retries
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        saved_retries = s3fs.S3FileSystem.retries
+        s3fs.S3FileSystem.retries = 1  # a class setting: s3fs's own retry loop off
+        fs = s3fs.S3FileSystem(**options)
+        fs.call_s3("create_bucket", Bucket="bucket")
+        try:
+            yield fs, options, faults
+        finally:
+            deadline.cancel()
+            proxy.shutdown()
+            proxy.server_close()
+            s3fs.S3FileSystem.retries = saved_retries
 
 
 def _table() -> pa.Table:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +10,12 @@ import pyarrow as pa
 import pytest
 
 pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 
-from spark_dl_core import DatasetSpec, open_dataset, write_mds  # noqa: E402
-from spark_dl_core.cache import ShardCache, shard_cache  # noqa: E402
+from s3_helpers import aws_test_env, endpoint_options, moto_server
+
+from spark_dl_core import DatasetSpec, open_dataset, write_mds
+from spark_dl_core.cache import ShardCache, shard_cache
 
 N = 3000
 
@@ -22,26 +23,13 @@ N = 3000
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A moto S3 server on 127.0.0.1, credentials in the usual environment variables."""
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    import s3fs
+    with moto_server() as (host, port), aws_test_env():
+        import s3fs
 
-    options = {"client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
-    fs = s3fs.S3FileSystem(**options)
-    fs.call_s3("create_bucket", Bucket="bucket")
-    try:
+        options = endpoint_options(host, port)
+        fs = s3fs.S3FileSystem(**options)
+        fs.call_s3("create_bucket", Bucket="bucket")
         yield fs, options
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _table() -> pa.Table:
