@@ -289,11 +289,12 @@ class Dataset:
         """Batches (dicts of numpy arrays) of this rank's share of one epoch.
 
         The global order depends only on (fingerprint, seed, epoch, shuffle settings); see
-        :mod:`spark_dl_core.ordering`. ``consumed`` skips that many samples of the global
+        :mod:`spark_dl_core.order`. ``consumed`` skips that many samples of the global
         order (elastic resume); ``start_batch`` skips this rank's first batches after that.
         Shards are loaded ahead by a thread within ``prefetch_bytes`` of decompressed data.
         """
-        from .ordering import DEFAULT_PREFETCH_BYTES, EpochPlan
+        from .order import EpochPlan
+        from .reader import DEFAULT_PREFETCH_BYTES, BatchReader
 
         plan = EpochPlan.build(
             self,
@@ -307,9 +308,9 @@ class Dataset:
             shuffle_window=shuffle_window,
             consumed=consumed,
         )
-        yield from plan.batches_from(
+        yield from BatchReader(
             self,
-            start=start_batch,
+            plan.batches[start_batch:],
             columns=columns,
             images=images,
             verify_hashes=verify_hashes,

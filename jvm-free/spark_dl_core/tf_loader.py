@@ -1,6 +1,6 @@
 """TensorFlow loading: a ``tf.data.Dataset`` of whole decoded batches.
 
-The batches come from the same plan as every other loader (:mod:`spark_dl_core.ordering`),
+The batches come from the same plan as every other loader (:mod:`spark_dl_core.order`),
 through ``tf.data.Dataset.from_generator`` with an explicit ``output_signature``:
 
 - fixed-width columns (scalars, fixed-shape ndarrays) → dense ``tf.TensorSpec`` with batch
@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .ordering import DEFAULT_PREFETCH_BYTES, EpochPlan, LoaderState, resolve_window
+from .order import EpochPlan, LoaderState, resolve_window
+from .reader import DEFAULT_PREFETCH_BYTES, BatchReader
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -152,11 +153,12 @@ def make_tf_dataset(
         signature[name], kinds[name] = _column_spec(dataset, name, sample)
         if kinds[name] == "ragged":
             ndims[name] = max(1, np.asarray(sample[0]).ndim)
-    read = {"columns": names, "images": images, "verify_hashes": verify_hashes}
+    read: dict[str, Any] = {"columns": names, "images": images, "verify_hashes": verify_hashes}
 
     def generate() -> Iterator[dict[str, Any]]:
-        which = list(range(start_batch, len(plan)))
-        for batch in plan.iter_batches(dataset, which, prefetch_bytes=prefetch_bytes, **read):
+        for batch in BatchReader(
+            dataset, plan.batches[start_batch:], prefetch_bytes=prefetch_bytes, **read
+        ):
             out: dict[str, Any] = {}
             for name, value in batch.items():
                 kind = kinds[name]

@@ -3,7 +3,7 @@
 Internally a ``torch.utils.data.IterableDataset`` whose workers each decode *whole batches*
 (``DataLoader(batch_size=None)``), so no per-sample Python objects cross process
 boundaries. Which batch each rank and worker makes, and what a saved state means, is
-defined in :mod:`spark_dl_core.ordering`.
+defined in :mod:`spark_dl_core.order`.
 """
 
 from __future__ import annotations
@@ -16,13 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .ordering import (
-    DEFAULT_PREFETCH_BYTES,
-    BatchReader,
-    EpochPlan,
-    LoaderState,
-    resolve_window,
-)
+from .order import EpochPlan, LoaderState, resolve_window
+from .reader import DEFAULT_PREFETCH_BYTES, BatchReader
 
 if TYPE_CHECKING:
     from .dataset import Batch, Dataset
