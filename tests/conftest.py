@@ -58,9 +58,16 @@ class _Sessions:
         if kind == "connect":
             pytest.importorskip("grpc")
             builder = SparkSession.builder.remote("local[2]")
+            # PySpark's own test switch: the local Connect server binds an ephemeral port
+            # and the client asks the JVM for it, so test runs side by side do not collide
+            # on the default 15002. Only set while the session starts.
+            os.environ["SPARK_TESTING"] = "1"
         else:
             builder = SparkSession.builder.master("local[2]")
-        self.session = _builder(builder, self.tmp, kind == "connect").getOrCreate()
+        try:
+            self.session = _builder(builder, self.tmp, kind == "connect").getOrCreate()
+        finally:
+            os.environ.pop("SPARK_TESTING", None)
         import spark_dl
 
         spark_dl.register(self.session)
