@@ -12,13 +12,12 @@ from typing import Any
 
 from spark_dl_core import DatasetSpec, open_dataset, write_mds
 
+from ._version import __version__
 from .accessor import DLAccessor, install_accessor
 from .converter import Converter
 from .datasource import MDSDataSource, install_save_modes
 from .delta import read_delta
 from .sql import register_dataset, run_sql_file
-
-__version__ = "0.1.0"
 
 
 def register(spark: Any) -> Any:
@@ -48,6 +47,7 @@ __all__ = [
     "DLAccessor",
     "DatasetSpec",
     "MDSDataSource",
+    "__version__",
     "open_dataset",
     "read_delta",
     "register",

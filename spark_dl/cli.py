@@ -330,10 +330,16 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument("--timestamp", help="last Delta commit at/before this ISO time")
     p.add_argument("--out", required=True, help="output MDS directory or URL")
     p.add_argument("--spec", help="JSON file with a DatasetSpec (encodings, compression…)")
-    p.add_argument("--format", choices=["delta", "parquet"], default="delta")
+    p.add_argument(
+        "--format", choices=["delta", "parquet"], default="delta", help="(default: delta)"
+    )
     p.add_argument("--columns", help="comma-separated columns to export (default: all)")
     p.add_argument(
-        "--mode", choices=["overwrite", "error", "append", "ignore"], default="overwrite"
+        "--mode",
+        choices=["error", "overwrite", "append", "ignore"],
+        default="error",
+        help="if a dataset exists at --out: refuse (error, the default, as Spark), replace "
+        "it (overwrite), append to it, or leave it (ignore)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -383,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return int(args.func(args))
-    except (CommandError, SparkDLError, OSError, ValueError, RuntimeError) as exc:
+    except (CommandError, SparkDLError, OSError) as exc:  # deliberate errors: one line
         print(f"spark-dl {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_FAIL
     except KeyboardInterrupt:

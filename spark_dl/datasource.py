@@ -11,9 +11,8 @@ earlier jobs older than the retention (see :mod:`spark_dl_core.maintenance`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
-import time
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -34,24 +33,22 @@ from pyspark.sql.types import DataType, StructType, UserDefinedType
 
 from spark_dl_core import DatasetSpec, ShardWriter, open_dataset
 from spark_dl_core.arrow_bridge import arrow_schema, batch_to_arrow
+from spark_dl_core.commit import (
+    finish_write,
+    normalize_mode,
+    plan_write,
+    written_schema,
+)
 from spark_dl_core.errors import DatasetError, SpecError
 from spark_dl_core.format.index import ShardInfo
 from spark_dl_core.maintenance import DEFAULT_RETENTION_SECONDS, vacuum_store
+from spark_dl_core.meta import ColumnPlan, ShardRecords, plan_columns, read_meta
 from spark_dl_core.storage import Store
-from spark_dl_core.transforms import apply_transforms
-from spark_dl_core.writer import (
-    ColumnPlan,
-    commit_dataset,
-    load_existing,
-    plan_columns,
-    plans_from_meta,
-)
 
 from .types import conform, spark_arrow_schema, to_spark_schema
 
 FORMAT = "mds"
 SPEC_OPTIONS = ("compression", "shard_size", "hashes", "nulls", "columns", "spec")
-WRITE_MODES = ("append", "error", "ignore")
 _READ_ROWS = 8192  # rows per Arrow batch a read task yields (bounded memory)
 
 
@@ -204,96 +201,38 @@ class MDSCommitMessage(WriterCommitMessage):
     shards: list[ShardInfo] = field(default_factory=list)
     content_hashes: list[str] = field(default_factory=list)
     plans: list[ColumnPlan] | None = None
+    stored_hashes: list[dict[str, str]] = field(default_factory=list)
 
 
 class MDSWriter(DataSourceArrowWriter):
-    """Plans on the driver, encodes on executors, commits once on the driver."""
+    """Plans on the driver, encodes on executors, commits once on the driver.
+
+    The save-mode decisions (refuse, skip, append after drift checks, replace) are the
+    core's (:mod:`spark_dl_core.commit`), the same as for ``write_mds``.
+    """
 
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
         self.path = _path(options)
         self.storage_options = _storage_options(options)
-        mode = (options.get("save_mode") or "append").lower()
-        mode = {"errorifexists": "error", "default": "error"}.get(mode, mode)
-        if not overwrite and mode not in WRITE_MODES:
-            raise DatasetError(
-                f"option save_mode={mode!r}: expected one of {WRITE_MODES} (or Spark's overwrite)"
-            )
-        self.mode = "overwrite" if overwrite else mode
+        self.mode = (
+            "overwrite" if overwrite else normalize_mode(options.get("save_mode") or "append")
+        )
         self.token = uuid.uuid4().hex[:10]
         self.options_retention = options.get("vacuum_retention")
         dtype = options.get("vector_dtype", "float64")
         self.vectors = {f.name: dtype for f in schema.fields if _is_vector(f.dataType)}
         self.arrow_schema = writer_arrow_schema(schema, self.vectors)
-        store = Store(self.path, self.storage_options)
-        existing = load_existing(store)
-        self.skip = False
-        self.append_plans: list[ColumnPlan] | None = None
-        if existing is not None and self.mode == "error":
-            raise DatasetError(
-                f"an MDS dataset already exists at {self.path}; "
-                'write with .mode("overwrite") or .mode("append")'
-            )
-        if existing is not None and self.mode == "ignore":
-            self.skip = True
-        if existing is not None and self.mode == "append":
-            self.spec, self.append_plans = self._append_plan(existing[1], options)
-        else:
-            self.spec = spec_from_options(options, schema.names)
-        self.plans = self.append_plans or plan_columns(self._written_schema(), self.spec)
-
-    def _written_schema(self) -> pa.Schema:
-        """The schema shards will store: the input's, after the spec's write transforms."""
-        if not self.spec.transforms:
-            return self.arrow_schema
-        empty = pa.RecordBatch.from_pylist([], schema=self.arrow_schema)
-        return apply_transforms(empty, self.spec.transforms, "write").schema
-
-    def _append_plan(
-        self, meta: dict[str, Any] | None, options: dict[str, str]
-    ) -> tuple[DatasetSpec, list[ColumnPlan]]:
-        """The existing dataset's spec and plans, after refusing schema or encoding drift."""
-        if meta is None:
-            raise DatasetError(
-                f"{self.path} was not written by spark-dl (no spark_dl.json); cannot append"
-            )
-        spec = DatasetSpec(**meta["spec"])
-        old = plans_from_meta(meta)
-        if _has_spec_options(options):
-            given = spec_from_options(options, [p.name for p in old])
-            for key in ("compression", "shard_size", "hashes", "nulls"):
-                if getattr(given, key) != getattr(spec, key) and key in {
-                    k.lower() for k in options
-                }:
-                    raise SpecError(
-                        f"append to {self.path}: {key}={getattr(given, key)!r} differs from the "
-                        f"dataset's {getattr(spec, key)!r}"
-                    )
-            old_encodings = {p.name: p.encoding for p in old}
-            for name, enc in given.columns.items():
-                if old_encodings.get(name, enc) != enc:
-                    raise SpecError(
-                        f"append to {self.path}: column {name!r} encoding {enc!r} differs from "
-                        f"the dataset's {old_encodings[name]!r}"
-                    )
-        new = plan_columns(self.arrow_schema, DatasetSpec(**{**meta["spec"], "columns": {}}))
-        old_by = {p.name: p for p in old}
-        new_by = {p.name: p for p in new}
-        for name in [*old_by, *new_by]:
-            if name not in new_by:
-                raise SpecError(f"append to {self.path}: column {name!r} is missing from the data")
-            if name not in old_by:
-                raise SpecError(f"append to {self.path}: column {name!r} is not in the dataset")
-            if not _same_type(old_by[name].arrow_type, new_by[name].arrow_type):
-                raise SpecError(
-                    f"append to {self.path}: column {name!r} has type "
-                    f"{new_by[name].arrow_type}, the dataset stores {old_by[name].arrow_type}"
-                )
-        if [p.name for p in old] != [p.name for p in new]:
-            raise SpecError(
-                f"append to {self.path}: columns are in order {[p.name for p in new]}, "
-                f"the dataset stores {[p.name for p in old]}"
-            )
-        return spec, old
+        given = spec_from_options(options, schema.names)
+        plan = plan_write(
+            Store(self.path, self.storage_options), self.mode, given, schema=self.arrow_schema
+        )
+        self.skip = plan.skip
+        self.spec = plan.spec
+        self.append_plans: list[ColumnPlan] | None = plan.plans
+        self.plans = self.append_plans or plan_columns(
+            written_schema(self.arrow_schema, self.spec), self.spec
+        )
+        self._plan = dataclasses.replace(plan, existing=None)  # tasks need none of it
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> MDSCommitMessage:
         """Runs on an executor: encode this partition into shards of its own prefix."""
@@ -324,9 +263,7 @@ class MDSWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[MDSCommitMessage | None]) -> None:  # type: ignore[override]
         """Runs on the driver: one index for the whole job, then stray files go."""
-        store = (_CrashHookStore if os.environ.get(CRASH_HOOK_ENV) else Store)(
-            self.path, self.storage_options
-        )
+        store = Store(self.path, self.storage_options)
         if self.skip:
             self._cleanup(store, keep=set())
             return
@@ -335,35 +272,21 @@ class MDSWriter(DataSourceArrowWriter):
             if m is not None:
                 taken.setdefault(m.partition, m)
         done = [taken[p] for p in sorted(taken)]
-        shards: list[ShardInfo] = []
-        hashes: list[str] = []
+        written = ShardRecords.empty()
         # the column types tasks actually saw (the driver's are derived from Spark's schema)
         plans = next((m.plans for m in done if m.plans and m.shards), self.plans)
         for m in done:
             if m.plans is not None and m.shards:
                 _check_plans(self.path, plans, m.plans)
-            shards.extend(m.shards)
-            hashes.extend(m.content_hashes)
-        existing = load_existing(store)
-        replaced: list[str] = []
-        if existing is not None:
-            if self.mode == "error":
-                self._cleanup(store, keep=set())
-                raise DatasetError(f"an MDS dataset appeared at {self.path} during the write")
-            if self.mode == "ignore":
-                self._cleanup(store, keep=set())
-                return
-            if self.mode == "append":
-                old_shards, meta = existing
-                assert meta is not None
-                shards = old_shards + shards
-                hashes = [s["content_hash"] for s in meta["shards"]] + hashes
-            else:
-                replaced = [s.stored.basename for s in existing[0]]
+            stored = m.stored_hashes or [{} for _ in m.shards]
+            written = written + ShardRecords(m.shards, m.content_hashes, stored)
         source = {"writer": "spark", "format": FORMAT, "job": self.token}
-        commit_dataset(store, self.spec, plans, shards, hashes, source, replaced)
-        self._cleanup(store, keep={s.stored.basename for s in shards})
-        self._sweep(store)
+        try:
+            outcome = finish_write(self._plan, plans, written, source)
+        finally:
+            self._cleanup(store, keep=set())  # keeps nothing of this job but what is indexed
+        if outcome.meta is not None:
+            self._sweep(store)
 
     def _sweep(self, store: Store) -> None:
         """Leftovers of earlier failed jobs go too, if older than the retention (option
@@ -385,38 +308,20 @@ class MDSWriter(DataSourceArrowWriter):
         self._cleanup(Store(self.path, self.storage_options), keep=set())
 
     def _cleanup(self, store: Store, keep: set[str]) -> None:
+        """Delete this job's files that the committed index does not name."""
         mine = f"shard-{self.token}-"
-        for name in store.listdir():
-            if name.startswith(mine) and name not in keep:
+        names = [n for n in store.listdir() if n.startswith(mine) and n not in keep]
+        if not names:
+            return
+        indexed = _indexed_names(store)
+        for name in names:
+            if name not in indexed:
                 store.delete(name)
 
 
-CRASH_HOOK_ENV = "SPARK_DL_TEST_CRASH_BEFORE"
-
-
-class _CrashHookStore(Store):
-    """Test hook for driver-death tests (tests/test_spark_faults.py), inert unless the
-    environment sets ``SPARK_DL_TEST_CRASH_BEFORE=<file name>``: right before the commit
-    writes that file it creates ``$SPARK_DL_TEST_CRASH_MARKER.<pid>`` and waits, so the
-    test can kill the driver at exactly that point of the commit."""
-
-    def write_bytes(self, name: str, data: bytes | memoryview | np.ndarray) -> None:
-        if name == os.environ.get(CRASH_HOOK_ENV):
-            marker = f"{os.environ['SPARK_DL_TEST_CRASH_MARKER']}.{os.getpid()}"
-            with open(marker + ".tmp", "w") as f:
-                f.write(self.root)
-            os.replace(marker + ".tmp", marker)
-            time.sleep(120)  # killed long before; never write if the test forgot to
-            os._exit(1)
-        super().write_bytes(name, data)
-
-
-def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
-    if a == b:
-        return True
-    if pa.types.is_timestamp(a) and pa.types.is_timestamp(b):
-        return a.unit == b.unit and (a.tz is None) == (b.tz is None)
-    return False
+def _indexed_names(store: Store) -> set[str]:
+    committed = read_meta(store)
+    return {s.stored.basename for s in committed.shards} if committed else set()
 
 
 def _align(batch: pa.RecordBatch, plans: list[ColumnPlan]) -> pa.RecordBatch:
@@ -453,7 +358,8 @@ class MDSReader(DataSourceReader):
         self.path = _path(options)
         self.storage_options = _storage_options(options)
         self.shards_per_partition = max(1, int(options.get("shards_per_partition", "1")))
-        self.verify = options.get("verify_hashes", "false").lower() == "true"
+        # unset: each shard checked once (the core's default); true: every hash; false: none
+        self.verify = {"true": True, "false": False}.get(options.get("verify_hashes", "").lower())
         self.allow_unsafe = options.get("allow_unsafe", "false").lower() == "true"
 
     def _open(self) -> Any:
@@ -508,8 +414,6 @@ class MDSDataSource(DataSource):
 
 # --------------------------------------------------------------------------- save modes
 
-_SAVE_MODE_ALIASES = {"errorifexists": "error", "default": "error"}
-
 
 def _wrap_writer_class(cls: Any) -> None:
     """Record format/mode/path options on ``cls`` and give ``save`` Spark's default modes.
@@ -556,21 +460,16 @@ def _wrap_writer_class(cls: Any) -> None:
         fmt = format or getattr(self, "_spark_dl_format", None)
         if fmt is None or fmt.lower() != FORMAT:
             return orig_save(self, path, format, mode, partitionBy, **options)
-        chosen = (mode or getattr(self, "_spark_dl_mode", None) or "error").lower()
-        chosen = _SAVE_MODE_ALIASES.get(chosen, chosen)
+        chosen = normalize_mode(mode or getattr(self, "_spark_dl_mode", None))
         if chosen not in ("error", "ignore"):
             return orig_save(self, path, format, mode, partitionBy, **options)
         recorded = {**getattr(self, "_spark_dl_options", {}), **options}
         target = path or recorded.get("path")
         if not target:
             raise DatasetError("the mds data source needs a path: .save(path)")
-        if Store(target, _storage_options(recorded)).exists("index.json"):
-            if chosen == "ignore":
-                return None
-            raise DatasetError(
-                f"an MDS dataset already exists at {target}; "
-                'write with .mode("overwrite") or .mode("append")'
-            )
+        # the core's policy: error raises DatasetExistsError, ignore plans a skip
+        if plan_write(Store(target, _storage_options(recorded)), chosen, None).skip:
+            return None
         self.option("save_mode", chosen)
         return orig_save(self, path, format, "append", partitionBy, **options)
 

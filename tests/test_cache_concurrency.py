@@ -52,7 +52,13 @@ def s3() -> Iterator[dict[str, Any]]:
         s3fs.S3FileSystem(**options).call_s3("create_bucket", Bucket="bucket")
         ids = np.arange(N, dtype=np.int64)
         table = pa.table({"id": pa.array(ids), "v": pa.array(list(_values(ids)))})
-        write_mds(table, "s3://bucket/ds", DatasetSpec(shard_size="8KiB"), storage_options=options)
+        write_mds(
+            table,
+            "s3://bucket/ds",
+            DatasetSpec(shard_size="8KiB"),
+            mode="overwrite",  # moto keeps its buckets in-process, across servers
+            storage_options=options,
+        )
         yield options
 
 

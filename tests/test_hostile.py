@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_dl_core import DatasetError, DatasetSpec, open_dataset, write_mds
+from spark_dl_core import DatasetError, DatasetSpec, HashMismatchError, open_dataset, write_mds
 
 ROWS = 60
 
@@ -46,9 +46,10 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
-def _read_all(path: Path) -> int:
+def _read_all(path: Path, verify_hashes: bool | None = False) -> int:
+    """Hash checks off by default: these cases test that the decoder itself stays safe."""
     ds = open_dataset(path)
-    return sum(len(b["id"]) for b in ds.iter_batches(batch_size=16))
+    return sum(len(b["id"]) for b in ds.iter_batches(batch_size=16, verify_hashes=verify_hashes))
 
 
 def _expect_clean_outcome(path: Path, shard: str) -> None:
@@ -147,6 +148,9 @@ def test_bad_utf8_names_the_file(pristine: dict[str, Path], tmp_path: Path) -> N
     (target / shard).write_bytes(bytes(data))
     with pytest.raises(DatasetError, match=rf"{shard}.*'text'.*UTF-8"):
         _read_all(target)
+    # by default the shard's recorded hash catches the change before anything is decoded
+    with pytest.raises(HashMismatchError, match=rf"{shard}.*spark_dl.json"):
+        _read_all(target, verify_hashes=None)
 
 
 def test_symlink_out_of_the_dataset_is_refused(pristine: dict[str, Path], tmp_path: Path) -> None:

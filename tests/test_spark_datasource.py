@@ -198,6 +198,50 @@ def test_append_refuses_drift(spark: Any, tmp_path: Any) -> None:
     _listed_exactly(path)
 
 
+def test_core_and_spark_append_refuse_the_same_drift(spark: Any, tmp_path: Any) -> None:
+    """One policy: the same append is refused with the same message, naming the column or
+    spec field, whether it goes through Spark or through the core's write_mds."""
+    import re
+
+    import pyarrow as pa
+
+    from spark_dl_core import write_mds
+
+    path = str(tmp_path / "same")
+    spark.sql("SELECT id, CAST(id AS float) AS score FROM range(10)").write.format("mds").option(
+        "compression", "zstd"
+    ).save(path)
+    cases = [
+        (
+            spark.sql("SELECT id, CAST(id AS double) AS score FROM range(3)"),
+            {},
+            pa.table({"id": pa.array([1], pa.int64()), "score": pa.array([1.0], pa.float64())}),
+            {},
+        ),
+        (
+            spark.sql("SELECT id, CAST(id AS float) AS score FROM range(3)"),
+            {"compression": "gz"},
+            pa.table({"id": pa.array([1], pa.int64()), "score": pa.array([1.0], pa.float32())}),
+            {"compression": "gz"},
+        ),
+        (
+            spark.sql("SELECT id, CAST(id AS float) AS score FROM range(3)"),
+            {"columns": '{"score": "float64"}'},
+            pa.table({"id": pa.array([1], pa.int64()), "score": pa.array([1.0], pa.float32())}),
+            {"columns": {"score": "float64"}},
+        ),
+    ]
+    for frame, options, table, spec in cases:
+        with pytest.raises(Exception) as core:
+            write_mds(table, path, spec, mode="append")
+        message = str(core.value)
+        assert message.startswith(f"append to {path}:") and ("score" in message or "gz" in message)
+        with pytest.raises(Exception, match=re.escape(message)):
+            frame.write.format("mds").mode("append").options(**options).save(path)
+    assert spark.read.format("mds").load(path).count() == 10
+    _listed_exactly(path)
+
+
 def test_options_mirror_the_spec(spark: Any, tmp_path: Any) -> None:
     path = str(tmp_path / "opts")
     df = spark.sql("SELECT id AS Label, CAST(id AS int) AS small FROM range(2000)").coalesce(1)

@@ -6,7 +6,9 @@ name. The module runs its own ``local[2,3]`` session (3 attempts per task, so re
 happen locally); Spark cannot run speculative copies in local mode (one host, and a
 speculative copy never runs on the host of the running attempt), so duplicate attempts are
 driven through the writer API. Driver death runs the write in a subprocess and kills its
-whole process tree at a hook inside the commit (``SPARK_DL_TEST_CRASH_BEFORE``).
+whole process tree at a hook inside the commit: ``tests/fault_hooks/sitecustomize.py``,
+put on that driver's ``PYTHONPATH`` (and so on its Python workers'), armed by
+``SPARK_DL_TEST_CRASH_BEFORE``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from spark_dl_core.maintenance import vacuum
 pytestmark = pytest.mark.spark
 
 ROWS = 1000  # per faulty job: 4 partitions of 250
+FAULT_HOOKS = Path(__file__).resolve().parent / "fault_hooks"  # the crash hook, test-only
 
 
 @pytest.fixture(scope="module")
@@ -274,6 +277,9 @@ def killed(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
         marker = str(root / f"{before_file}.marker")
         env = {
             **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(FAULT_HOOKS), os.environ.get("PYTHONPATH")) if p
+            ),
             "SPARK_DL_TEST_CRASH_BEFORE": before_file,
             "SPARK_DL_TEST_CRASH_MARKER": marker,
         }

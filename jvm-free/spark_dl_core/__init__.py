@@ -2,8 +2,7 @@
 
 from typing import Any
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from .dataset import Dataset, open_dataset
 from .errors import (
     DatasetError,
@@ -37,6 +36,7 @@ __all__ = [
     "SpecError",
     "UnsafeEncodingError",
     "WriteResult",
+    "__version__",
     "open_dataset",
     "open_delta",
     "parse_size",

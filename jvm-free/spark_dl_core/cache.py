@@ -38,22 +38,20 @@ import time
 import uuid
 import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from .errors import HashMismatchError, ShardError
-from .format.hashing import digest
-
-if TYPE_CHECKING:
-    from .dataset import Dataset
+from .format.hashing import digest, fastest
+from .format.index import ShardInfo
+from .storage import Store
 
 DEFAULT_LIMIT = 32 << 30
 DEFAULT_RETRIES = 5
 DEFAULT_BACKOFF_S = 0.2
 _LOCKS = ".locks"
 _TMP = ".tmp-"
-_FAST_HASHES = ("xxh3_64", "xxh64", "xxh3_128", "xxh128", "xxh32", "md5", "sha1", "sha256")
 
 
 def default_cache_dir(url: str) -> str:
@@ -110,8 +108,15 @@ class ShardCache:
         path = os.path.join(self.directory, _LOCKS, f"{name}.{kind}")
         return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
 
-    def fetch(self, basename: str, nbytes: int) -> np.ndarray:
-        """The shard's bytes (memory-mapped), downloading it first if not yet cached."""
+    def fetch(
+        self, basename: str, nbytes: int, hashes: Mapping[str, str] | None = None
+    ) -> np.ndarray:
+        """The shard's bytes (memory-mapped), downloading it first if not yet cached.
+
+        ``hashes`` (the index's, for this shard) add to those given at construction."""
+        if hashes and basename not in self.hashes:
+            with self._mutex:
+                self.hashes[basename] = dict(hashes)
         path = os.path.join(self.directory, basename)
         use = self._lock(basename, "use")
         try:
@@ -212,7 +217,7 @@ class ShardCache:
         if size != nbytes:
             raise ShardError(shown, f"has {size} bytes, the index says {nbytes}")
         expected = self.hashes.get(basename) or {}
-        name = next((h for h in _FAST_HASHES if h in expected), next(iter(expected), None))
+        name = fastest(expected)
         with open(temp, "rb") as f:
             if name is not None and size:
                 view = np.memmap(f, dtype=np.uint8, mode="r")
@@ -309,12 +314,61 @@ def _fsync_dir(directory: str) -> None:
 _CACHES: dict[tuple[int, str], ShardCache] = {}
 
 
-def shard_cache(dataset: Dataset) -> ShardCache:
-    """The cache of ``dataset`` in this process (created on first use, after fork too)."""
-    directory = dataset.cache_dir or default_cache_dir(dataset.store.url)
+def _cache_for(store: Store, directory: str, hashes: Mapping[str, Mapping[str, str]]) -> ShardCache:
+    """The one cache of ``directory`` in this process (created on first use, after fork too)."""
     key = (os.getpid(), directory)
     cache = _CACHES.get(key)
     if cache is None:
-        hashes = {s.stored.basename: s.stored.hashes for s in dataset.shards if s.stored.hashes}
-        cache = _CACHES[key] = ShardCache(dataset.store, directory, hashes=hashes)
+        cache = _CACHES[key] = ShardCache(store, directory, hashes=hashes)
     return cache
+
+
+class CachedStore(Store):
+    """A remote store whose shard files are served from the local cache.
+
+    Metadata reads go to the store; :meth:`read_shard` downloads a shard once per machine
+    (see :class:`ShardCache`) and memory-maps the local copy.
+    """
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
+    ) -> None:
+        super().__init__(url, storage_options)
+        self.cache_dir = cache_dir or default_cache_dir(self.url)
+
+    def cache(self, hashes: Mapping[str, Mapping[str, str]] | None = None) -> ShardCache:
+        """This process's cache of the store's shards."""
+        return _cache_for(self, self.cache_dir, hashes or {})
+
+    def read_shard(
+        self, name: str, nbytes: int, hashes: Mapping[str, str] | None = None
+    ) -> np.ndarray:
+        return self.cache().fetch(name, nbytes, hashes)
+
+
+def shard_store(
+    url: str, storage_options: dict[str, Any] | None = None, cache_dir: str | None = None
+) -> Store:
+    """The store a reader opens: local paths as they are, remote URLs through the cache."""
+    store = Store(url, storage_options)
+    if not store.remote:
+        return store
+    return CachedStore(url, storage_options, cache_dir)
+
+
+class _HasShards(Protocol):
+    store: Store
+    cache_dir: str | None
+    shards: list[ShardInfo]
+
+
+def shard_cache(dataset: _HasShards) -> ShardCache:
+    """The cache a remote dataset's shards go through in this process."""
+    hashes = {s.stored.basename: s.stored.hashes for s in dataset.shards if s.stored.hashes}
+    if isinstance(dataset.store, CachedStore):
+        return dataset.store.cache(hashes)
+    directory = dataset.cache_dir or default_cache_dir(dataset.store.url)
+    return _cache_for(dataset.store, directory, hashes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
@@ -12,14 +13,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .errors import DatasetError, HashMismatchError, ShardError
-from .format.compression import DecompressionError, parse_compression
+from .cache import shard_store
+from .errors import DatasetError, DecompressionError, HashMismatchError, ShardError
+from .format.compression import parse_compression
 from .format.encodings import DecodeOptions, Encoding, ImageMode, get_encoding
-from .format.hashing import digest
-from .format.index import INDEX_FILE, META_FILE, PREVIOUS_META_FILE, ShardInfo, parse_index
+from .format.hashing import content_hash, digest, fastest
+from .format.index import INDEX_FILE, ShardInfo
 from .format.shard import Layout, ShardData
-from .storage import Store
-from .writer import ColumnPlan, plans_from_meta
+from .meta import ColumnPlan, plans_from_meta, read_meta, stored_layout
 
 Batch = dict[str, np.ndarray]
 
@@ -39,7 +40,8 @@ class Dataset:
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.path = str(path)
-        self.store = Store(self.path, storage_options)
+        # remote stores serve shard files through the local cache (see cache.shard_store)
+        self.store = shard_store(self.path, storage_options, cache_dir)
         self.shown = self.store.display()  # the path with any credentials redacted
         self.cache_dir = cache_dir
         self.allow_unsafe = allow_unsafe
@@ -47,46 +49,21 @@ class Dataset:
         self.layout = self._layout()
         counts = np.array([s.samples for s in self.shards], dtype=np.int64)
         self.shard_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self._local_cache: Any = None
+        self._verified: set[int] = set()  # shards checked once in this process
+        self._warned_unverifiable = False
 
     # -- opening
 
     def _load(self) -> tuple[list[ShardInfo], dict[str, Any] | None, bytes]:
-        for _ in range(3):  # a concurrent overwrite may swap the index between our two reads
-            text = self.store.read_bytes(INDEX_FILE)
-            shards = parse_index(text, self.store.display(INDEX_FILE))
-            names = [s.stored.basename for s in shards]
-            for meta_file in (META_FILE, PREVIOUS_META_FILE):
-                meta = self._read_meta(meta_file)
-                if meta_file == META_FILE and meta is None:
-                    return shards, None, text
-                if meta is not None and [m["basename"] for m in meta["shards"]] == names:
-                    return shards, meta, text
-        raise DatasetError(f"{self.shown}: spark_dl.json does not match index.json")
-
-    def _read_meta(self, name: str = META_FILE) -> dict[str, Any] | None:
-        if not self.store.exists(name):
-            return None
-        try:
-            meta = json.loads(self.store.read_bytes(name))
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"{self.store.display(name)}: not valid JSON ({exc})") from None
-        if (
-            not isinstance(meta, dict)
-            or meta.get("format") != "spark-dl"
-            or not isinstance(meta.get("shards"), list)
-        ):
-            raise DatasetError(f"{self.store.display(name)}: not a spark-dl metadata file")
-        return meta
+        committed = read_meta(self.store)
+        if committed is None:
+            raise DatasetError(f"{self.store.display(INDEX_FILE)} does not exist")
+        return committed.shards, committed.meta, committed.index_text
 
     def _layout(self) -> Layout:
         if not self.shards:
             plans = self.plans
-            if not plans:
-                return Layout((), ())
-            from .writer import stored_layout
-
-            return stored_layout(plans)
+            return stored_layout(plans) if plans else Layout((), ())
         first = self.shards[0]
         for i, shard in enumerate(self.shards):
             if (shard.column_names, shard.column_encodings, shard.column_sizes) != (
@@ -162,24 +139,27 @@ class Dataset:
     # -- shards
 
     def stored_bytes(self, shard: int) -> np.ndarray:
-        """The stored (possibly compressed) file of one shard, through the local cache."""
+        """The stored (possibly compressed) file of one shard, from the store's shard source
+        (a memory map locally; the local cache for remote stores)."""
         info = self.shards[shard].stored
-        if self.store.remote:
-            from .cache import shard_cache
+        return self.store.read_shard(info.basename, info.bytes, info.hashes)
 
-            return shard_cache(self).fetch(info.basename, info.bytes)
-        return self.store.read_array(info.basename)
+    def load_shard(self, shard: int, verify_hashes: bool | None = None) -> ShardData:
+        """One shard decompressed, size-checked and hash-verified.
 
-    def load_shard(self, shard: int, verify_hashes: bool = False) -> ShardData:
-        """One shard decompressed, size-checked and (optionally) hash-verified."""
+        ``verify_hashes``: None (default) checks each shard once per process, the first
+        time it is read, with the fastest hash recorded for it (index, else spark_dl.json);
+        True checks every recorded hash on every load; False checks none.
+        """
         info = self.shards[shard]
         stored = info.stored
         where = self.store.display(stored.basename)
         data = self.stored_bytes(shard)
         if len(data) != stored.bytes:
             raise ShardError(where, f"has {len(data)} bytes, the index says {stored.bytes}")
-        if verify_hashes:
-            self._verify(where, stored.hashes, data)
+        check = shard not in self._verified if verify_hashes is None else verify_hashes
+        full = verify_hashes is True
+        checked = check and self._verify_stored(shard, where, data, full)
         if info.zip_data is not None:
             codec = parse_compression(info.compression)
             if codec is None:
@@ -192,23 +172,63 @@ class Dataset:
                 raw = np.frombuffer(codec.decompress(data, info.raw_data.bytes), dtype=np.uint8)
             except DecompressionError as exc:
                 raise ShardError(where, str(exc)) from None
-            if verify_hashes:
+            if check and full and info.raw_data.hashes:
                 self._verify(where, info.raw_data.hashes, raw)
+                checked = True
         else:
             raw = data
+        if check and not checked:
+            self._verify_content(shard, where, raw)
+        if check:
+            self._verified.add(shard)
         return ShardData(raw, where, self.layout, info.samples)
 
-    @staticmethod
-    def _verify(where: str, hashes: dict[str, str], data: np.ndarray) -> None:
+    def _verify_stored(self, shard: int, where: str, data: np.ndarray, full: bool) -> bool:
+        """Check the stored file against the index's hashes, else spark_dl.json's."""
+        hashes = self.shards[shard].stored.hashes
+        recorded_in = "the index"
+        if not hashes and self.meta is not None:
+            hashes = self.meta["shards"][shard].get("stored_hashes") or {}
+            recorded_in = "spark_dl.json"
         if not hashes:
-            raise HashMismatchError(where, "has no hashes recorded to verify against")
+            return False
+        if not full:
+            name = fastest(hashes)
+            assert name is not None
+            hashes = {name: hashes[name]}
+        self._verify(where, hashes, data, recorded_in)
+        return True
+
+    def _verify_content(self, shard: int, where: str, raw: np.ndarray) -> None:
+        """Datasets with no per-file hash: spark_dl.json's content hash of the raw shard;
+        Mosaic's without any: say once that corruption goes undetected."""
+        expected = self.meta["shards"][shard].get("content_hash") if self.meta else None
+        if expected:
+            actual = content_hash(raw)
+            if actual != expected:
+                raise HashMismatchError(
+                    where, f"content hash is {actual}, spark_dl.json says {expected}"
+                )
+            return
+        if not self._warned_unverifiable:
+            self._warned_unverifiable = True
+            warnings.warn(
+                f"{self.shown} records no hashes for its shards (written by another MDS "
+                "writer without hashes): corrupted shards cannot be detected",
+                stacklevel=3,
+            )
+
+    @staticmethod
+    def _verify(
+        where: str, hashes: dict[str, str], data: np.ndarray, recorded_in: str = "the index"
+    ) -> None:
         for name, expected in hashes.items():
             try:
                 actual = digest(name, data)
             except ValueError as exc:
                 raise ShardError(where, str(exc)) from None
             if actual != expected:
-                raise HashMismatchError(where, f"{name} is {actual}, the index says {expected}")
+                raise HashMismatchError(where, f"{name} is {actual}, {recorded_in} says {expected}")
 
     # -- decoding
 
@@ -245,7 +265,7 @@ class Dataset:
         indices: np.ndarray,
         columns: list[str] | None = None,
         images: ImageMode = "bytes",
-        verify_hashes: bool = False,
+        verify_hashes: bool | None = None,
         loaded: dict[int, ShardData] | None = None,
     ) -> Batch:
         """Decode samples by global index, in the order given.
@@ -280,7 +300,7 @@ class Dataset:
         columns: list[str] | None = None,
         drop_last: bool = False,
         images: ImageMode = "bytes",
-        verify_hashes: bool = False,
+        verify_hashes: bool | None = None,
         shuffle_window: int | None = None,
         start_batch: int = 0,
         consumed: int = 0,

@@ -235,7 +235,7 @@ class DeltaSnapshot:
         out_path: str,
         spec: DatasetSpec | dict[str, Any] | None = None,
         *,
-        mode: str = "overwrite",
+        mode: str = "error",
         progress: bool = False,
         storage_options: dict[str, Any] | None = None,
     ) -> WriteResult:
@@ -243,7 +243,7 @@ class DeltaSnapshot:
         from .writer import write_mds
 
         return write_mds(
-            self.batches(),
+            self.reader(),  # carries the schema, so a filter matching nothing writes 0 rows
             out_path,
             spec,
             mode=mode,  # type: ignore[arg-type]
@@ -272,7 +272,7 @@ class DeltaSnapshot:
                 return existing
         except (DatasetError, FileNotFoundError, OSError):
             pass
-        self.write_mds(out_path, spec_obj)
+        self.write_mds(out_path, spec_obj, mode="overwrite")  # a stale export is replaced
         return open_dataset(out_path, **open_kwargs)
 
     # -- filesystem

@@ -1,4 +1,9 @@
-"""Exceptions that name what went wrong: the column, the file, the version."""
+"""Exceptions that name what went wrong: the column, the file, the version.
+
+Every error spark-dl raises on purpose is a :class:`SparkDLError`; callers tell kinds apart
+by class (or by a ``reason`` attribute where one class covers several causes), never by
+matching message text. Messages show URLs with credentials redacted.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,23 @@ class SpecError(SparkDLError, ValueError):
     """A dataset spec, option or argument that cannot be honoured."""
 
 
+class SpecValidationError(SpecError):
+    """A spec whose fields fail validation; ``fields`` names them (``"columns.x"``…)."""
+
+    def __init__(self, message: str, fields: list[str]) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
+class SchemaDriftError(SpecError):
+    """Data or a spec that differs from the dataset it is appended to (names the column)."""
+
+    def __init__(self, message: str, column: str | None = None, field: str | None = None):
+        super().__init__(message)
+        self.column = column
+        self.field = field  # the spec field that differs, if the drift is in the spec
+
+
 class EncodingError(SparkDLError, ValueError):
     """A column's values do not fit the encoding chosen for them."""
 
@@ -19,8 +41,32 @@ class EncodingError(SparkDLError, ValueError):
         self.column = column
 
 
+class MissingDependencyError(SparkDLError, ImportError):
+    """An optional extra (fsspec, deltalake, torch…) is needed and not installed."""
+
+
 class DatasetError(SparkDLError):
     """A dataset on storage is missing, malformed or unsafe to read."""
+
+
+class DatasetExistsError(DatasetError):
+    """A write with save mode ``error`` found a dataset already committed at its path."""
+
+
+class NotOurDatasetError(DatasetError):
+    """An operation needs spark-dl's metadata (``spark_dl.json``) and the dataset has none."""
+
+
+class UnsupportedFeatureError(DatasetError):
+    """Valid data that uses a feature this reader does not implement (``reason`` says which)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class DecompressionError(DatasetError, ValueError):
+    """Compressed bytes that do not decompress to the promised size."""
 
 
 class ShardError(DatasetError):

@@ -21,7 +21,6 @@ this machine and the store; a file whose age cannot be determined counts as new.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import re
 import stat
@@ -29,8 +28,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import DatasetError
+from .errors import DatasetError, SpecError
 from .format.index import INDEX_FILE, META_FILE, PREVIOUS_META_FILE, parse_index
+from .meta import read_meta
 from .storage import Store
 
 DEFAULT_RETENTION_SECONDS = 3600.0
@@ -119,7 +119,7 @@ def vacuum_store(
 ) -> VacuumReport:
     """:func:`vacuum` on an open :class:`Store` (what a Spark commit calls after its index)."""
     if retention_seconds < 0:
-        raise ValueError(f"vacuum {store.display()}: retention_seconds must be >= 0")
+        raise SpecError(f"vacuum {store.display()}: retention_seconds must be >= 0")
     if not store.exists():
         raise DatasetError(f"vacuum: {store.display()} does not exist")
     entries = _entries(store)  # list first: a commit landing after this only adds names
@@ -153,23 +153,17 @@ def vacuum_store(
 
 
 def _settle_metadata(store: Store) -> None:
-    """Finish a commit torn between its two metadata writes (see writer.commit_dataset).
+    """Finish a commit torn between its two metadata writes (see commit.commit_dataset).
 
     ``spark_dl.prev.json`` describes the dataset an interrupted overwrite meant to replace:
-    if the index still names that dataset's shards, it becomes ``spark_dl.json`` again;
-    either way the fallback file then goes.
+    if the index still names that dataset's shards (what :func:`meta.read_meta` falls back
+    to), it becomes ``spark_dl.json`` again; either way the fallback file then goes.
     """
-    shards = parse_index(store.read_bytes(INDEX_FILE), store.display(INDEX_FILE))
-    names = [s.stored.basename for s in shards]
-
-    def matches(name: str) -> bool:
-        try:
-            meta = json.loads(store.read_bytes(name))
-            return [m["basename"] for m in meta["shards"]] == names
-        except (DatasetError, ValueError, KeyError, TypeError):
-            return False
-
-    if not matches(META_FILE) and matches(PREVIOUS_META_FILE):
+    try:
+        committed = read_meta(store)
+    except DatasetError:  # neither file describes the index: leave them for a person
+        return
+    if committed is not None and committed.meta_file == PREVIOUS_META_FILE:
         store.write_bytes(META_FILE, store.read_bytes(PREVIOUS_META_FILE))
 
 

@@ -37,7 +37,7 @@ class BatchReader:
         prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
         columns: list[str] | None = None,
         images: Any = "bytes",
-        verify_hashes: bool = False,
+        verify_hashes: bool | None = None,
     ) -> None:
         self.dataset, self.batches = dataset, batches
         self.columns, self.images, self.verify = columns, images, verify_hashes

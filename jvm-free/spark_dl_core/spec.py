@@ -2,7 +2,8 @@
 
 A spec is data (pydantic, JSON round-trippable): it is recorded beside every dataset in
 ``spark_dl.json``, it keys caches and it feeds the fingerprint. Invalid specs fail when
-constructed, with pydantic's message naming the field.
+constructed with a :class:`~spark_dl_core.errors.SpecError` naming the field (pydantic's
+``ValidationError`` never escapes).
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
+from .errors import SpecError, SpecValidationError
 from .format.compression import parse_compression
 from .format.encodings import get_encoding
 from .format.hashing import check_hash_name
@@ -42,12 +44,12 @@ def parse_size(value: int | str) -> int:
     Units are powers of 1024 whichever spelling is used (as Mosaic reads ``"64mb"``).
     """
     if isinstance(value, bool):
-        raise ValueError("a size must be a number of bytes or a string like '64MiB'")
+        raise SpecError("a size must be a number of bytes or a string like '64MiB'")
     if isinstance(value, int):
         return value
     match = _SIZE.match(str(value).lower())
     if not match or match.group(2) not in _UNITS:
-        raise ValueError(f"cannot read {value!r} as a size; write e.g. 67108864, '64MiB', '512KiB'")
+        raise SpecError(f"cannot read {value!r} as a size; write e.g. 67108864, '64MiB', '512KiB'")
     return int(float(match.group(1)) * _UNITS[match.group(2)])
 
 
@@ -76,6 +78,26 @@ class DatasetSpec(BaseModel):
     hashes: list[str] = Field(default_factory=list)
     nulls: Literal["error", "mask"] = "error"
     transforms: list[Transform] = Field(default_factory=list)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise spec_error(exc) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> DatasetSpec:
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except ValidationError as exc:
+            raise spec_error(exc) from None
+
+    @classmethod
+    def model_validate_json(cls, json_data: Any, *args: Any, **kwargs: Any) -> DatasetSpec:
+        try:
+            return super().model_validate_json(json_data, *args, **kwargs)
+        except ValidationError as exc:
+            raise spec_error(exc) from None
 
     @field_validator("columns")
     @classmethod
@@ -108,3 +130,14 @@ class DatasetSpec(BaseModel):
 
 
 NULL_SUFFIX = "__isnull"
+
+
+def spec_error(exc: ValidationError) -> SpecValidationError:
+    """pydantic's validation error as a :class:`SpecError` naming each bad field."""
+    problems, fields = [], []
+    for err in exc.errors():
+        where = ".".join(str(part) for part in err.get("loc", ())) or "spec"
+        message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        problems.append(f"{where}: {message}")
+        fields.append(where)
+    return SpecValidationError(f"invalid {exc.title}: " + "; ".join(problems), fields)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DatasetError
+from .errors import DatasetError, MissingDependencyError
 
 _SECRET_NAME = re.compile(r"key|secret|token|passw|credential|sas|signature|auth", re.I)
 _SECRET_ENV = (
@@ -80,7 +80,7 @@ class Store:
             try:
                 import fsspec
             except ImportError:  # pragma: no cover - optional extra
-                raise ImportError(
+                raise MissingDependencyError(
                     f"{self.url} needs fsspec: pip install 'spark-dl-core[remote]'"
                 ) from None
             self._fs, _ = fsspec.core.url_to_fs(self.url, **self.storage_options)
@@ -171,9 +171,15 @@ class Store:
             return []
         return sorted(os.listdir(self.root))
 
-    def makedirs(self) -> None:
-        if not self.remote:
-            os.makedirs(self.root, exist_ok=True)
+    def read_shard(
+        self, name: str, nbytes: int, hashes: Mapping[str, str] | None = None
+    ) -> np.ndarray:
+        """A shard file's bytes for decoding: here a memory map of the file itself.
+
+        ``nbytes`` and ``hashes`` are what the index promises; a store that copies shards
+        before serving them (:class:`spark_dl_core.cache.CachedStore`) checks them.
+        """
+        return self.read_array(name)
 
     def __repr__(self) -> str:
         return f"Store({self.redact(self.url)!r})"

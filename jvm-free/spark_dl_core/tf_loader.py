@@ -113,7 +113,7 @@ def make_tf_dataset(
     start_batch: int = 0,
     resume: dict[str, Any] | None = None,
     images: str = "bytes",
-    verify_hashes: bool = False,
+    verify_hashes: bool | None = None,
     prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
     as_tuple: tuple[list[str], list[str]] | tuple[str, str] | None = None,
 ) -> Any:

@@ -233,7 +233,7 @@ class TorchLoader:
         shuffle_window: int | None = None,
         epoch: int = 0,
         images: str = "bytes",
-        verify_hashes: bool = False,
+        verify_hashes: bool | None = None,
         prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
         prefetch_factor: int | None = 2,
         pin_memory: bool = False,

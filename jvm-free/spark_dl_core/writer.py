@@ -7,84 +7,30 @@ table, a batch iterator or a pandas frame and commits the dataset.
 
 from __future__ import annotations
 
-import base64
-import datetime as _dt
-import hashlib
-import json
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import __version__
-from .errors import DatasetError, EncodingError, SpecError
+from .commit import WriteMode, abort_write, finish_write, plan_write, spec_for
+from .errors import EncodingError, SpecError
 from .format.buffers import I64, Pieces
 from .format.compression import parse_compression
-from .format.encodings import get_encoding, infer_encoding
-from .format.hashing import content_hash, digest
-from .format.index import (
-    INDEX_FILE,
-    META_FILE,
-    PREVIOUS_META_FILE,
-    FileInfo,
-    ShardInfo,
-    index_text,
-    parse_index,
-    shard_config_bytes,
-)
+from .format.encodings import get_encoding
+from .format.hashing import STORED_HASH, content_hash, digest
+from .format.index import FileInfo, ShardInfo, shard_config, shard_config_bytes
 from .format.shard import Layout, assemble_samples, build_shard
-from .spec import NULL_SUFFIX, DatasetSpec
+from .meta import ColumnPlan, ShardRecords, plan_columns, plans_schema, stored_layout
+from .spec import DatasetSpec
 from .storage import Store
 from .transforms import apply_transforms
 
-WriteMode = Literal["error", "overwrite", "append", "ignore"]
+__all__ = ["ShardWriter", "WriteMode", "WriteResult", "write_mds"]
+
 _TARGET_CHUNK_BYTES = 8 << 20  # encode at most ~8 MiB of input at a time (bounded memory)
-
-
-@dataclass(frozen=True)
-class ColumnPlan:
-    """What one stored column is: its name, Arrow type, encoding and null mask, if any."""
-
-    name: str
-    arrow_type: pa.DataType
-    encoding: str
-    null_mask: str | None = None  # name of the companion "<name>__isnull" column
-    nullable: bool = True  # as the source schema declared it
-
-
-def plan_columns(schema: pa.Schema, spec: DatasetSpec) -> list[ColumnPlan]:
-    """Choose each column's encoding: the spec's, else one inferred from its Arrow type."""
-    unknown = set(spec.columns) - set(schema.names)
-    if unknown:
-        raise SpecError(
-            f"spec names column(s) {sorted(unknown)} that the data lacks (columns: {schema.names})"
-        )
-    plans = []
-    for f in schema:
-        encoding = spec.columns.get(f.name) or infer_encoding(f)
-        mask = None
-        if spec.nulls == "mask" and f.nullable and encoding not in ("json", "pkl"):
-            mask = f.name + NULL_SUFFIX
-            if mask in schema.names:
-                raise SpecError(f"column {mask!r} collides with the null mask of {f.name!r}")
-        plans.append(ColumnPlan(f.name, f.type, encoding, mask, f.nullable))
-    return plans
-
-
-def stored_layout(plans: list[ColumnPlan]) -> Layout:
-    names: list[str] = []
-    encodings = []
-    for p in plans:
-        names.append(p.name)
-        encodings.append(get_encoding(p.encoding))
-        if p.null_mask:
-            names.append(p.null_mask)
-            encodings.append(get_encoding("uint8"))
-    return Layout(tuple(names), tuple(encodings))
 
 
 def _fill_nulls(array: pa.Array) -> pa.Array:
@@ -141,6 +87,7 @@ class ShardWriter:
     plans: list[ColumnPlan] | None = None
     shards: list[ShardInfo] = field(default_factory=list)
     content_hashes: list[str] = field(default_factory=list)
+    stored_hashes: list[dict[str, str]] = field(default_factory=list)
     rows: int = 0
 
     def __post_init__(self) -> None:
@@ -154,22 +101,31 @@ class ShardWriter:
     def _set_plans(self, plans: list[ColumnPlan]) -> None:
         self.plans = plans
         self._layout = stored_layout(plans)
-        self._config: dict[str, Any] = {
-            "column_encodings": [e.name for e in self._layout.encodings],
-            "column_names": list(self._layout.names),
-            "column_sizes": list(self._layout.sizes),
-            "compression": self.spec.compression,
-            "format": "mds",
-            "hashes": list(self.spec.hashes),
-            "size_limit": self.spec.shard_size,
-            "version": 2,
-        }
+        self._config: dict[str, Any] = shard_config(
+            column_names=list(self._layout.names),
+            column_encodings=[e.name for e in self._layout.encodings],
+            column_sizes=list(self._layout.sizes),
+            compression=self.spec.compression,
+            hashes=list(self.spec.hashes),
+            size_limit=self.spec.shard_size,
+        )
         self._config_bytes = shard_config_bytes(self._config)
         self._pending_bytes = 8 + len(self._config_bytes)
 
     @property
-    def layout(self) -> Layout | None:
-        return self._layout
+    def records(self) -> ShardRecords:
+        """The shards written so far with what ``spark_dl.json`` records for each."""
+        return ShardRecords(list(self.shards), list(self.content_hashes), list(self.stored_hashes))
+
+    def start(self, schema: pa.Schema) -> None:
+        """Fix the columns from the input ``schema`` (so an empty input still has them)."""
+        if self.plans is None:
+            empty = pa.RecordBatch.from_pylist([], schema=schema)
+            self._set_plans(
+                plan_columns(
+                    apply_transforms(empty, self.spec.transforms, "write").schema, self.spec
+                )
+            )
 
     def write(self, batch: pa.RecordBatch | pa.Table) -> None:
         """Encode one batch; full shards are written out as they fill."""
@@ -263,8 +219,9 @@ class ShardWriter:
         raw_name = f"{self.prefix}.{len(self.shards):05}.mds"
         raw_info = FileInfo(raw_name, len(raw), {h: digest(h, raw) for h in self.spec.hashes})
         zip_info = None
+        stored: bytes | np.ndarray = raw
         if self._codec is not None:
-            packed = self._codec.compress(raw)
+            stored = packed = self._codec.compress(raw)
             zip_name = f"{raw_name}.{self._codec.extension}"
             zip_info = FileInfo(
                 zip_name, len(packed), {h: digest(h, packed) for h in self.spec.hashes}
@@ -273,6 +230,7 @@ class ShardWriter:
         else:
             self.store.write_bytes(raw_name, raw)
         self.content_hashes.append(content_hash(raw))
+        self.stored_hashes.append({STORED_HASH: digest(STORED_HASH, stored)})
         self.shards.append(
             ShardInfo(
                 samples=n,
@@ -295,134 +253,52 @@ class ShardWriter:
         return self.shards
 
 
-# --------------------------------------------------------------------------- dataset metadata
-
-
-def schema_to_text(schema: pa.Schema) -> str:
-    return base64.b64encode(schema.serialize().to_pybytes()).decode()
-
-
-def schema_from_text(text: str) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
-
-
-def fingerprint(spec: DatasetSpec, plans: list[ColumnPlan], content_hashes: list[str]) -> str:
-    """Changes iff the stored content or the spec changes (not with lineage or time)."""
-    payload = {
-        "spec": spec.canonical(),
-        "columns": [[p.name, str(p.arrow_type), p.encoding, p.null_mask] for p in plans],
-        "shards": content_hashes,
-    }
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def build_meta(
-    spec: DatasetSpec,
-    plans: list[ColumnPlan],
-    shards: list[ShardInfo],
-    content_hashes: list[str],
-    source: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    schema = pa.schema([pa.field(p.name, p.arrow_type, nullable=p.nullable) for p in plans])
-    return {
-        "format": "spark-dl",
-        "format_version": 1,
-        "writer": f"spark-dl-core {__version__}",
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "spec": spec.canonical(),
-        "arrow_schema": schema_to_text(schema),
-        "columns": {
-            p.name: {
-                "encoding": p.encoding,
-                "arrow_type": str(p.arrow_type),
-                "null_mask": p.null_mask,
-            }
-            for p in plans
-        },
-        "shards": [
-            {"basename": s.stored.basename, "samples": s.samples, "content_hash": h}
-            for s, h in zip(shards, content_hashes)
-        ],
-        "num_samples": sum(s.samples for s in shards),
-        "fingerprint": fingerprint(spec, plans, content_hashes),
-        "source": source or {},
-    }
-
-
-def plans_from_meta(meta: dict[str, Any]) -> list[ColumnPlan]:
-    schema = schema_from_text(meta["arrow_schema"])
-    cols = meta["columns"]
-    return [
-        ColumnPlan(
-            f.name, f.type, cols[f.name]["encoding"], cols[f.name].get("null_mask"), f.nullable
-        )
-        for f in schema
-    ]
-
-
-def commit_dataset(
-    store: Store,
-    spec: DatasetSpec,
-    plans: list[ColumnPlan],
-    shards: list[ShardInfo],
-    content_hashes: list[str],
-    source: dict[str, Any] | None = None,
-    replaced: Iterable[str] = (),
-) -> dict[str, Any]:
-    """Make a dataset visible: ``spark_dl.json``, then ``index.json`` (the commit point).
-
-    Files listed in ``replaced`` (an overwritten dataset's shards) are deleted afterwards.
-    """
-    meta = build_meta(spec, plans, shards, content_hashes, source)
-    if store.exists(META_FILE):
-        store.write_bytes(PREVIOUS_META_FILE, store.read_bytes(META_FILE))
-    store.write_bytes(META_FILE, json.dumps(meta, indent=1, sort_keys=True).encode())
-    store.write_bytes(INDEX_FILE, index_text(shards).encode())
-    store.delete(PREVIOUS_META_FILE)  # committed: the fallback is no longer needed
-    keep = {s.stored.basename for s in shards}
-    for name in replaced:
-        if name not in keep:
-            store.delete(name)
-    return meta
-
-
-def load_existing(store: Store) -> tuple[list[ShardInfo], dict[str, Any] | None] | None:
-    """The committed dataset at ``store``: its shards and our metadata, or None if absent."""
-    if not store.exists(INDEX_FILE):
-        return None
-    shards = parse_index(store.read_bytes(INDEX_FILE), store.path(INDEX_FILE))
-    meta = json.loads(store.read_bytes(META_FILE)) if store.exists(META_FILE) else None
-    return shards, meta
-
-
-def new_prefix() -> str:
-    """A shard-name prefix no earlier write used: old files stay until the new index lands."""
-    return f"shard-{uuid.uuid4().hex[:12]}"
-
-
 # --------------------------------------------------------------------------- write_mds
 
 DataLike = Any  # pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch] | pandas.DataFrame
 
 
-def _batches(data: DataLike) -> Iterator[pa.RecordBatch]:
+def _as_batches(data: DataLike) -> tuple[pa.Schema | None, Iterator[pa.RecordBatch]]:
+    """The input's schema (None if it cannot be known without batches) and its batches.
+
+    Tables, readers and frames know their schema even with zero rows, so an empty one
+    writes an empty dataset; a bare iterator's schema comes from its first batch.
+    """
     if isinstance(data, pa.Table):
-        yield from data.to_batches()
-    elif isinstance(data, pa.RecordBatch):
-        yield data
-    elif isinstance(data, pa.RecordBatchReader):
-        yield from data
-    elif type(data).__module__.startswith("pandas"):
-        yield from pa.Table.from_pandas(data, preserve_index=False).to_batches()
-    elif isinstance(data, Iterable):
-        for item in data:
-            yield from _batches(item)
-    else:
-        raise TypeError(
-            f"write_mds takes a pyarrow Table/RecordBatch, an iterable of RecordBatches or a "
-            f"pandas DataFrame, not {type(data).__name__}"
-        )
+        return data.schema, iter(data.to_batches())
+    if isinstance(data, pa.RecordBatch):
+        return data.schema, iter([data])
+    if isinstance(data, pa.RecordBatchReader):
+        return data.schema, iter(data)
+    if type(data).__module__.startswith("pandas"):
+        return _as_batches(pa.Table.from_pandas(data, preserve_index=False))
+    if isinstance(data, Iterable):
+        items = iter(data)
+        for item in items:
+            schema, first = _as_batches(item)
+            if schema is None:
+                continue
+            return schema, _chain(first, items)
+        return None, iter(())
+    raise SpecError(
+        f"write_mds takes a pyarrow Table/RecordBatch/RecordBatchReader, an iterable of "
+        f"RecordBatches or a pandas DataFrame, not {type(data).__name__}"
+    )
+
+
+def _chain(first: Iterator[pa.RecordBatch], rest: Iterator[Any]) -> Iterator[pa.RecordBatch]:
+    yield from first
+    for item in rest:
+        yield from _as_batches(item)[1]
+
+
+def _conform(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Appended batches cast to the stored types where they differ only in a zone's name."""
+    for batch in batches:
+        if batch.schema.equals(schema):
+            yield batch
+        else:
+            yield from pa.Table.from_batches([batch]).select(schema.names).cast(schema).to_batches()
 
 
 @dataclass(frozen=True)
@@ -439,73 +315,65 @@ def write_mds(
     path: str,
     spec: DatasetSpec | dict[str, Any] | None = None,
     *,
-    mode: WriteMode = "overwrite",
+    mode: WriteMode = "error",
     source: dict[str, Any] | None = None,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
 ) -> WriteResult:
     """Write ``data`` as an MDS dataset at ``path`` (local directory or fsspec URL).
 
-    ``mode``: ``overwrite`` replaces an existing dataset only once the new one is complete;
-    ``append`` adds shards after checking the columns match; ``error`` refuses an existing
-    dataset; ``ignore`` leaves it alone. ``source`` is lineage recorded in spark_dl.json.
+    ``mode`` (as Spark's save modes): ``error`` (the default) refuses an existing dataset;
+    ``overwrite`` replaces it, only once the new one is complete; ``append`` adds shards
+    after refusing drift (columns, types, or spec fields that differ from the dataset's);
+    ``ignore`` leaves it alone. ``source`` is lineage recorded in spark_dl.json. A table
+    with zero rows writes an empty dataset; an empty iterator (no schema) is refused.
     """
-    spec = spec if isinstance(spec, DatasetSpec) else DatasetSpec(**(spec or {}))
     store = Store(path, storage_options)
-    existing = load_existing(store)
-    if existing is not None and mode == "error":
-        raise DatasetError(f"a dataset already exists at {path}; use mode='overwrite' or 'append'")
-    if existing is not None and mode == "ignore":
-        meta = existing[1] or {}
+    shown = store.display()
+    schema, batches = _as_batches(data)
+    plan = plan_write(store, mode, spec_for(spec), schema=schema)
+    if plan.skip:
+        assert plan.existing is not None
+        meta = plan.existing.meta or {}
         return WriteResult(
             path,
-            sum(s.samples for s in existing[0]),
-            len(existing[0]),
+            sum(s.samples for s in plan.existing.shards),
+            len(plan.existing.shards),
             meta.get("fingerprint", ""),
             meta,
         )
-    fresh = existing is None and not store.listdir()
-    writer = ShardWriter(store, spec, prefix="shard" if fresh else new_prefix())
-    old_shards: list[ShardInfo] = []
-    old_hashes: list[str] = []
-    if existing is not None and mode == "append":
-        old_shards, old_meta = existing
-        if old_meta is None:
-            raise DatasetError(
-                f"{path} was not written by spark-dl; append needs its spark_dl.json"
-            )
-        writer.plans = plans_from_meta(old_meta)
-        writer._set_plans(writer.plans)
-        old_hashes = [s["content_hash"] for s in old_meta["shards"]]
-        source = source or old_meta.get("source")
-    bar = _progress(progress, path)
+    if schema is None and not plan.appending:
+        raise SpecError(
+            f"write_mds to {shown}: got no record batches, so the schema is unknown; "
+            "pass a pyarrow Table or RecordBatchReader (they carry a schema even when empty)"
+        )
+    writer = ShardWriter(store, plan.spec, prefix=plan.shard_prefix(), plans=plan.plans)
+    if plan.plans is not None:
+        batches = _conform(batches, plans_schema(plan.plans))
+    elif schema is not None:
+        writer.start(schema)
+    bar = _progress(progress, shown)
     try:
-        for batch in _batches(data):
+        for batch in batches:
             writer.write(batch)
             if bar is not None:
                 bar.update(batch.num_rows)
-        shards = writer.finish()
+        writer.finish()
     except BaseException:
-        for info in writer.shards:  # nothing half-written stays behind
-            store.delete(info.stored.basename)
-        raise
+        abort_write(store, [info.stored.basename for info in writer.shards])
+        raise  # nothing half-written stays behind
     finally:
         if bar is not None:
             bar.close()
-    if writer.plans is None:
-        raise SpecError("write_mds got no record batches, so the schema is unknown")
-    replaced = [s.stored.basename for s in existing[0]] if existing and mode == "overwrite" else []
-    meta = commit_dataset(
-        store,
-        spec,
-        writer.plans,
-        old_shards + shards,
-        old_hashes + writer.content_hashes,
-        source,
-        replaced,
-    )
+    assert writer.plans is not None
+    outcome = finish_write(plan, writer.plans, writer.records, source)
+    meta = outcome.meta or {}
     return WriteResult(
-        path, meta["num_samples"], len(old_shards) + len(shards), meta["fingerprint"], meta
+        path,
+        meta.get("num_samples", 0),
+        len(outcome.records.shards),
+        meta.get("fingerprint", ""),
+        meta,
     )
 
 

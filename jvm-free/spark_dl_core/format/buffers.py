@@ -102,9 +102,3 @@ def interleave(parts: list[Pieces], n: int) -> Pieces:
     lengths = np.stack([p.lengths(n) for p in parts], axis=1)
     data, _ = gather(source, starts.reshape(-1), lengths.reshape(-1))
     return Pieces(data, offsets=offsets_from_lengths(lengths.sum(axis=1)))
-
-
-def pieces_from_arrow_binary(offsets: np.ndarray, data: np.ndarray) -> Pieces:
-    """Pieces over an Arrow binary/string layout, rebased so offsets start at 0."""
-    first = int(offsets[0])
-    return Pieces(data[first : int(offsets[-1])], offsets=offsets.astype(I64) - first)

@@ -14,6 +14,7 @@ import brotli
 import cramjam
 import zstandard
 
+from ..errors import DecompressionError, SpecError
 from .hashing import Data, as_buffer
 
 # family -> (allowed levels, default level); None: the family has no levels.
@@ -26,8 +27,7 @@ _FAMILIES: dict[str, tuple[range, int] | None] = {
 }
 
 
-class DecompressionError(ValueError):
-    """Compressed bytes that do not decompress to the promised size."""
+__all__ = ["Codec", "DecompressionError", "compression_names", "parse_compression"]
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def parse_compression(name: str | None) -> Codec | None:
         return None
     family, _, level_text = name.partition(":")
     if family not in _FAMILIES:
-        raise ValueError(
+        raise SpecError(
             f"unknown compression {name!r}; choose one of {sorted(_FAMILIES)}, "
             "optionally with ':level'"
         )
@@ -118,13 +118,13 @@ def parse_compression(name: str | None) -> Codec | None:
     if not level_text:
         return Codec(family, levels[1] if levels else None)
     if levels is None:
-        raise ValueError(f"compression {family!r} takes no level (got {name!r})")
+        raise SpecError(f"compression {family!r} takes no level (got {name!r})")
     try:
         level = int(level_text)
     except ValueError:
-        raise ValueError(f"compression level in {name!r} is not an integer") from None
+        raise SpecError(f"compression level in {name!r} is not an integer") from None
     if level not in levels[0]:
-        raise ValueError(
+        raise SpecError(
             f"compression level {level} is out of range for {family!r} "
             f"({levels[0].start}..{levels[0].stop - 1})"
         )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import xxhash
+
+from ..errors import SpecError
 
 Data = bytes | memoryview | np.ndarray
 
@@ -39,7 +41,7 @@ def hash_names() -> list[str]:
 
 def check_hash_name(name: str) -> str:
     if name not in _HASHES:
-        raise ValueError(f"unknown hash {name!r}; choose from {hash_names()}")
+        raise SpecError(f"unknown hash {name!r}; choose from {hash_names()}")
     return name
 
 
@@ -51,3 +53,16 @@ def digest(name: str, data: Data) -> str:
 def content_hash(data: Data) -> str:
     """The hash spark-dl records for every shard to fingerprint datasets (fast, 128-bit)."""
     return xxhash.xxh3_128_hexdigest(as_buffer(data))
+
+
+# The hash spark-dl records in spark_dl.json for each stored shard file, to check it on
+# first read when the index records none: xxh3 runs at memory speed, far below read and
+# decompression costs (see docs/reliability.md for the measured figure).
+STORED_HASH = "xxh3_64"
+_FAST_FIRST = ("xxh3_64", "xxh64", "xxh3_128", "xxh128", "xxh32", "md5", "sha1", "sha256")
+
+
+def fastest(names: Iterable[str]) -> str | None:
+    """The cheapest of the named hashes to compute (None for none)."""
+    names = list(names)
+    return next((h for h in _FAST_FIRST if h in names), names[0] if names else None)

@@ -43,16 +43,14 @@ class ShardInfo:
 
     def config(self) -> dict[str, Any]:
         """The writer configuration Mosaic embeds in every shard and repeats in the index."""
-        return {
-            "column_encodings": self.column_encodings,
-            "column_names": self.column_names,
-            "column_sizes": self.column_sizes,
-            "compression": self.compression,
-            "format": "mds",
-            "hashes": self.hashes,
-            "size_limit": self.size_limit,
-            "version": INDEX_VERSION,
-        }
+        return shard_config(
+            self.column_names,
+            self.column_encodings,
+            self.column_sizes,
+            self.compression,
+            self.hashes,
+            self.size_limit,
+        )
 
     def to_json(self) -> dict[str, Any]:
         out = self.config()
@@ -65,6 +63,27 @@ class ShardInfo:
     def stored(self) -> FileInfo:
         """The file actually on storage (compressed if compression was used)."""
         return self.zip_data or self.raw_data
+
+
+def shard_config(
+    column_names: list[str],
+    column_encodings: list[str],
+    column_sizes: list[int | None],
+    compression: str | None,
+    hashes: list[str],
+    size_limit: int | None,
+) -> dict[str, Any]:
+    """The one definition of a shard's writer configuration (in the shard and the index)."""
+    return {
+        "column_encodings": column_encodings,
+        "column_names": column_names,
+        "column_sizes": column_sizes,
+        "compression": compression,
+        "format": "mds",
+        "hashes": hashes,
+        "size_limit": size_limit,
+        "version": INDEX_VERSION,
+    }
 
 
 def shard_config_bytes(config: dict[str, Any]) -> bytes:
