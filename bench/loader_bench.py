@@ -52,7 +52,7 @@ def make_data(directory: Path, rows: int) -> None:
             "label": pa.array(np.arange(rows, dtype=np.int64)),
         }
     )
-    write_mds(table, str(directory / "mds"), DatasetSpec(shard_size="8MiB"))
+    write_mds(table, str(directory / "mds"), DatasetSpec(shard_size="8MiB"), mode="overwrite")
     pq.write_table(table, directory / "data.parquet", row_group_size=65536)
     np.save(directory / "x.npy", x)
     (directory / "done").write_text("ok")

@@ -82,7 +82,7 @@ def write(path: str, shards: int, shard_size: str) -> None:
             "label": pa.array(np.arange(rows, dtype=np.int64)),
         }
     )
-    write_mds(table, path, DatasetSpec(shard_size=shard_size))
+    write_mds(table, path, DatasetSpec(shard_size=shard_size), mode="overwrite")
 
 
 def measure(

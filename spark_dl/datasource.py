@@ -277,7 +277,7 @@ class MDSWriter(DataSourceArrowWriter):
         plans = next((m.plans for m in done if m.plans and m.shards), self.plans)
         for m in done:
             if m.plans is not None and m.shards:
-                _check_plans(self.path, plans, m.plans)
+                _check_plans(store.display(), plans, m.plans)
             stored = m.stored_hashes or [{} for _ in m.shards]
             written = written + ShardRecords(m.shards, m.content_hashes, stored)
         source = {"writer": "spark", "format": FORMAT, "job": self.token}

@@ -106,6 +106,18 @@ def test_export_errors_exit_1(table: str, tmp_path: Path) -> None:
     assert run("inspect", str(tmp_path / "missing"), check=1).stderr
 
 
+def test_export_refuses_to_replace_unless_told(table: str, tmp_path: Path) -> None:
+    assert "(error, the default" in " ".join(run("export", "--help").stdout.split())
+    out = str(tmp_path / "ds")
+    first = json.loads(run("export", table, "--version", "0", "--out", out, "--json").stdout)
+    proc = run("export", table, "--out", out, "--no-progress", check=1)
+    assert "already exists" in proc.stderr and "overwrite" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert json.loads(run("inspect", out, "--json").stdout)["fingerprint"] == first["fingerprint"]
+    again = json.loads(run("export", table, "--out", out, "--mode", "overwrite", "--json").stdout)
+    assert again["samples"] == 60 and again["fingerprint"] != first["fingerprint"]
+
+
 def test_export_parquet(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from ._version import __version__
-from .errors import DatasetError, SpecError
+from .errors import DatasetError, NotOurDatasetError, SpecError
 from .format.encodings import get_encoding, infer_encoding
 from .format.index import INDEX_FILE, META_FILE, PREVIOUS_META_FILE, ShardInfo, parse_index
 from .format.shard import Layout
@@ -197,7 +197,7 @@ class Committed:
     def records(self) -> ShardRecords:
         """Our per-shard records; only for datasets with our metadata."""
         if self.meta is None:
-            raise NotImplementedError("records need spark_dl.json")
+            raise NotOurDatasetError("per-shard records need spark_dl.json")
         return ShardRecords.from_meta(self.shards, self.meta)
 
 

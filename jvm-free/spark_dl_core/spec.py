@@ -106,7 +106,7 @@ class DatasetSpec(BaseModel):
             try:
                 get_encoding(encoding)
             except ValueError as exc:
-                raise ValueError(f"column {name!r}: {exc}") from None
+                raise SpecError(f"column {name!r}: {exc}") from None
         return columns
 
     @field_validator("compression")
@@ -121,7 +121,7 @@ class DatasetSpec(BaseModel):
         for name in hashes:
             check_hash_name(name)
         if len(set(hashes)) != len(hashes):
-            raise ValueError(f"hashes are listed twice: {hashes}")
+            raise SpecError(f"hashes are listed twice: {hashes}")
         return sorted(hashes)  # Mosaic requires sorted hash lists
 
     def canonical(self) -> dict[str, Any]:
