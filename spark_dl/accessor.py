@@ -1,90 +1,29 @@
 """``df.dl``: write a DataFrame as MDS, or get a cached PyTorch / TensorFlow loader for it.
 
 The accessor is a property on both ``pyspark.sql.DataFrame`` and Spark Connect's DataFrame,
-and only uses public DataFrame API, so it behaves the same on both.
+and only uses public DataFrame API, so it behaves the same on both. It sits on top:
+``accessor`` → ``converter`` (the cache) → ``datasource`` (the writes), never back.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    ArrayType,
-    BooleanType,
-    ByteType,
-    DataType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    ShortType,
-)
+from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 from spark_dl_core import DatasetSpec
 
-from .datasource import FORMAT, _is_vector
+from .converter import Converter, as_spec, fixed_shapes, make_converter, resolve_spec
+from .datasource import FORMAT
 
-_NUMPY = {
-    BooleanType: "uint8",
-    ByteType: "int8",
-    ShortType: "int16",
-    IntegerType: "int32",
-    LongType: "int64",
-    FloatType: "float32",
-    DoubleType: "float64",
-}
+SpecLike: TypeAlias = DatasetSpec | dict[str, Any] | None
+
+__all__ = ["DLAccessor", "fixed_shapes", "install_accessor"]
 
 
-def _leaf_dtype(dt: DataType) -> str | None:
-    for cls, name in _NUMPY.items():
-        if isinstance(dt, cls):
-            return name
-    return None
-
-
-def fixed_shapes(df: Any, spec: DatasetSpec, vector_dtype: str = "float64") -> dict[str, str]:
-    """Fixed ``ndarray`` encodings for array/vector columns whose rows all have one length.
-
-    Spark's schema says ``array<float>`` whatever the lengths, and write tasks must agree on
-    one encoding without seeing each other's data, so one small aggregate decides it here:
-    equal lengths and no nulls give ``ndarray:float32:32`` (a fixed-width column that loads
-    as one tensor); otherwise the column keeps the variable ``ndarray`` encoding.
-    """
-    candidates: dict[str, tuple[Any, str]] = {}
-    for f in df.schema.fields:
-        if f.name in spec.columns:
-            continue
-        if isinstance(f.dataType, ArrayType):
-            dtype = _leaf_dtype(f.dataType.elementType)
-            if dtype is not None:
-                candidates[f.name] = (F.col(f.name), dtype)
-        elif _is_vector(f.dataType):
-            from pyspark.ml.functions import vector_to_array
-
-            candidates[f.name] = (vector_to_array(F.col(f.name)), vector_dtype)
-    if not candidates:
-        return {}
-    aggs = []
-    for i, (column, _) in enumerate(candidates.values()):
-        aggs += [
-            F.min(F.size(column)).alias(f"lo{i}"),
-            F.max(F.size(column)).alias(f"hi{i}"),
-            F.count(F.when(column.isNull(), 1)).alias(f"nulls{i}"),
-        ]
-    row = df.agg(*aggs).collect()[0]
-    out = {}
-    for i, (name, (_, dtype)) in enumerate(candidates.items()):
-        lo, hi, nulls = row[f"lo{i}"], row[f"hi{i}"], row[f"nulls{i}"]
-        if lo is not None and lo == hi and lo > 0 and nulls == 0:
-            out[name] = f"ndarray:{dtype}:{lo}"
-    return out
-
-
-def _as_spec(spec: DatasetSpec | dict[str, Any] | None) -> DatasetSpec:
-    if spec is None:
-        return DatasetSpec()
-    return spec if isinstance(spec, DatasetSpec) else DatasetSpec(**spec)
+def _given(**settings: Any) -> dict[str, Any]:
+    """Loader settings the caller set: ``None`` means "the core loader's default", so a
+    setting the core names differently or adds later is never forced on it."""
+    return {k: v for k, v in settings.items() if v is not None}
 
 
 class DLAccessor:
@@ -93,22 +32,14 @@ class DLAccessor:
     def __init__(self, df: Any) -> None:
         self._df = df
 
-    def resolved_spec(
-        self, spec: DatasetSpec | dict[str, Any] | None = None, infer_shapes: bool = True
-    ) -> DatasetSpec:
+    def resolved_spec(self, spec: SpecLike = None, infer_shapes: bool = True) -> DatasetSpec:
         """``spec`` with fixed array shapes filled in (see :func:`fixed_shapes`)."""
-        resolved = _as_spec(spec)
-        if not infer_shapes or any(t.at == "write" for t in resolved.transforms):
-            return resolved  # spec columns name post-transform columns: leave them alone
-        shapes = fixed_shapes(self._df, resolved)
-        if not shapes:
-            return resolved
-        return resolved.model_copy(update={"columns": {**shapes, **resolved.columns}})
+        return resolve_spec(self._df, spec, infer_shapes)
 
     def write_mds(
         self,
         path: str,
-        spec: DatasetSpec | dict[str, Any] | None = None,
+        spec: SpecLike = None,
         mode: str = "error",
         *,
         infer_shapes: bool = True,
@@ -121,25 +52,123 @@ class DLAccessor:
             writer = writer.option(f"storage.{key}", value)
         writer.mode(mode).save(path)
 
-    def converter(
-        self, spec: DatasetSpec | dict[str, Any] | None = None, cache_dir: str | None = None
-    ) -> Any:
+    def converter(self, spec: SpecLike = None, cache_dir: str | None = None) -> Converter:
         """The DataFrame materialized once (cached by plan and spec) as an MDS dataset."""
-        from .converter import make_converter
-
-        return make_converter(self._df, _as_spec(spec), cache_dir)
+        return make_converter(self._df, as_spec(spec), cache_dir)
 
     def to_torch(
-        self, batch_size: int = 256, spec: DatasetSpec | dict[str, Any] | None = None, **kwargs: Any
+        self,
+        batch_size: int = 256,
+        shuffle: bool = False,
+        seed: int = 0,
+        *,
+        spec: SpecLike = None,
+        cache_dir: str | None = None,
+        num_workers: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        epoch: int | None = None,
+        drop_last: bool = False,
+        columns: Sequence[str] | None = None,
+        shuffle_window: int | None = None,
+        images: str | None = None,
+        transforms: Sequence[Any] | None = None,
+        device: str | None = None,
+        verify_hashes: bool | None = None,
+        prefetch_bytes: int | None = None,
+        prefetch_factor: int | None = None,
+        pin_memory: bool | None = None,
+        multiprocessing_context: Any = None,
+        progress: bool | None = None,
     ) -> Any:
-        """A PyTorch loader over the cached dataset (kwargs go to the core's TorchLoader)."""
-        return self.converter(spec).to_torch(batch_size=batch_size, **kwargs)
+        """A PyTorch loader (``IterableDataset``-style, with ``state_dict``) over the
+        DataFrame's cached MDS copy; the parameters are the core ``Dataset.to_torch``'s.
+
+        Args:
+            batch_size: samples per batch.
+            shuffle, seed: the deterministic global shuffle; same seed, same order.
+            spec: the ``DatasetSpec`` the cache is written with (part of the cache key).
+            cache_dir: where the cache lives (default: Spark conf
+                ``spark.spark_dl.cache.dir``, else a temp directory).
+            num_workers: torch worker processes.
+            rank, world_size: this process's share (default: from ``torch.distributed``).
+            epoch: the epoch to start at (each pass then advances it).
+            drop_last: drop the last, short batch.
+            columns: the columns to load (default: all).
+            shuffle_window: shards mixed at a time by the shuffle (memory bound).
+            images: how image columns come out (``"bytes"``, ``"uint8"``…).
+            transforms: read-time ops applied to each batch (e.g. image decode, resize).
+            device: where batches land (``"cuda"``: decode and ops there).
+            verify_hashes: check shard hashes as they are read.
+            prefetch_bytes, prefetch_factor, pin_memory, multiprocessing_context,
+            progress: loader tuning, as in the core.
+        """
+        settings = _given(
+            rank=rank,
+            world_size=world_size,
+            epoch=epoch,
+            columns=list(columns) if columns is not None else None,
+            shuffle_window=shuffle_window,
+            images=images,
+            transforms=list(transforms) if transforms is not None else None,
+            device=device,
+            verify_hashes=verify_hashes,
+            prefetch_bytes=prefetch_bytes,
+            prefetch_factor=prefetch_factor,
+            pin_memory=pin_memory,
+            multiprocessing_context=multiprocessing_context,
+            progress=progress,
+        )
+        return self.converter(spec, cache_dir).to_torch(
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            num_workers=num_workers,
+            drop_last=drop_last,
+            **settings,
+        )
 
     def to_tf(
-        self, batch_size: int = 256, spec: DatasetSpec | dict[str, Any] | None = None, **kwargs: Any
+        self,
+        batch_size: int = 256,
+        shuffle: bool = False,
+        seed: int = 0,
+        *,
+        spec: SpecLike = None,
+        cache_dir: str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        epoch: int | None = None,
+        drop_last: bool = False,
+        columns: Sequence[str] | None = None,
+        shuffle_window: int | None = None,
+        images: str | None = None,
+        transforms: Sequence[Any] | None = None,
+        device: str | None = None,
+        verify_hashes: bool | None = None,
+        prefetch_bytes: int | None = None,
+        as_tuple: tuple[list[str], list[str]] | tuple[str, str] | None = None,
     ) -> Any:
-        """A ``tf.data.Dataset`` over the cached dataset."""
-        return self.converter(spec).to_tf(batch_size=batch_size, **kwargs)
+        """A ``tf.data.Dataset`` of batches over the DataFrame's cached MDS copy; the
+        parameters are the core ``Dataset.to_tf``'s (see :meth:`to_torch` for the shared
+        ones). ``as_tuple=("x", "y")`` yields ``(features, labels)`` pairs for
+        ``model.fit``."""
+        settings = _given(
+            rank=rank,
+            world_size=world_size,
+            epoch=epoch,
+            columns=list(columns) if columns is not None else None,
+            shuffle_window=shuffle_window,
+            images=images,
+            transforms=list(transforms) if transforms is not None else None,
+            device=device,
+            verify_hashes=verify_hashes,
+            prefetch_bytes=prefetch_bytes,
+            as_tuple=as_tuple,
+        )
+        return self.converter(spec, cache_dir).to_tf(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, **settings
+        )
 
 
 def _dl(self: Any) -> DLAccessor:

@@ -80,7 +80,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         snapshot = open_delta(
             args.table, version=args.version, timestamp=args.timestamp, columns=columns
         )
-        data: Any = snapshot.batches()
+        data: Any = snapshot.export_batches()  # the layout a Spark write reproduces
         source = snapshot.lineage()
     else:
         if args.version is not None or args.timestamp is not None:
@@ -89,7 +89,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         dataset = pads.dataset(args.table, format="parquet", partitioning="hive")
         files = sorted(dataset.files)  # fixed order: same rows, same order, every run
-        dataset = pads.dataset(files, format="parquet", schema=dataset.schema)
+        dataset = pads.dataset(
+            files,
+            format="parquet",
+            schema=dataset.schema,
+            partitioning="hive",  # a file list keeps its key=value directories only so
+            partition_base_dir=args.table,
+        )
         data = dataset.to_batches(columns=columns)
         source = {"kind": "parquet", "path": args.table, "files": len(files), "columns": columns}
     from spark_dl_core import write_mds
@@ -279,7 +285,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     try:
         if hasattr(spark_dl, "register"):
             spark_dl.register(spark)
-        variables = dict(v.split("=", 1) for v in args.var)
+        variables = dict(v.split("=", 1) for v in args.var)  # "NAME=VALUE": checked by argparse
         results = run_sql_file(spark, args.file, variables or None)
         out = [_result_data(r, args.limit) for r in (results or [])]
     finally:
@@ -316,6 +322,57 @@ def _result_data(result: Any, limit: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- main
 
 
+def _timestamp(text: str) -> str:
+    """``--timestamp``: an ISO-8601 time (``2024-05-01``, ``2024-05-01T10:00:00Z``)."""
+    import datetime as dt
+
+    try:
+        dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO time such as 2024-05-01T10:00:00Z, got {text!r}"
+        ) from None
+    return text
+
+
+def _seconds(text: str) -> float:
+    """``--retention``: seconds, zero or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
+
+
+def _quiet_on_broken_pipe(command: Any) -> Any:
+    """A reader that stops early (``spark-dl inspect … | head``) is not an error: stdout
+    goes to /dev/null so the interpreter's final flush stays quiet, and the exit is 0."""
+    import functools
+    import os
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            code = int(command(args))
+            sys.stdout.flush()
+            return code
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return EXIT_OK
+
+    return run
+
+
+def _variable(text: str) -> str:
+    """``--var NAME=VALUE``, refused at parse time (exit 2) when the ``=`` is missing."""
+    if "=" not in text or not text.split("=", 1)[0].strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spark-dl",
@@ -327,7 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("table", help="Delta table or Parquet directory (path or URL)")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--version", type=int, help="Delta version to pin (default: latest now)")
-    when.add_argument("--timestamp", help="last Delta commit at/before this ISO time")
+    when.add_argument(
+        "--timestamp", type=_timestamp, help="last Delta commit at/before this ISO time"
+    )
     p.add_argument("--out", required=True, help="output MDS directory or URL")
     p.add_argument("--spec", help="JSON file with a DatasetSpec (encodings, compression…)")
     p.add_argument(
@@ -343,41 +402,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func=_quiet_on_broken_pipe(cmd_export))
 
     p = sub.add_parser("inspect", help="columns, encodings, shards, sizes, lineage, fingerprint")
     p.add_argument("path")
     p.add_argument("--samples", type=int, default=3, help="sample rows to show (default 3)")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_inspect)
+    p.set_defaults(func=_quiet_on_broken_pipe(cmd_inspect))
 
     p = sub.add_parser("verify", help="re-hash and decode every shard; exit 1 naming bad files")
     p.add_argument("path")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_verify)
+    p.set_defaults(func=_quiet_on_broken_pipe(cmd_verify))
 
     p = sub.add_parser("vacuum", help="delete leftover files no committed index references")
     p.add_argument("path")
     p.add_argument(
         "--retention",
-        type=float,
+        type=_seconds,
         default=3600.0,
         metavar="SECONDS",
         help="keep unreferenced files younger than this: a write may be in flight (default 3600)",
     )
     p.add_argument("--dry-run", action="store_true", help="report, delete nothing")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_vacuum)
+    p.set_defaults(func=_quiet_on_broken_pipe(cmd_vacuum))
 
     p = sub.add_parser("sql", help="run the statements of a .sql file on a local Spark session")
     p.add_argument("file")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--limit", type=int, default=100, help="rows printed per result")
     p.add_argument(
-        "--var", action="append", default=[], metavar="NAME=VALUE", help="${NAME} substitution"
+        "--var",
+        action="append",
+        default=[],
+        type=_variable,
+        metavar="NAME=VALUE",
+        help="${NAME} substitution (an undefined ${NAME} is an error)",
     )
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_sql)
+    p.set_defaults(func=_quiet_on_broken_pipe(cmd_sql))
     return parser
 
 

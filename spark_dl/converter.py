@@ -4,7 +4,14 @@ The cache key is the DataFrame's ``semanticHash()`` (its analyzed plan, availabl
 and Spark Connect sessions alike), its schema and the spec. The same DataFrame (or an equal
 plan) reuses the dataset; a changed plan writes a new one. The plan hash does not see new
 files under an unchanged source path: call ``delete()`` (or use a new cache dir) then.
-Datasets this process wrote are deleted at exit, best effort.
+
+Deleting is reference-counted within the process: every dataset opened through a
+converter (and so every loader made by ``df.dl.to_torch`` / ``to_tf``) holds the cache
+directory; ``delete()`` or leaving ``with df.dl.converter():`` removes it once the last
+holder is gone, never under a loader still reading it. Datasets this process wrote are
+deleted at exit, best effort.
+
+Data flows one way here: ``accessor`` (``df.dl``) → ``converter`` → ``datasource``.
 """
 
 from __future__ import annotations
@@ -17,24 +24,139 @@ import os
 import shutil
 import tempfile
 import threading
+import warnings
+import weakref
 from typing import Any
+
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+)
 
 from spark_dl_core import DatasetSpec, open_dataset
 from spark_dl_core.storage import Store
 
-from .datasource import FORMAT
+from .datasource import FORMAT, _is_vector
 
-CACHE_DIR_CONF = "spark_dl.cache.dir"
+CACHE_DIR_CONF = "spark.spark_dl.cache.dir"
+OLD_CACHE_DIR_CONF = "spark_dl.cache.dir"  # Spark warns "Ignoring non-Spark config property"
 _created: set[str] = set()
-_lock = threading.Lock()
+_holders: dict[str, int] = {}  # live datasets opened through converters, per cache path
+_pending: set[str] = set()  # deleted while held: removed when the last holder goes
+_lock = threading.RLock()
+
+_NUMPY = {
+    BooleanType: "uint8",
+    ByteType: "int8",
+    ShortType: "int16",
+    IntegerType: "int32",
+    LongType: "int64",
+    FloatType: "float32",
+    DoubleType: "float64",
+}
+
+
+def _leaf_dtype(dt: DataType) -> str | None:
+    for cls, name in _NUMPY.items():
+        if isinstance(dt, cls):
+            return name
+    return None
+
+
+def fixed_shapes(df: Any, spec: DatasetSpec, vector_dtype: str = "float64") -> dict[str, str]:
+    """Fixed ``ndarray`` encodings for array/vector columns whose rows all have one length,
+    and ``json`` for nested arrays whose inner arrays differ in length within a row (the
+    ``ndarray`` encoding stores rectangular arrays only).
+
+    Spark's schema says ``array<float>`` whatever the lengths, and write tasks must agree on
+    one encoding without seeing each other's data, so one small aggregate decides it here:
+    equal lengths and no nulls give ``ndarray:float32:32`` (a fixed-width column that loads
+    as one tensor); otherwise the column keeps the variable ``ndarray`` encoding.
+    """
+    candidates: dict[str, tuple[Any, str]] = {}
+    nested: list[str] = []  # array<array<…>>: ragged inner lengths need the json encoding
+    for f in df.schema.fields:
+        if f.name in spec.columns:
+            continue
+        if isinstance(f.dataType, ArrayType) and isinstance(f.dataType.elementType, ArrayType):
+            nested.append(f.name)
+        elif isinstance(f.dataType, ArrayType):
+            dtype = _leaf_dtype(f.dataType.elementType)
+            if dtype is not None:
+                candidates[f.name] = (F.col(f.name), dtype)
+        elif _is_vector(f.dataType):
+            from pyspark.ml.functions import vector_to_array
+
+            candidates[f.name] = (vector_to_array(F.col(f.name)), vector_dtype)
+    if not candidates and not nested:
+        return {}
+    aggs = []
+    for i, (column, _) in enumerate(candidates.values()):
+        aggs += [
+            F.min(F.size(column)).alias(f"lo{i}"),
+            F.max(F.size(column)).alias(f"hi{i}"),
+            F.count(F.when(column.isNull(), 1)).alias(f"nulls{i}"),
+        ]
+    for i, name in enumerate(nested):  # distinct inner lengths within one row
+        lengths = F.array_distinct(F.transform(F.col(name), lambda inner: F.size(inner)))
+        aggs.append(F.max(F.size(lengths)).alias(f"ragged{i}"))
+    row = df.agg(*aggs).collect()[0]
+    out = {name: "json" for i, name in enumerate(nested) if (row[f"ragged{i}"] or 0) > 1}
+    for i, (name, (_, dtype)) in enumerate(candidates.items()):
+        lo, hi, nulls = row[f"lo{i}"], row[f"hi{i}"], row[f"nulls{i}"]
+        if lo is not None and lo == hi and lo > 0 and nulls == 0:
+            out[name] = f"ndarray:{dtype}:{lo}"
+    return out
+
+
+def as_spec(spec: DatasetSpec | dict[str, Any] | None) -> DatasetSpec:
+    if spec is None:
+        return DatasetSpec()
+    return spec if isinstance(spec, DatasetSpec) else DatasetSpec(**spec)
+
+
+def resolve_spec(
+    df: Any, spec: DatasetSpec | dict[str, Any] | None = None, infer_shapes: bool = True
+) -> DatasetSpec:
+    """``spec`` with fixed array shapes filled in (see :func:`fixed_shapes`)."""
+    resolved = as_spec(spec)
+    if not infer_shapes or any(t.at == "write" for t in resolved.transforms):
+        return resolved  # spec columns name post-transform columns: leave them alone
+    shapes = fixed_shapes(df, resolved)
+    if not shapes:
+        return resolved
+    return resolved.model_copy(update={"columns": {**shapes, **resolved.columns}})
+
+
+def _conf(spark: Any, key: str) -> str | None:
+    try:
+        return spark.conf.get(key, None) or None
+    except Exception:  # a conf the server refuses to read: as if unset
+        return None
 
 
 def default_cache_dir(spark: Any) -> str:
-    """``spark_dl.cache.dir`` if set (any fsspec URL), else a temp directory."""
-    try:
-        configured = spark.conf.get(CACHE_DIR_CONF, None)
-    except Exception:  # a conf the server refuses to read: fall back to the default
-        configured = None
+    """``spark.spark_dl.cache.dir`` if set (any fsspec URL), else a temp directory.
+
+    The old key ``spark_dl.cache.dir`` (which Spark warns about when given to the builder)
+    is still read, with a deprecation warning."""
+    configured = _conf(spark, CACHE_DIR_CONF)
+    if configured is None:
+        configured = _conf(spark, OLD_CACHE_DIR_CONF)
+        if configured is not None:
+            warnings.warn(
+                f"Spark conf {OLD_CACHE_DIR_CONF!r} is deprecated: set {CACHE_DIR_CONF!r}",
+                DeprecationWarning,
+                stacklevel=3,
+            )
     return configured or os.path.join(tempfile.gettempdir(), "spark_dl_cache")
 
 
@@ -58,6 +180,23 @@ def _remove(path: str) -> None:
         shutil.rmtree(store.root, ignore_errors=True)
 
 
+def _hold(path: str, dataset: Any) -> None:
+    """Count ``dataset`` as a holder of ``path`` until it is garbage-collected."""
+    with _lock:
+        _holders[path] = _holders.get(path, 0) + 1
+    weakref.finalize(dataset, _release, path)
+
+
+def _release(path: str) -> None:
+    with _lock:
+        _holders[path] = _holders.get(path, 1) - 1
+        if _holders[path] > 0 or path not in _pending:
+            return
+        _pending.discard(path)
+        _created.discard(path)
+    _remove(path)
+
+
 class Converter:
     """A cached MDS copy of a DataFrame: ``.path``, ``.dataset``, loaders, ``delete()``."""
 
@@ -70,7 +209,14 @@ class Converter:
     def dataset(self) -> Any:
         if self._dataset is None:
             self._dataset = open_dataset(self.path)
+            _hold(self.path, self._dataset)
         return self._dataset
+
+    @property
+    def in_use(self) -> bool:
+        """Whether a dataset or loader other than this converter's still reads the cache."""
+        with _lock:
+            return _holders.get(self.path, 0) > (1 if self._dataset is not None else 0)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -82,11 +228,19 @@ class Converter:
         return self.dataset.to_tf(batch_size=batch_size, **kwargs)
 
     def delete(self) -> None:
-        """Remove the cached dataset now (later conversions of the DataFrame write anew)."""
+        """Remove the cached dataset (later conversions of the DataFrame write anew).
+
+        While a loader made from the same cache still holds it, removal waits until the
+        last one is garbage-collected (or the interpreter exits)."""
         with _lock:
-            _created.discard(self.path)
-        self._dataset = None
-        _remove(self.path)
+            held = _holders.get(self.path, 0) > (1 if self._dataset is not None else 0)
+            if held:
+                _pending.add(self.path)
+            else:
+                _created.discard(self.path)
+        self._dataset = None  # our own hold goes (its finalizer may now remove the path)
+        if not held:
+            _remove(self.path)
 
     def __enter__(self) -> Converter:
         return self
@@ -103,10 +257,10 @@ def make_converter(df: Any, spec: DatasetSpec, cache_dir: str | None = None) -> 
     base = (cache_dir or default_cache_dir(df.sparkSession)).rstrip("/")
     path = f"{base}/{cache_key(df, spec)}"
     if Store(path).exists("index.json"):
+        with _lock:
+            _pending.discard(path)  # wanted again: no longer waiting for removal
         return Converter(path, created=False)
-    from .accessor import DLAccessor
-
-    resolved = DLAccessor(df).resolved_spec(spec)
+    resolved = resolve_spec(df, spec)
     df.write.format(FORMAT).option("spec", resolved.model_dump_json()).mode("overwrite").save(path)
     with _lock:
         _created.add(path)
@@ -119,3 +273,4 @@ def _cleanup() -> None:
         with contextlib.suppress(Exception):  # best effort at interpreter exit
             _remove(path)
     _created.clear()
+    _pending.clear()

@@ -11,13 +11,16 @@ earlier jobs older than the retention (see :mod:`spark_dl_core.maintenance`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import json
+import re
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -45,14 +48,103 @@ from spark_dl_core.maintenance import DEFAULT_RETENTION_SECONDS, vacuum_store
 from spark_dl_core.meta import ColumnPlan, ShardRecords, plan_columns, read_meta
 from spark_dl_core.storage import Store
 
-from .types import conform, spark_arrow_schema, to_spark_schema
+from .types import conform, spark_arrow_schema, to_spark_schema, utc_timestamps
 
 FORMAT = "mds"
+# Lineage column the client adds for a pinned Delta read (see :func:`_canonical_frame`): the
+# data file each row came from. Write tasks cut shards at its changes and drop it.
+SOURCE_FILE_COLUMN = "__spark_dl_source_file"
+_ROW_INDEX_COLUMN = "__spark_dl_row_index"
 SPEC_OPTIONS = ("compression", "shard_size", "hashes", "nulls", "columns", "spec")
 _READ_ROWS = 8192  # rows per Arrow batch a read task yields (bounded memory)
 
 
 # --------------------------------------------------------------------------- options
+
+# Every option the source understands (keys arrive lowercased); prefixes take any suffix.
+WRITE_OPTIONS = frozenset(
+    {
+        "path",
+        *SPEC_OPTIONS,
+        "save_mode",
+        "vector_dtype",
+        "vacuum_retention",
+        "source",
+        "canonical_files",
+    }
+)
+READ_OPTIONS = frozenset({"path", "shards_per_partition", "verify_hashes", "allow_unsafe"})
+OPTION_PREFIXES = ("encoding.", "storage.")
+MIN_SANE_SHARD_SIZE = 16 << 10  # below this nearly every sample gets a shard file of its own
+
+
+def validate_options(options: Mapping[str, str], kind: Literal["read", "write"]) -> None:
+    """Refuse what would otherwise be silently ignored or misread: unknown option names
+    (with the closest known one), booleans other than true/false, ints out of range."""
+    import difflib
+
+    known = WRITE_OPTIONS if kind == "write" else READ_OPTIONS
+    other = READ_OPTIONS if kind == "write" else WRITE_OPTIONS
+    for raw in options:
+        key = raw.lower()
+        if key in known or key.startswith(OPTION_PREFIXES):
+            continue
+        close = difflib.get_close_matches(key, sorted(known | other), n=1, cutoff=0.6)
+        if key in other:
+            hint = f"; {key!r} is a {'read' if kind == 'write' else 'write'} option"
+        elif close:
+            hint = f"; did you mean {close[0]!r}?"
+        else:
+            hint = f"; known: {', '.join(sorted(known))}, {OPTION_PREFIXES[0]}<column>, " + (
+                f"{OPTION_PREFIXES[1]}<key>"
+            )
+        raise SpecError(f"unknown {kind} option {raw!r} for format('mds'){hint}")
+    lowered = {k.lower(): v for k, v in options.items()}
+    for key in ("verify_hashes", "allow_unsafe"):
+        if key in lowered:
+            bool_option(lowered, key)
+    if "shards_per_partition" in lowered:
+        int_option(lowered, "shards_per_partition", 1, 1, 1 << 20)
+    if lowered.get("vector_dtype", "float64") not in ("float64", "float32"):
+        raise SpecError(
+            f"option 'vector_dtype' must be float64 or float32, got {lowered['vector_dtype']!r}"
+        )
+    retention = lowered.get("vacuum_retention", "").strip().lower()
+    if retention and retention not in ("off", "none", "false", "-1"):
+        try:
+            ok = float(retention) >= 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise SpecError(
+                "option 'vacuum_retention' must be seconds (0 or more) or 'off', "
+                f"got {lowered['vacuum_retention']!r}"
+            )
+
+
+def bool_option(options: Mapping[str, str], key: str, default: bool = False) -> bool:
+    """``true`` / ``false`` (any case); anything else is an error naming the option."""
+    text = options.get(key)
+    if text is None:
+        return default
+    value = str(text).strip().lower()
+    if value not in ("true", "false"):
+        raise SpecError(f"option {key!r} must be true or false, got {text!r}")
+    return value == "true"
+
+
+def int_option(options: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
+    """An integer in ``[low, high]``; anything else is an error naming the option."""
+    text = options.get(key)
+    if text is None:
+        return default
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise SpecError(f"option {key!r} must be an integer, got {text!r}") from None
+    if not low <= value <= high:
+        raise SpecError(f"option {key!r} must be between {low} and {high}, got {value}")
+    return value
 
 
 def spec_from_options(options: dict[str, str], schema_names: Sequence[str] = ()) -> DatasetSpec:
@@ -89,7 +181,15 @@ def spec_from_options(options: dict[str, str], schema_names: Sequence[str] = ())
             columns[by_lower.get(name, name)] = value
     if columns:
         fields["columns"] = columns
-    return DatasetSpec(**fields)
+    spec = DatasetSpec(**fields)
+    if "shard_size" in opts and spec.shard_size < MIN_SANE_SHARD_SIZE:
+        warnings.warn(
+            f"spark-dl: shard_size={opts['shard_size']} is {spec.shard_size} bytes, below "
+            f"{MIN_SANE_SHARD_SIZE >> 10}KiB: nearly every sample gets a shard file of its own "
+            "(MDS shards are usually tens of MiB)",
+            stacklevel=2,
+        )
+    return spec
 
 
 def _has_spec_options(options: dict[str, str]) -> bool:
@@ -202,6 +302,7 @@ class MDSCommitMessage(WriterCommitMessage):
     content_hashes: list[str] = field(default_factory=list)
     plans: list[ColumnPlan] | None = None
     stored_hashes: list[dict[str, str]] = field(default_factory=list)
+    files: list[str] | None = None  # per shard, its source data file (canonical writes)
 
 
 class MDSWriter(DataSourceArrowWriter):
@@ -219,6 +320,11 @@ class MDSWriter(DataSourceArrowWriter):
         )
         self.token = uuid.uuid4().hex[:10]
         self.options_retention = options.get("vacuum_retention")
+        self.ordered = SOURCE_FILE_COLUMN in schema.names
+        if self.ordered:
+            schema = StructType([f for f in schema.fields if f.name != SOURCE_FILE_COLUMN])
+        self.canonical_files = _json_option(options, "canonical_files", list) or []
+        self.source = _json_option(options, "source", dict)
         dtype = options.get("vector_dtype", "float64")
         self.vectors = {f.name: dtype for f in schema.fields if _is_vector(f.dataType)}
         self.arrow_schema = writer_arrow_schema(schema, self.vectors)
@@ -248,18 +354,32 @@ class MDSWriter(DataSourceArrowWriter):
         prefix = f"shard-{self.token}-p{partition:05}-a{attempt}-{uuid.uuid4().hex[:6]}"
         store = Store(self.path, self.storage_options)
         writer = ShardWriter(store, self.spec, prefix=prefix, plans=self.append_plans)
+        files: list[str] = []  # source file of each shard written so far (ordered writes)
+        current: str | None = None
         try:
-            for batch in iterator:
-                batch = _convert_vectors(batch, self.vectors)
-                if self.append_plans is not None:
-                    batch = _align(batch, self.append_plans)
-                writer.write(batch)
+            for whole in iterator:
+                for name, batch in _file_runs(whole) if self.ordered else [(None, whole)]:
+                    if name != current:  # a shard never spans two source files
+                        writer.flush()
+                        files += [current or ""] * (len(writer.shards) - len(files))
+                        current = name
+                    batch = utc_timestamps(_convert_vectors(batch, self.vectors))
+                    if self.append_plans is not None:
+                        batch = _align(batch, self.append_plans)
+                    writer.write(batch)
             writer.finish()
+            files += [current or ""] * (len(writer.shards) - len(files))
         except BaseException:
             for info in writer.shards:
                 store.delete(info.stored.basename)
             raise
-        return MDSCommitMessage(partition, writer.shards, writer.content_hashes, writer.plans)
+        return MDSCommitMessage(
+            partition,
+            writer.shards,
+            writer.content_hashes,
+            writer.plans,
+            files=files if self.ordered else None,
+        )
 
     def commit(self, messages: list[MDSCommitMessage | None]) -> None:  # type: ignore[override]
         """Runs on the driver: one index for the whole job, then stray files go."""
@@ -278,9 +398,8 @@ class MDSWriter(DataSourceArrowWriter):
         for m in done:
             if m.plans is not None and m.shards:
                 _check_plans(store.display(), plans, m.plans)
-            stored = m.stored_hashes or [{} for _ in m.shards]
-            written = written + ShardRecords(m.shards, m.content_hashes, stored)
-        source = {"writer": "spark", "format": FORMAT, "job": self.token}
+        written = _canonical_shards(done, self.canonical_files)
+        source = {**(self.source or {}), "writer": "spark", "format": FORMAT, "job": self.token}
         try:
             outcome = finish_write(self._plan, plans, written, source)
         finally:
@@ -324,6 +443,52 @@ def _indexed_names(store: Store) -> set[str]:
     return {s.stored.basename for s in committed.shards} if committed else set()
 
 
+def _file_runs(batch: pa.RecordBatch) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """``batch`` (sorted by source file) split where the file changes, file column dropped."""
+    names = batch.column(SOURCE_FILE_COLUMN).to_numpy(zero_copy_only=False)
+    rest = batch.drop_columns([SOURCE_FILE_COLUMN])
+    if len(names) == 0:
+        return
+    cuts = [0, *(np.flatnonzero(names[1:] != names[:-1]) + 1).tolist(), len(names)]
+    for a, b in itertools.pairwise(cuts):
+        yield str(names[a]), rest.slice(a, b - a)
+
+
+def _canonical_shards(done: list[MDSCommitMessage], canonical_files: list[str]) -> ShardRecords:
+    """The tasks' shards in dataset order: partition order, or for a canonical write
+    (pinned Delta read) by (file's place in the snapshot, piece within the file), which no
+    partitioning can change."""
+    entries: list[tuple[tuple[int, str, int, int], ShardInfo, str, dict[str, str]]] = []
+    place = {name: i for i, name in enumerate(canonical_files)}
+    for m in done:
+        stored = m.stored_hashes or [{} for _ in m.shards]
+        pieces: dict[str, int] = {}
+        for i, shard in enumerate(m.shards):
+            if m.files is None:
+                key = (-1, "", m.partition, i)
+            else:
+                name = m.files[i]
+                piece = pieces[name] = pieces.get(name, -1) + 1
+                key = (place.get(name, len(place)), name, piece, 0)
+            entries.append((key, shard, m.content_hashes[i], stored[i]))
+    entries.sort(key=lambda e: e[0])
+    return ShardRecords([e[1] for e in entries], [e[2] for e in entries], [e[3] for e in entries])
+
+
+def _json_option(options: Mapping[str, str], key: str, kind: type) -> Any:
+    """Option ``key`` parsed as JSON of type ``kind``, or None when absent."""
+    text = options.get(key)
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"option {key!r} must be JSON ({kind.__name__}): {exc}") from None
+    if not isinstance(value, kind):
+        raise SpecError(f"option {key!r} must be a JSON {kind.__name__}, got {text[:80]!r}")
+    return value
+
+
 def _align(batch: pa.RecordBatch, plans: list[ColumnPlan]) -> pa.RecordBatch:
     """Cast equivalent types (e.g. a timestamp's zone name) to the dataset's."""
     schema = pa.schema([pa.field(p.name, p.arrow_type, nullable=p.nullable) for p in plans])
@@ -357,10 +522,12 @@ class MDSReader(DataSourceReader):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.path = _path(options)
         self.storage_options = _storage_options(options)
-        self.shards_per_partition = max(1, int(options.get("shards_per_partition", "1")))
+        self.shards_per_partition = int_option(options, "shards_per_partition", 1, 1, 1 << 20)
         # unset: each shard checked once (the core's default); true: every hash; false: none
-        self.verify = {"true": True, "false": False}.get(options.get("verify_hashes", "").lower())
-        self.allow_unsafe = options.get("allow_unsafe", "false").lower() == "true"
+        self.verify = bool_option(options, "verify_hashes") if "verify_hashes" in options else None
+        self.allow_unsafe = bool_option(options, "allow_unsafe")
+        self.columns, self.names = _asked_columns(self.path, self._open(), schema)
+        self.nullable = [f.nullable for f in schema.fields]
 
     def _open(self) -> Any:
         return open_dataset(
@@ -384,14 +551,57 @@ class MDSReader(DataSourceReader):
         names = [ds.shards[i].stored.basename for i in partition.shards]
         if names != partition.basenames:
             raise DatasetError(f"{self.path} changed while it was being read; read it again")
-        schema = spark_arrow_schema(arrow_schema(ds))
+        schema = spark_arrow_schema(arrow_schema(ds, self.columns))
+        if self.names is not None:  # the asked schema's spelling of each name
+            schema = pa.schema(
+                [
+                    f.with_name(n).with_nullable(null)
+                    for f, n, null in zip(schema, self.names, self.nullable)
+                ]
+            )
+        stored = None
+        if self.columns is not None:
+            masks = {p.name: p.null_mask for p in ds.plans or [] if p.null_mask}
+            stored = [*self.columns, *(masks[c] for c in self.columns if c in masks)]
         for i in partition.shards:
             data = ds.load_shard(i, verify_hashes=self.verify)
             n = ds.shards[i].samples
             for start in range(0, n, _READ_ROWS):
                 index = np.arange(start, min(n, start + _READ_ROWS))
-                decoded = ds.decode(data, index)
-                yield conform(batch_to_arrow(ds, decoded), schema)
+                decoded = ds.decode(data, index, columns=stored)
+                batch = batch_to_arrow(ds, decoded, columns=self.columns)
+                if self.names is not None:
+                    batch = batch.rename_columns(self.names)
+                yield conform(batch, schema)
+
+
+def _asked_columns(
+    path: str, ds: Any, asked: StructType
+) -> tuple[list[str] | None, list[str] | None]:
+    """The stored columns a user-given read schema (``.schema("id long")``) selects, and its
+    spelling of their names; ``(None, None)`` for the dataset's own schema. A column the
+    dataset lacks, or a type other than the stored one, is refused naming it."""
+    full = to_spark_schema(arrow_schema(ds))
+    if [(f.name, f.dataType) for f in asked.fields] == [(f.name, f.dataType) for f in full]:
+        return None, None
+    by_name = {f.name: f for f in full.fields}
+    by_lower = {f.name.lower(): f for f in full.fields}
+    columns = []
+    for f in asked.fields:
+        stored = by_name.get(f.name) or by_lower.get(f.name.lower())
+        if stored is None:
+            raise SpecError(
+                f"{path}: the read schema asks for column {f.name!r}, which the dataset "
+                f"does not have (columns: {full.names})"
+            )
+        if stored.dataType.simpleString() != f.dataType.simpleString():
+            raise SpecError(
+                f"{path}: the read schema gives column {f.name!r} type "
+                f"{f.dataType.simpleString()}, the dataset stores "
+                f"{stored.dataType.simpleString()}: leave .schema() out or use that type"
+            )
+        columns.append(stored.name)
+    return columns, [f.name for f in asked.fields]
 
 
 class MDSDataSource(DataSource):
@@ -402,13 +612,16 @@ class MDSDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
+        validate_options(self.options, "read")
         ds = open_dataset(_path(self.options), storage_options=_storage_options(self.options))
         return to_spark_schema(arrow_schema(ds))
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        validate_options(self.options, "read")
         return MDSReader(dict(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> MDSWriter:
+        validate_options(self.options, "write")
         return MDSWriter(dict(self.options), schema, overwrite)
 
 
@@ -461,17 +674,49 @@ def _wrap_writer_class(cls: Any) -> None:
         if fmt is None or fmt.lower() != FORMAT:
             return orig_save(self, path, format, mode, partitionBy, **options)
         chosen = normalize_mode(mode or getattr(self, "_spark_dl_mode", None))
-        if chosen not in ("error", "ignore"):
-            return orig_save(self, path, format, mode, partitionBy, **options)
         recorded = {**getattr(self, "_spark_dl_options", {}), **options}
-        target = path or recorded.get("path")
-        if not target:
-            raise DatasetError("the mds data source needs a path: .save(path)")
-        # the core's policy: error raises DatasetExistsError, ignore plans a skip
-        if plan_write(Store(target, _storage_options(recorded)), chosen, None).skip:
+        extra: dict[str, str] = {}
+        spark_mode = chosen
+        if chosen in ("error", "ignore"):
+            target = path or recorded.get("path")
+            if not target:
+                raise DatasetError("the mds data source needs a path: .save(path)")
+            # the core's policy: error raises DatasetExistsError, ignore plans a skip
+            if plan_write(Store(target, _storage_options(recorded)), chosen, None).skip:
+                return None
+            extra["save_mode"] = chosen
+            spark_mode = "append"
+        writer = _lineage_writer(self, recorded, extra)
+        if writer is None:
+            for key, value in extra.items():
+                orig_option(self, key, value)
+            writer = self
+        with _explain_unregistered():
+            return orig_save(writer, path, format, spark_mode, partitionBy, **options)
+
+    def _lineage_writer(self: Any, recorded: dict[str, str], extra: dict[str, str]) -> Any:
+        """Lineage (option ``source``) and canonical order for a pinned Delta read.
+
+        Returns a writer over the canonically ordered DataFrame, or None to write ``self``
+        as it is (``extra`` then gains the ``source`` option when lineage is known).
+        """
+        frame = _written_frame(self)
+        if frame is None:
             return None
-        self.option("save_mode", chosen)
-        return orig_save(self, path, format, "append", partitionBy, **options)
+        from .delta import canonical_files, source_option
+
+        if "source" not in recorded:
+            found = source_option(frame)
+            if found is not None:
+                extra["source"] = found
+        files = canonical_files(frame)
+        if not files or "canonical_files" in recorded:
+            return None
+        ordered = _canonical_frame(frame)
+        if ordered is None:
+            return None
+        writer = orig_format(ordered.write, FORMAT)
+        return orig_options(writer, **recorded, **extra, canonical_files=json.dumps(list(files)))
 
     wrapped = {"mode": mode, "format": format, "option": option, "options": options, "save": save}
     for name, fn in wrapped.items():
@@ -481,13 +726,95 @@ def _wrap_writer_class(cls: Any) -> None:
     cls._spark_dl_wrapped = True
 
 
+NOT_REGISTERED = (
+    "the 'mds' data source is not registered on this Spark session: `import spark_dl` "
+    "registers it only on a session that is already active at import time; call "
+    "spark_dl.register(spark) once the session exists"
+)
+
+
+@contextlib.contextmanager
+def _explain_unregistered() -> Iterator[None]:
+    """Spark's bare DATA_SOURCE_NOT_FOUND for ``mds`` becomes an error saying what to do."""
+    try:
+        yield
+    except Exception as exc:
+        text = str(exc)
+        unknown = "DATA_SOURCE_NOT_FOUND" in text or "DATA_SOURCE_NOT_EXIST" in text
+        if unknown and re.search(r"\bmds\b", text[:2000], re.IGNORECASE):
+            raise DatasetError(NOT_REGISTERED) from exc
+        raise
+
+
+def _wrap_reader_class(cls: Any) -> None:
+    """``spark.read.format("mds").load(...)`` on a session without the source: explained.
+    (Spark Connect resolves lazily; there the first action raises Spark's own error.)"""
+    if getattr(cls, "_spark_dl_wrapped", False):
+        return
+    orig_load = cls.load
+
+    def load(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _explain_unregistered():
+            return orig_load(self, *args, **kwargs)
+
+    load.__doc__ = orig_load.__doc__
+    load.__name__ = "load"
+    cls.load = load
+    cls._spark_dl_wrapped = True
+
+
+def _written_frame(writer: Any) -> Any:
+    """The DataFrame a (classic or Connect) ``DataFrameWriter`` writes, or None."""
+    df = getattr(writer, "_df", None)
+    if df is None:
+        return None
+    if hasattr(df, "schema"):  # classic: the DataFrame itself
+        return df
+    spark = getattr(writer, "_spark", None)
+    if spark is None:
+        return None
+    from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
+
+    return ConnectDataFrame(df, spark)  # Connect: the writer holds the plan
+
+
+def _canonical_frame(df: Any) -> Any:
+    """``df`` with every data file's rows in one partition, in file row order, and a
+    column naming the file: what lets each task cut shards at file boundaries and the
+    commit order them by the snapshot's file order, whatever Spark's file splitting and
+    packing did (``maxPartitionBytes``, parallelism). None when rows cannot name their
+    file (the plan does not read files directly)."""
+    from pyspark.sql import functions as F
+
+    try:
+        keyed = df.withColumn(SOURCE_FILE_COLUMN, F.col("_metadata.file_name")).withColumn(
+            _ROW_INDEX_COLUMN, F.col("_metadata.row_index")
+        )
+        keyed.schema  # noqa: B018 - resolve now: a plan without file metadata fails here
+    except Exception as exc:
+        warnings.warn(
+            f"spark-dl: rows of this pinned Delta read cannot name their data file ({exc}); "
+            "writing in Spark's partition order, which depends on parallelism",
+            stacklevel=4,
+        )
+        return None
+    return (
+        keyed.repartition(F.col(SOURCE_FILE_COLUMN))
+        .sortWithinPartitions(SOURCE_FILE_COLUMN, _ROW_INDEX_COLUMN)
+        .drop(_ROW_INDEX_COLUMN)
+    )
+
+
 def install_save_modes() -> None:
     """Apply :func:`_wrap_writer_class` to the classic and Spark Connect writers."""
-    from pyspark.sql.readwriter import DataFrameWriter
+    from pyspark.sql.readwriter import DataFrameReader, DataFrameWriter
 
     _wrap_writer_class(DataFrameWriter)
+    _wrap_reader_class(DataFrameReader)
     try:
+        from pyspark.sql.connect.readwriter import DataFrameReader as ConnectReader
         from pyspark.sql.connect.readwriter import DataFrameWriter as ConnectWriter
     except ImportError:  # Connect's extra dependencies (grpc) are not installed
         return
     _wrap_writer_class(ConnectWriter)
+    _wrap_reader_class(ConnectReader)

@@ -1,8 +1,9 @@
 """Version-pinned Delta reads as Spark DataFrames, with or without delta-spark.
 
 :func:`read_delta` returns the DataFrame of one snapshot of a Delta table and records
-which snapshot it is, so a dataset written from it can name its source (table, version,
-commit time) in ``spark_dl.json``.
+which snapshot it is, so a dataset written from it (or from a DataFrame derived from it by
+``select``, ``filter``, ``withColumn``…) names its source (table, version, commit time) in
+``spark_dl.json``, and is written in the snapshot's canonical order.
 
 Two paths, same rows:
 
@@ -13,24 +14,37 @@ Two paths, same rows:
 * **deltalake** — otherwise the snapshot is resolved on the driver with ``deltalake``
   (delta-rs, no JVM jars): exactly that version's data files are read with
   ``spark.read.parquet(*files)`` and ``basePath`` so partition columns come back, with the
-  table schema given explicitly. Plain Parquet cannot apply deletion vectors, so a
-  snapshot that has them is read through Arrow on the driver
-  (``spark.createDataFrame(arrow_table)``): correct, but bounded by driver memory — fine
-  for small and medium tables; for large tables with deletion vectors configure
-  delta-spark or run ``OPTIMIZE``/``REORG ... APPLY (PURGE)`` first.
+  table schema given explicitly. Deletion vectors become a filter on the file scan's
+  ``_metadata.file_name`` / ``_metadata.row_index``; beyond :data:`DV_FILTER_MAX_ROWS`
+  deleted rows (or when data file names repeat) the snapshot is read through Arrow on
+  the driver instead (``spark.createDataFrame``): correct, but bounded by driver memory.
 
-Both paths work with classic and Spark Connect sessions: nothing here touches the JVM
-gateway directly.
+Lineage travels in the plan: the DataFrame is wrapped in a subquery alias
+``__spark_dl_delta_<token>`` (invisible to column names), and :func:`lineage_for` finds
+that token in any DataFrame whose plan contains it — on classic sessions in the analysed
+plan, on Spark Connect in the client-side plan tree (or the server's plan, for SQL views).
+
+Both paths work with classic and Spark Connect sessions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
+import re
 import warnings
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from spark_dl_core.delta import DeltaSnapshot, DeltaSnapshotError, Timestamp, open_delta
+from spark_dl_core.delta import (
+    DeltaSnapshot,
+    DeltaSnapshotError,
+    Timestamp,
+    UnsupportedDeltaFeatureError,
+    open_delta,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -39,9 +53,24 @@ Engine = Literal["auto", "spark", "deltalake"]
 
 # Above this many rows, the Arrow fallback for deletion vectors warns (driver memory).
 ARROW_FALLBACK_WARN_ROWS = 5_000_000
+# Up to this many deleted rows, deletion vectors are applied as a filter on the file scan.
+DV_FILTER_MAX_ROWS = 100_000
 
-_LINEAGE_ATTR = "_spark_dl_lineage"
-_registry: dict[int, dict[str, Any]] = {}
+ALIAS_PREFIX = "__spark_dl_delta_"
+_ALIAS_RE = re.compile(re.escape(ALIAS_PREFIX) + r"[0-9a-f]{16}")
+
+
+@dataclass(frozen=True)
+class PinnedRead:
+    """What :func:`read_delta` recorded about one DataFrame it returned."""
+
+    lineage: dict[str, Any]
+    # data file base names in canonical order, when rows carry ``_metadata.file_name``
+    files: tuple[str, ...] | None
+    semantic_hash: int | None
+
+
+_registry: dict[str, PinnedRead] = {}
 
 __all__ = ["DeltaSnapshotError", "lineage_for", "read_delta", "session_reads_delta"]
 
@@ -81,42 +110,105 @@ def read_delta(
     """
     uri = os.fspath(path)
     use_spark = engine == "spark" or (engine == "auto" and session_reads_delta(spark))
+    files: tuple[str, ...] | None
     if use_spark:
-        df, lineage = _read_with_spark(spark, uri, version, timestamp, storage_options)
+        df, lineage, files = _read_with_spark(spark, uri, version, timestamp, storage_options)
     else:
         snapshot = open_delta(
             uri, version=version, timestamp=timestamp, storage_options=storage_options
         )
-        df = _read_with_deltalake(spark, snapshot)
+        df, reader = _read_with_deltalake(spark, snapshot)
         lineage = snapshot.lineage()
-        lineage["reader"] = "spark-parquet" if not snapshot.has_deletion_vectors else "spark-arrow"
-    _remember(df, lineage)
+        lineage["reader"] = reader
+        files = tuple(snapshot.file_names) if reader != "spark-arrow" else None
+    # Same snapshot, same token: equal plans keep equal semantic hashes (converter cache).
+    identity = json.dumps([lineage, files, df.schema.json()], sort_keys=True, default=str)
+    token = ALIAS_PREFIX + hashlib.sha256(identity.encode()).hexdigest()[:16]
+    df = df.alias(token)
+    semantic: int | None = None
+    with contextlib.suppress(Exception):  # a plan that cannot be hashed
+        semantic = int(df.semanticHash())
+    _registry[token] = PinnedRead(lineage, files, semantic)
     return df
+
+
+def _plan_tokens(df: Any) -> list[str]:
+    """The read_delta tokens in ``df``'s plan, in first-seen order."""
+    found: list[str] = []
+    jdf = getattr(df, "_jdf", None)
+    if jdf is not None:  # classic: the analysed plan names every subquery alias
+        with contextlib.suppress(Exception):
+            found = _ALIAS_RE.findall(jdf.queryExecution().analyzed().toString())
+    else:
+        plan = getattr(df, "_plan", None)
+        if plan is not None:
+            found = _walk_connect_plan(plan)
+        if not found:  # e.g. a SQL view over a read_delta DataFrame: ask the server
+            with contextlib.suppress(Exception):
+                found = _ALIAS_RE.findall(df._explain_string(extended=True))
+    return list(dict.fromkeys(found))
+
+
+def _walk_connect_plan(root: Any) -> list[str]:
+    from pyspark.sql.connect.plan import LogicalPlan
+
+    out: list[str] = []
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        alias = getattr(node, "_alias", None)
+        if isinstance(alias, str) and _ALIAS_RE.fullmatch(alias):
+            out.append(alias)
+        for value in vars(node).values():
+            items = value if isinstance(value, (list, tuple)) else [value]
+            stack.extend(v for v in items if isinstance(v, LogicalPlan))
+    return out
+
+
+def pinned_reads(df: DataFrame) -> list[PinnedRead]:
+    """What :func:`read_delta` recorded for each pinned read ``df``'s plan contains."""
+    return [_registry[t] for t in _plan_tokens(df) if t in _registry]
 
 
 def lineage_for(df: DataFrame) -> dict[str, Any] | None:
     """The Delta snapshot a DataFrame from :func:`read_delta` came from, or None.
 
-    Matches the very DataFrame object, else one with the same analysed plan
-    (``semanticHash``): a derived DataFrame (``select``, ``filter``…) has no lineage of its
-    own here — the writer records it as a query over an unknown source.
+    A DataFrame derived from it (``select``, ``filter``, ``withColumn``, a join…) carries
+    the snapshot too, marked ``"derived": true``; one that combines several pinned reads
+    gets ``{"kind": "query", "inputs": [...]}``. None when no pinned read is in its plan
+    (or the plan went through a checkpoint, ``createDataFrame`` or another process).
     """
-    found = getattr(df, _LINEAGE_ATTR, None)
-    if found is not None:
-        return dict(found)
-    try:
-        key = df.semanticHash()
-    except Exception:
+    reads = pinned_reads(df)
+    if not reads:
         return None
-    found = _registry.get(key)
-    return dict(found) if found is not None else None
+    if len(reads) > 1:
+        return {"kind": "query", "inputs": [dict(r.lineage) for r in reads]}
+    read = reads[0]
+    lineage = dict(read.lineage)
+    same = False
+    with contextlib.suppress(Exception):
+        same = read.semantic_hash is not None and int(df.semanticHash()) == read.semantic_hash
+    if not same:
+        lineage["derived"] = True
+    return lineage
 
 
-def _remember(df: DataFrame, lineage: dict[str, Any]) -> None:
-    with contextlib.suppress(AttributeError):  # slotted DataFrame classes
-        setattr(df, _LINEAGE_ATTR, lineage)
-    with contextlib.suppress(Exception):  # a plan that cannot be hashed
-        _registry[df.semanticHash()] = lineage
+def source_option(df: DataFrame) -> str | None:
+    """``lineage_for(df)`` as the JSON the ``mds`` writer's ``source`` option takes."""
+    lineage = lineage_for(df)
+    return None if lineage is None else json.dumps(lineage, sort_keys=True)
+
+
+def canonical_files(df: DataFrame) -> tuple[str, ...] | None:
+    """The canonical file order to write ``df`` in, when it reads exactly one pinned
+    snapshot whose rows can name their data file (``_metadata``); else None."""
+    reads = pinned_reads(df)
+    if len(reads) != 1 or reads[0].files is None:
+        return None
+    return reads[0].files
 
 
 # --------------------------------------------------------------------------- delta-spark
@@ -128,7 +220,7 @@ def _read_with_spark(
     version: int | None,
     timestamp: Timestamp | None,
     storage_options: dict[str, str] | None,
-) -> tuple[DataFrame, dict[str, Any]]:
+) -> tuple[DataFrame, dict[str, Any], tuple[str, ...] | None]:
     """Time travel with delta-spark (not exercised in CI: no Delta jars there).
 
     The version is pinned before reading — with ``deltalake`` when it is installed (cheap,
@@ -137,17 +229,19 @@ def _read_with_spark(
     """
     pinned: int | None = version
     ts: str | None = None
+    files: tuple[str, ...] | None = None
     try:
         snap = open_delta(
             uri, version=version, timestamp=timestamp, storage_options=storage_options
         )
         pinned, ts = snap.version, snap.timestamp
+        names = snap.file_names
+        if len(set(names)) == len(names):  # delta-spark exposes _metadata.file_name too
+            files = tuple(names)
     except ImportError:
         pass
-    except DeltaSnapshotError as exc:
-        # Only features our reader refuses (column mapping…) are fine for delta-spark.
-        if "reader" not in str(exc) and "column mapping" not in str(exc):
-            raise
+    except UnsupportedDeltaFeatureError:
+        pass  # column mapping and other features the JVM-free reader refuses: fine here
     if pinned is None and timestamp is None:
         row = spark.sql(f"DESCRIBE HISTORY delta.`{uri}` LIMIT 1").collect()[0]
         pinned = int(row["version"])
@@ -166,17 +260,23 @@ def _read_with_spark(
         "filter": None,
         "reader": "delta-spark",
     }
-    return df, lineage
+    return df, lineage, files
 
 
 # --------------------------------------------------------------------------- deltalake
 
 
-def _read_with_deltalake(spark: SparkSession, snapshot: DeltaSnapshot) -> DataFrame:
+def _read_with_deltalake(spark: SparkSession, snapshot: DeltaSnapshot) -> tuple[DataFrame, str]:
+    """The snapshot's DataFrame and how it was read (``spark-parquet`` / ``spark-arrow``)."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
     names = snapshot.schema.names
-    if snapshot.has_deletion_vectors or not snapshot.files:
+    deleted = snapshot.deleted_rows()
+    unique = len(set(snapshot.file_names)) == len(snapshot.files)
+    too_many = sum(len(rows) for rows in deleted.values()) > DV_FILTER_MAX_ROWS
+    if not snapshot.files or (deleted and (too_many or not unique)):
         table = snapshot.to_arrow()
         if table.num_rows > ARROW_FALLBACK_WARN_ROWS:
             warnings.warn(
@@ -186,14 +286,21 @@ def _read_with_deltalake(spark: SparkSession, snapshot: DeltaSnapshot) -> DataFr
                 stacklevel=3,
             )
         if table.num_rows == 0:
-            return spark.createDataFrame([], schema=from_arrow_schema(snapshot.schema))
-        return spark.createDataFrame(table)
+            empty = spark.createDataFrame([], schema=from_arrow_schema(snapshot.schema))
+            return empty, "spark-arrow"
+        return spark.createDataFrame(table), "spark-arrow"
     data_fields = [f for f in snapshot.schema if f.name not in snapshot.partition_columns]
     part_fields = [snapshot.schema.field(c) for c in snapshot.partition_columns]
-    import pyarrow as pa
-
     read_schema = from_arrow_schema(pa.schema(data_fields + part_fields))
     reader = spark.read.schema(read_schema)
     if snapshot.partition_columns:
         reader = reader.option("basePath", snapshot.table_uri)
-    return reader.parquet(*snapshot.files).select(*names)
+    df = reader.parquet(*snapshot.files)
+    if deleted:  # deletion vectors as a filter on each row's (file, row index)
+        gone = None
+        for name, rows in deleted.items():
+            hit = (F.col("_metadata.file_name") == name) & F.col("_metadata.row_index").isin(rows)
+            gone = hit if gone is None else gone | hit
+        assert gone is not None
+        df = df.filter(~gone)
+    return df.select(*names), "spark-parquet"

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark_dl.cache.dir", str(out / "cache"))
+        .config("spark.spark_dl.cache.dir", str(out / "cache"))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

@@ -19,6 +19,8 @@ import os
 import re
 from typing import Any
 
+from spark_dl_core.errors import SpecError
+
 from .datasource import FORMAT
 
 
@@ -60,6 +62,7 @@ _INSERT_DIR = re.compile(
     r"USING\s+mds\s*(?:OPTIONS\s*\((?P<options>[^)]*)\))?\s*(?P<query>.+)$",
     re.IGNORECASE | re.DOTALL,
 )
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
 _OPTION = re.compile(r"""\s*([\w.]+)\s*=?\s*'((?:[^'\\]|\\.)*)'\s*(?:,|$)""")
 
 
@@ -144,6 +147,13 @@ def run_sql_file(
         text = f.read()
     for key, value in (variables or {}).items():
         text = text.replace("${" + key + "}", value)
+    undefined = sorted(set(_VARIABLE.findall(text)))
+    if undefined:
+        names = ", ".join("${" + n + "}" for n in undefined)
+        raise SpecError(
+            f"{path}: undefined variable(s) {names}; give a value for each "
+            f"(spark-dl sql --var {undefined[0]}=VALUE, or variables={{{undefined[0]!r}: ...}})"
+        )
     results = []
     for statement in split_statements(text):
         try:

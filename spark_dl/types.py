@@ -29,7 +29,9 @@ def spark_compatible(t: pa.DataType) -> pa.DataType:
     if pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
         return pa.binary()
     if pa.types.is_timestamp(t):
-        return pa.timestamp("us", tz=t.tz)
+        # Spark's Arrow readers expect zoned timestamps as UTC, whatever the session zone
+        # or the zone name a dataset stored (``Etc/UTC``, ``America/New_York``): same instants
+        return pa.timestamp("us", tz="UTC" if t.tz else None)
     if pa.types.is_date64(t):
         return pa.date32()
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
@@ -56,6 +58,25 @@ def to_spark_schema(schema: pa.Schema) -> StructType:
     Timestamps without a zone become ``timestamp_ntz``; with a zone, ``timestamp``.
     """
     return from_arrow_schema(spark_arrow_schema(schema), prefer_timestamp_ntz=True)
+
+
+def utc_timestamps(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Zoned timestamp columns relabelled as UTC (same instants): Spark hands write tasks
+    the session's zone, and the stored type, hence the fingerprint, must not depend on it."""
+    fields = list(batch.schema)
+    changed = False
+    arrays = list(batch.columns)
+    for i, f in enumerate(fields):
+        if pa.types.is_timestamp(f.type) and f.type.tz not in (None, "UTC"):
+            t = pa.timestamp(f.type.unit, tz="UTC")
+            arrays[i] = arrays[i].cast(t)
+            fields[i] = pa.field(f.name, t, nullable=f.nullable, metadata=f.metadata)
+            changed = True
+    if not changed:
+        return batch
+    return pa.RecordBatch.from_arrays(
+        arrays, schema=pa.schema(fields, metadata=batch.schema.metadata)
+    )
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

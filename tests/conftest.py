@@ -22,11 +22,16 @@ _CONF = {
     "spark.default.parallelism": "2",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
-    "spark.sql.session.timeZone": "UTC",
 }
+# Not "UTC": Spark hands Python data sources the session zone's name, and a reader or writer
+# that only works when it is spelled exactly "UTC" must fail here (issue: Etc/UTC, New York).
+_ZONES = {"classic": "America/New_York", "connect": "Etc/UTC"}
 
 
 def _builder(builder: Any, tmp: str, connect: bool) -> Any:
+    builder = builder.config(
+        "spark.sql.session.timeZone", _ZONES["connect" if connect else "classic"]
+    )
     for key, value in _CONF.items():
         if not (connect and key.startswith("spark.ui")):  # static: Connect refuses them
             builder = builder.config(key, value)

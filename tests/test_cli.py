@@ -61,6 +61,37 @@ def test_help_and_usage_errors() -> None:
     assert run("export", "t", "--out", "o", "--version", "x", check=2).returncode == 2
 
 
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["export", "t", "--out", "o", "--timestamp", "yesterday"], "--timestamp"),
+        (["vacuum", "somewhere", "--retention", "-5"], "--retention"),
+        (["vacuum", "somewhere", "--retention", "soon"], "--retention"),
+        (["sql", "q.sql", "--var", "out"], "--var"),
+    ],
+)
+def test_bad_flag_values_are_usage_errors(args: list[str], flag: str) -> None:
+    assert flag in run(*args, check=2).stderr
+
+
+def test_inspect_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    from spark_dl_core import write_mds
+
+    out = str(tmp_path / "wide")  # far more output than a pipe buffer holds
+    write_mds(pa.table({"text": ["x" * 200] * 3000}), out)
+    cmd = " ".join([*CLI, "inspect", out, "--samples", "3000"])
+    proc = subprocess.run(
+        f"set -o pipefail; {cmd} | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        executable="/bin/bash",
+        timeout=240,
+    )
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.count("\n") == 1
+
+
 def test_export_inspect_verify(exported: dict[str, Any], table: str) -> None:
     result = exported["result"]
     assert result["samples"] == 50 and result["shards"] > 1
@@ -131,6 +162,22 @@ def test_export_parquet(tmp_path: Path) -> None:
         ).stdout
     )
     assert res["samples"] == 5 and res["source"]["kind"] == "parquet"
+
+
+def test_export_parquet_keeps_hive_partition_values(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "hive"
+    data = pa.table({"id": list(range(30)), "day": [f"d{i % 3}" for i in range(30)]})
+    pq.write_to_dataset(data, str(src), partition_cols=["day"])
+    out = str(tmp_path / "o")
+    run("export", str(src), "--format", "parquet", "--out", out, "--no-progress")
+    from spark_dl_core import open_dataset
+
+    table = open_dataset(out).to_arrow()
+    assert sorted(zip(table["id"].to_pylist(), table["day"].to_pylist())) == [
+        (i, f"d{i % 3}") for i in range(30)
+    ]
 
 
 @pytest.mark.spark

@@ -18,12 +18,36 @@ def _frame(spark: Any) -> Any:
     )
 
 
-def test_accessor_on_both_dataframe_classes(spark: Any) -> None:
+def test_accessor_on_both_dataframe_classes(spark: Any, tmp_path: Any) -> None:
     import spark_dl
 
     assert isinstance(spark.range(1).dl, spark_dl.DLAccessor)
     spark_dl._register_active()  # what `import spark_dl` does with a session already active
-    assert spark.read.format("mds") is not None
+    path = str(tmp_path / "registered")
+    spark.range(7).write.format("mds").save(path)
+    assert sorted(r.id for r in spark.read.format("mds").load(path).collect()) == list(range(7))
+
+
+def test_unregistered_session_says_to_register(classic_spark: Any, tmp_path: Any) -> None:
+    from spark_dl_core.errors import DatasetError
+
+    fresh = classic_spark.newSession()  # its own session state: no data sources registered
+    with pytest.raises(DatasetError, match=r"spark_dl\.register\(spark\)"):
+        fresh.range(3).write.format("mds").save(str(tmp_path / "w"))
+    with pytest.raises(DatasetError, match=r"spark_dl\.register\(spark\)"):
+        fresh.read.format("mds").load(str(tmp_path / "r"))
+
+
+def test_dl_loaders_have_real_signatures() -> None:
+    import inspect
+
+    from spark_dl import DLAccessor
+
+    for name in ("to_torch", "to_tf"):
+        params = inspect.signature(getattr(DLAccessor, name)).parameters
+        assert not any(p.kind is p.VAR_KEYWORD for p in params.values()), name
+        for wanted in ("batch_size", "shuffle", "seed", "spec", "transforms", "device"):
+            assert wanted in params, (name, wanted)
 
 
 def test_write_mds_with_a_spec_object(spark: Any, tmp_path: Any) -> None:
@@ -43,7 +67,7 @@ def test_write_mds_with_a_spec_object(spark: Any, tmp_path: Any) -> None:
 def test_converter_cache(spark: Any, tmp_path: Any) -> None:
     from spark_dl import converter as conv
 
-    spark.conf.set("spark_dl.cache.dir", str(tmp_path / "cache"))
+    spark.conf.set("spark.spark_dl.cache.dir", str(tmp_path / "cache"))
     try:
         df = _frame(spark)
         first = df.dl.converter()
@@ -62,28 +86,60 @@ def test_converter_cache(spark: Any, tmp_path: Any) -> None:
         conv._cleanup()  # what runs at exit: caches this process made are gone
         assert not os.path.exists(changed.path)
     finally:
+        spark.conf.unset("spark.spark_dl.cache.dir")
+
+
+def test_old_cache_conf_key_still_read(spark: Any, tmp_path: Any) -> None:
+    from spark_dl.converter import default_cache_dir
+
+    spark.conf.set("spark_dl.cache.dir", str(tmp_path / "old"))
+    try:
+        with pytest.warns(DeprecationWarning, match=r"spark\.spark_dl\.cache\.dir"):
+            assert default_cache_dir(spark) == str(tmp_path / "old")
+    finally:
         spark.conf.unset("spark_dl.cache.dir")
+
+
+def test_leaving_a_converter_spares_a_loader_still_reading(spark: Any, tmp_path: Any) -> None:
+    pytest.importorskip("torch")
+    import gc
+
+    cache = str(tmp_path / "cache")
+    loader = _frame(spark).dl.to_torch(batch_size=50, cache_dir=cache)
+    with _frame(spark).dl.converter(cache_dir=cache) as scoped:
+        path = scoped.path
+        assert scoped.in_use  # the loader holds the same cached dataset
+    assert os.path.exists(path)  # deletion waits for the loader
+    assert sum(len(b["label"]) for b in loader) == 300
+    del loader
+    gc.collect()
+    assert not os.path.exists(path)  # the last holder went: now it is removed
 
 
 def test_to_torch(spark: Any, tmp_path: Any) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("spark_dl_core.torch_loader")
-    spark.conf.set("spark_dl.cache.dir", str(tmp_path / "cache"))
-    try:
-        loader = _frame(spark).dl.to_torch(batch_size=64, shuffle=True, seed=7)
-        labels = []
-        for batch in loader:
-            assert tuple(batch["features"].shape[1:]) == (4,)
-            labels += batch["label"].tolist()
-        assert sorted(labels) == list(range(300))
-    finally:
-        spark.conf.unset("spark_dl.cache.dir")
+    cache = str(tmp_path / "cache")
+    df = _frame(spark)
+    loader = df.dl.to_torch(batch_size=64, shuffle=True, seed=7, cache_dir=cache)
+    order = []
+    for batch in loader:
+        assert tuple(batch["features"].shape[1:]) == (4,)
+        order.append(batch["label"].tolist())
+    assert sorted(x for b in order for x in b) == list(range(300))
+    # exactly the core loader's batches for that seed, on the cached dataset itself
+    core = df.dl.converter(cache_dir=cache).dataset
+    want = [b["label"].tolist() for b in core.to_torch(batch_size=64, shuffle=True, seed=7)]
+    assert order == want
+    other = [b["label"].tolist() for b in df.dl.to_torch(64, True, 8, cache_dir=cache)]
+    assert other != order and sorted(x for b in other for x in b) == list(range(300))
+    assert order != sorted(order)  # shuffled, not the stored order
 
 
 def test_to_tf(spark: Any, tmp_path: Any) -> None:
     pytest.importorskip("tensorflow")
     pytest.importorskip("spark_dl_core.tf_loader")
-    spark.conf.set("spark_dl.cache.dir", str(tmp_path / "cache"))
+    spark.conf.set("spark.spark_dl.cache.dir", str(tmp_path / "cache"))
     try:
         tfds = _frame(spark).dl.to_tf(batch_size=100)
         labels = []
@@ -91,7 +147,7 @@ def test_to_tf(spark: Any, tmp_path: Any) -> None:
             labels += batch["label"].numpy().tolist()
         assert sorted(labels) == list(range(300))
     finally:
-        spark.conf.unset("spark_dl.cache.dir")
+        spark.conf.unset("spark.spark_dl.cache.dir")
 
 
 def test_write_transforms_run_in_the_tasks(spark: Any, tmp_path: Any) -> None:
@@ -106,3 +162,16 @@ def test_write_transforms_run_in_the_tasks(spark: Any, tmp_path: Any) -> None:
     ds = open_dataset(path)
     assert ds.columns == {"y": "int64"}
     assert sorted(r.y for r in spark.read.format("mds").load(path).collect()) == list(range(300))
+
+
+def test_ragged_nested_arrays_infer_json(spark: Any, tmp_path: Any) -> None:
+    path = str(tmp_path / "ragged")
+    df = spark.sql(
+        "SELECT id, IF(id % 2 = 0, array(array(1, 2), array(3)), array(array(4, 5))) AS nested,"
+        " array(array(CAST(id AS double), 1.0D), array(2.0D, 3.0D)) AS regular FROM range(10)"
+    )
+    df.dl.write_mds(path)
+    ds = open_dataset(path)
+    assert ds.columns["nested"] == "json" and ds.columns["regular"].startswith("ndarray")
+    back = {r.id: r.nested for r in spark.read.format("mds").load(path).collect()}
+    assert back[0] == [[1, 2], [3]] and back[1] == [[4, 5]]

@@ -142,6 +142,81 @@ def test_every_type_round_trips(spark: Any, tmp_path: Any) -> None:
     assert table.column("day").to_pylist() == [e[10] for e in expected]
 
 
+@pytest.mark.parametrize("zone", ["Etc/UTC", "America/New_York", "UTC"])
+def test_timestamps_in_any_session_zone(spark: Any, tmp_path: Any, zone: str) -> None:
+    """Stored as UTC instants whatever the session zone; read back under another zone."""
+    before = spark.conf.get("spark.sql.session.timeZone")
+    path = str(tmp_path / "ts")
+    df = spark.sql(
+        "SELECT id, timestamp_micros(id * 3600000000 + 1700000000000000) AS ts FROM range(50)"
+    )
+    try:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+        df.write.format("mds").save(path)
+        expected = {r.id: r.ts for r in df.collect()}
+        spark.conf.set("spark.sql.session.timeZone", "Asia/Tokyo" if zone == "UTC" else zone)
+        got = {r.id: r.ts for r in spark.read.format("mds").load(path).collect()}
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+    assert got == expected
+    assert str(open_dataset(path).plans[0 + 1].arrow_type) == "timestamp[us, tz=UTC]"
+    micros = open_dataset(path).to_arrow().column("ts").cast(pa.int64()).to_pylist()
+    assert micros == [i * 3600000000 + 1700000000000000 for i in range(50)]
+
+
+def test_read_schema_prunes_or_refuses(spark: Any, tmp_path: Any) -> None:
+    path = str(tmp_path / "pruned")
+    df = spark.sql(
+        "SELECT id, CAST(id AS double) AS x, IF(id % 2 = 0, NULL, id) AS maybe FROM range(20)"
+    )
+    df.write.format("mds").option("nulls", "mask").save(path)
+    only = spark.read.format("mds").schema("id long").load(path)
+    assert only.columns == ["id"] and sorted(r.id for r in only.collect()) == list(range(20))
+    two = spark.read.format("mds").schema("MAYBE bigint, x double").load(path)
+    got = sorted((r.x, r.MAYBE) for r in two.collect())
+    assert got == [(float(i), None if i % 2 == 0 else i) for i in range(20)]
+    with pytest.raises(Exception, match="'nope'"):
+        spark.read.format("mds").schema("nope long").load(path).collect()
+    with pytest.raises(Exception, match=r"'id'.*int.*bigint"):
+        spark.read.format("mds").schema("id int").load(path).collect()
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "value", "words"),
+    [
+        ("write", "compresion", "zstd", "did you mean 'compression'"),
+        ("write", "shard_sise", "1MiB", "did you mean 'shard_size'"),
+        ("write", "verify_hashes", "true", "read option"),
+        ("read", "verify_hashes", "yes", "'verify_hashes' must be true or false"),
+        ("read", "allow_unsafe", "1", "'allow_unsafe' must be true or false"),
+        ("read", "shards_per_partition", "0", "'shards_per_partition' must be between 1"),
+        ("read", "shards_per_partition", "abc", "'shards_per_partition' must be an integer"),
+        ("read", "shard_per_partition", "2", "did you mean 'shards_per_partition'"),
+        ("write", "vacuum_retention", "soon", "'vacuum_retention'"),
+        ("write", "vector_dtype", "int8", "'vector_dtype'"),
+    ],
+)
+def test_every_option_is_validated(
+    spark: Any, tmp_path: Any, kind: str, key: str, value: str, words: str
+) -> None:
+    path = str(tmp_path / "opts")
+    if kind == "write":
+        with pytest.raises(Exception, match=words):
+            spark.range(3).write.format("mds").option(key, value).save(path)
+        assert not os.path.exists(os.path.join(path, "index.json"))
+    else:
+        spark.range(3).write.format("mds").save(path)
+        with pytest.raises(Exception, match=words):
+            spark.read.format("mds").option(key, value).load(path).collect()
+
+
+def test_tiny_shard_size_warns() -> None:
+    with pytest.warns(UserWarning, match="shard_size=1 "):
+        from spark_dl.datasource import spec_from_options
+
+        spec_from_options({"shard_size": "1"})
+
+
 def _files(path: str) -> list[str]:
     return sorted(os.listdir(path))
 

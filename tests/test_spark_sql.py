@@ -59,3 +59,16 @@ def test_sql_example_runs(spark: Any, tmp_path: Any, example: Path) -> None:
     results = run_sql_file(spark, example, variables={"out": str(tmp_path)})
     rows = results[-1].collect()
     assert rows, f"{example.name}: the last statement returned no rows"
+
+
+@pytest.mark.spark
+def test_undefined_variable_is_an_error_naming_it(spark: Any, tmp_path: Any) -> None:
+    from spark_dl_core.errors import SpecError
+
+    script = tmp_path / "out.sql"
+    script.write_text("INSERT OVERWRITE DIRECTORY '${out}/ds' USING mds SELECT 1 AS one;")
+    with pytest.raises(SpecError, match=r"\$\{out\}"):
+        run_sql_file(spark, script)
+    assert not (Path.cwd() / "${out}").exists()
+    run_sql_file(spark, script, variables={"out": str(tmp_path)})
+    assert (tmp_path / "ds" / "index.json").exists()

@@ -66,6 +66,11 @@ class DeltaSnapshotError(DatasetError):
         self.available = available
 
 
+class UnsupportedDeltaFeatureError(DeltaSnapshotError):
+    """The snapshot is readable by Delta, but uses a feature the JVM-free reader refuses
+    (column mapping, an unknown reader feature): delta-spark can still read it."""
+
+
 def _import_deltalake() -> Any:
     try:
         import deltalake
@@ -169,11 +174,45 @@ class DeltaSnapshot:
             "reader": "deltalake",
         }
 
+    @property
+    def file_names(self) -> list[str]:
+        """The data files' base names in canonical (log path) order: how a Spark task, which
+        sees ``_metadata.file_name``, tells which file of the snapshot a row came from."""
+        return [_file_key(u).rsplit("/", 1)[-1] for u in self.files]
+
+    def deleted_rows(self) -> dict[str, list[int]]:
+        """Row indexes each file's deletion vector removes, by file base name."""
+        out: dict[str, list[int]] = {}
+        for uri in self.files:
+            keep = self._keep.get(_file_key(uri))
+            if keep is not None:
+                gone = [i for i, k in enumerate(keep) if not k]
+                if gone:
+                    out[_file_key(uri).rsplit("/", 1)[-1]] = gone
+        return out
+
     # -- reading
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         """Record batches of the snapshot, file by file in path order (bounded memory)."""
+        yield from self._file_batches(boundaries=False)
+
+    def export_batches(self) -> pa.RecordBatchReader:
+        """:meth:`batches` with a boundary marker after each data file, for the writer.
+
+        The canonical layout of a snapshot's MDS export: files in log order (sorted by
+        path), rows in file order, shards cut by size within each file and never spanning
+        two files. A Spark write of the same version (``read_delta``) follows the same rule,
+        so both produce the same shards, hence the same fingerprint, at any parallelism.
+        """
+        return pa.RecordBatchReader.from_batches(
+            self.output_schema, self._file_batches(boundaries=True)
+        )
+
+    def _file_batches(self, boundaries: bool) -> Iterator[pa.RecordBatch]:
         import pyarrow.parquet as pq
+
+        from .writer import source_boundary
 
         filesystem, prefix = self._filesystem()
         out_schema = self.output_schema
@@ -202,6 +241,8 @@ class DeltaSnapshot:
                     table = table.filter(pa.array(mask, type=pa.bool_()))
                 start += n
                 yield from self._finish(table, uri, out_schema)
+            if boundaries:
+                yield source_boundary(out_schema)
 
     def _finish(self, table: pa.Table, uri: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         n = table.num_rows
@@ -243,7 +284,7 @@ class DeltaSnapshot:
         from .writer import write_mds
 
         return write_mds(
-            self.reader(),  # carries the schema, so a filter matching nothing writes 0 rows
+            self.export_batches(),  # carries the schema: a filter matching nothing writes 0 rows
             out_path,
             spec,
             mode=mode,  # type: ignore[arg-type]
@@ -417,7 +458,7 @@ def _check_features(table: Any, uri: str, asked: str, available: tuple[int, int]
     features = set(protocol.reader_features or [])
     mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
     if mode != "none" or "columnMapping" in features:
-        raise DeltaSnapshotError(
+        raise UnsupportedDeltaFeatureError(
             uri,
             f"uses column mapping (mode {mode!r}), which the JVM-free reader refuses rather "
             "than risk reading the wrong columns; read it with Spark (delta-spark) instead",
@@ -426,7 +467,7 @@ def _check_features(table: Any, uri: str, asked: str, available: tuple[int, int]
         )
     unsupported = sorted(features - SUPPORTED_READER_FEATURES)
     if unsupported or protocol.min_reader_version > 3:
-        raise DeltaSnapshotError(
+        raise UnsupportedDeltaFeatureError(
             uri,
             f"needs reader feature(s) {unsupported} (reader version "
             f"{protocol.min_reader_version}) that the JVM-free reader does not support",

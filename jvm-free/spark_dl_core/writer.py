@@ -73,6 +73,21 @@ def _concat(chunks: list[Pieces]) -> Pieces:
     return Pieces(data, offsets=offsets)
 
 
+SOURCE_BOUNDARY_KEY = b"spark_dl.source_boundary"
+
+
+def source_boundary(schema: pa.Schema) -> pa.RecordBatch:
+    """A zero-row batch marking the end of one source file in a batch stream: the shard in
+    progress closes there, so shards never span source files and their layout depends on
+    each file alone (what a Spark write of the same Delta version reproduces)."""
+    marked = schema.with_metadata({**(schema.metadata or {}), SOURCE_BOUNDARY_KEY: b"1"})
+    return pa.RecordBatch.from_pylist([], schema=marked)
+
+
+def is_source_boundary(batch: pa.RecordBatch) -> bool:
+    return batch.num_rows == 0 and SOURCE_BOUNDARY_KEY in (batch.schema.metadata or {})
+
+
 @dataclass
 class ShardWriter:
     """Encodes record batches into size-limited shard files in ``store``.
@@ -132,6 +147,9 @@ class ShardWriter:
         if isinstance(batch, pa.Table):
             for b in batch.to_batches():
                 self.write(b)
+            return
+        if is_source_boundary(batch):  # the shard in progress ends with its source file
+            self.flush()
             return
         batch = apply_transforms(batch, self.spec.transforms, "write")
         if self.plans is None:

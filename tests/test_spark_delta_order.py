@@ -1,0 +1,208 @@
+"""One Delta version, one dataset: the same shards, fingerprint and batches through Spark at
+any parallelism, through ``df.dl``, through the JVM-free core and through the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+deltalake = pytest.importorskip("deltalake")
+from deltalake import WriterProperties, write_deltalake  # noqa: E402
+
+from spark_dl_core import open_dataset, open_delta  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+SPEC = {"shard_size": 1500, "hashes": ["xxh64"]}
+
+
+def _rows(start: int, n: int) -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(range(start, start + n), pa.int64()),
+            "x": pa.array([i / 4 for i in range(start, start + n)], pa.float64()),
+            "name": [f"row-{i}" for i in range(start, start + n)],
+            "part": ["ab"[i % 2] for i in range(start, start + n)],
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Files of unequal sizes, several row groups each, partitioned; version 2 is pinned
+    and version 3 lands afterwards."""
+    path = str(tmp_path_factory.mktemp("order") / "events")
+    small_groups = WriterProperties(max_row_group_size=40)
+    for i, n in enumerate([400, 90, 250]):
+        write_deltalake(
+            path,
+            _rows(1000 * i, n),
+            mode="append",
+            partition_by=["part"],
+            writer_properties=small_groups,
+        )
+    write_deltalake(path, _rows(9000, 30), mode="append", partition_by=["part"])
+    return path
+
+
+def _stream(path: str) -> str:
+    """A digest of one shuffled epoch, batch by batch."""
+    digest = hashlib.sha256()
+    for batch in open_dataset(path).iter_batches(batch_size=64, shuffle=True, seed=7):
+        for name in sorted(batch):
+            digest.update(name.encode() + repr(batch[name].tolist()).encode())
+    return digest.hexdigest()
+
+
+def _conf(spark: Any, settings: dict[str, str]) -> dict[str, str | None]:
+    before = {}
+    for key, value in settings.items():
+        before[key] = spark.conf.get(key, None)
+        spark.conf.set(key, value)
+    return before
+
+
+def _restore(spark: Any, before: dict[str, str | None]) -> None:
+    for key, value in before.items():
+        if value is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, value)
+
+
+# Spark splits each file into several partitions / packs all files into few partitions.
+SETTINGS = [
+    {"spark.sql.files.maxPartitionBytes": "1500", "spark.sql.shuffle.partitions": "1"},
+    {
+        "spark.sql.files.maxPartitionBytes": "134217728",
+        "spark.sql.files.openCostInBytes": "1",
+        "spark.sql.shuffle.partitions": "5",
+    },
+]
+
+
+def test_one_version_one_dataset_at_any_parallelism(spark: Any, table: str, tmp_path: Path) -> None:
+    import spark_dl
+
+    core = open_delta(table, version=2).write_mds(str(tmp_path / "core"), SPEC)
+    assert core.shards > 3
+    expected = _stream(str(tmp_path / "core"))
+    for i, settings in enumerate(SETTINGS):
+        before = _conf(spark, settings)
+        try:
+            df = spark_dl.read_delta(spark, table, version=2)
+            assert df.columns == ["id", "x", "name", "part"]  # no lineage column shows
+            out = str(tmp_path / f"spark{i}")
+            df.write.format("mds").option("shard_size", "1500").option("hashes", "xxh64").save(out)
+        finally:
+            _restore(spark, before)
+        ds = open_dataset(out)
+        assert ds.columns == open_dataset(str(tmp_path / "core")).columns
+        assert (ds.fingerprint, ds.num_shards) == (core.fingerprint, core.shards), settings
+        assert _stream(out) == expected
+        assert ds.source["table"] == table and ds.source["version"] == 2
+        assert ds.source["writer"] == "spark" and "derived" not in ds.source
+
+
+def test_derived_frame_keeps_order_and_lineage(spark: Any, table: str, tmp_path: Path) -> None:
+    import spark_dl
+
+    core = open_delta(
+        table, version=2, columns=["id", "name"], filter=pc.field("id") >= 1050
+    ).write_mds(str(tmp_path / "core"), SPEC)
+    df = spark_dl.read_delta(spark, table, version=2)
+    again = spark_dl.read_delta(spark, table, version=2)
+    assert df.semanticHash() == again.semanticHash()  # same snapshot, same converter cache
+    derived = df.filter("id >= 1050").select("id", "name")
+    assert spark_dl.delta.lineage_for(derived)["derived"] is True  # type: ignore[index]
+    out = str(tmp_path / "spark")
+    derived.write.format("mds").option("shard_size", "1500").option("hashes", "xxh64").save(out)
+    ds = open_dataset(out)
+    assert ds.fingerprint == core.fingerprint
+    assert ds.source["version"] == 2 and ds.source["derived"] is True
+    # a transformation adds a column: lineage still names the snapshot
+    out2 = str(tmp_path / "with_column")
+    df.withColumn("double", df["x"] * 2).write.format("mds").save(out2)
+    assert open_dataset(out2).source["table"] == table
+
+
+def test_explicit_source_option(spark: Any, tmp_path: Path) -> None:
+    out = str(tmp_path / "explicit")
+    given = {"kind": "delta", "table": "s3://lake/t", "version": 5}
+    spark.range(10).write.format("mds").option("source", json.dumps(given)).save(out)
+    source = open_dataset(out).source
+    assert {k: source[k] for k in given} == given and source["writer"] == "spark"
+    with pytest.raises(Exception, match="source"):
+        spark.range(3).write.format("mds").option("source", "[1]").save(str(tmp_path / "bad"))
+
+
+def test_dl_to_torch_matches_core(spark: Any, table: str, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import spark_dl
+
+    core = open_delta(table, version=2).write_mds(str(tmp_path / "core"), SPEC)
+    df = spark_dl.read_delta(spark, table, version=2)
+    with df.dl.converter(SPEC, cache_dir=str(tmp_path / "cache")) as conv:
+        assert conv.dataset.fingerprint == core.fingerprint
+        assert conv.dataset.source["version"] == 2
+        got = [b["id"].tolist() for b in conv.to_torch(batch_size=50, shuffle=True, seed=7)]
+    want = [
+        b["id"].tolist()
+        for b in open_dataset(str(tmp_path / "core")).to_torch(batch_size=50, shuffle=True, seed=7)
+    ]
+    assert got == want
+
+
+_LOCAL1 = """
+import sys
+from pyspark.sql import SparkSession
+import spark_dl
+from spark_dl_core import open_dataset
+spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+         .config("spark.sql.session.timeZone", "America/New_York").getOrCreate())
+spark_dl.register(spark)
+df = spark_dl.read_delta(spark, sys.argv[1], version=2)
+df.write.format("mds").option("shard_size", "1500").option("hashes", "xxh64").save(sys.argv[2])
+print(open_dataset(sys.argv[2]).fingerprint)
+spark.stop()
+"""
+
+
+@pytest.mark.slow
+def test_local1_session_and_cli_match_core(table: str, tmp_path: Path) -> None:
+    core = open_delta(table, version=2).write_mds(str(tmp_path / "core"), SPEC)
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    for key in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
+        env.pop(key, None)  # a Connect session of this test process must not leak into it
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOCAL1, table, str(tmp_path / "local1")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == core.fingerprint
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    cli = subprocess.run(
+        [
+            *(sys.executable, "-m", "spark_dl.cli", "export", table, "--version", "2"),
+            *("--out", str(tmp_path / "cli"), "--spec", str(spec), "--json", "--no-progress"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["fingerprint"] == core.fingerprint
