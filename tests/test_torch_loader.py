@@ -93,10 +93,39 @@ def test_epochs_and_seeds_differ(ds_path: str) -> None:
     ds = open_dataset(ds_path)
     loader = ds.to_torch(batch_size=100, shuffle=True, seed=5, columns=["id"])
     first = _ids(loader)
-    assert _ids(loader) == first  # same epoch again: same order
+    assert _ids(ds.to_torch(batch_size=100, shuffle=True, seed=5, columns=["id"])) == first
     loader.set_epoch(1)
-    assert _ids(loader) != first
+    second = _ids(loader)
+    assert second != first and sorted(second) == sorted(first)
     assert _ids(ds.to_torch(batch_size=100, shuffle=True, seed=6, columns=["id"])) != first
+
+
+def test_iteration_semantics_are_dataloader_like(ds_path: str) -> None:
+    """Each iter() is a pass from the saved position; a full pass moves on to the next epoch;
+    a peek does not make the next loop skip a batch (issue: len 0 yet a full repeat)."""
+    ds = open_dataset(ds_path)
+    kw = dict(batch_size=100, shuffle=True, seed=5, columns=["id"])
+    epoch1 = _ids(ds.to_torch(epoch=1, **kw))
+    loader = ds.to_torch(**kw)
+    assert len(loader) == N // 100
+    peek = next(iter(loader))["id"].tolist()
+    assert loader.state_dict()["consumed"] == 100  # the live position of the peeking pass
+    first = _ids(loader)
+    assert first[:100] == peek and len(first) == N  # the loop did not skip the peeked batch
+    assert len(loader) == N // 100 and loader.epoch == 1  # a full pass: next epoch's start
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["consumed"] == 0
+    loader.set_epoch(1)  # the usual loop calls it: the epoch is already current, no-op
+    assert _ids(loader) == epoch1
+    # Leaving a pass early keeps the saved position; moving it there is deliberate.
+    loader = ds.to_torch(**kw)
+    it = iter(loader)
+    head = [i for _ in range(3) for i in next(it)["id"].tolist()]
+    assert _ids(loader)[:300] == head
+    it = iter(loader)  # the full pass above moved the loader to epoch 1
+    head = [i for _ in range(3) for i in next(it)["id"].tolist()]
+    loader.load_state_dict(loader.state_dict())
+    assert len(loader) == N // 100 - 3
+    assert head + _ids(loader) == epoch1
 
 
 _SCRIPT = """
@@ -154,7 +183,7 @@ def test_resume_continues_same_order_single_process(ds_path: str) -> None:
     _ids(loader_finished)
     done = ds.to_torch(**kw)
     done.load_state_dict(loader_finished.state_dict())
-    assert _ids(done) == []  # epoch already finished; set_epoch(1) starts the next
+    assert done.epoch == 1 and _ids(done) == _ids(ds.to_torch(epoch=1, **kw))  # next epoch
 
 
 def test_state_validation(ds_path: str, tmp_path: Path) -> None:
