@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -15,11 +13,13 @@ import pyarrow as pa
 
 from .cache import shard_store
 from .errors import DatasetError, DecompressionError, HashMismatchError, ShardError
+from .format.compact import CompactIndex, ShardTable
 from .format.compression import parse_compression
 from .format.encodings import DecodeOptions, Encoding, ImageMode, get_encoding
 from .format.hashing import content_hash, digest, fastest
 from .format.index import INDEX_FILE, ShardInfo
 from .format.shard import Layout, ShardData
+from .indexing import index_fingerprint
 from .meta import ColumnPlan, plans_from_meta, read_meta, stored_layout
 
 if TYPE_CHECKING:
@@ -49,27 +49,37 @@ class Dataset:
         self.shown = self.store.display()  # the path with any credentials redacted
         self.cache_dir = cache_dir
         self.allow_unsafe = allow_unsafe
+        self._compact: CompactIndex | None = None
         self.shards, self.meta, self._index_text = self._load()
         self.layout = self._layout()
-        counts = np.array([s.samples for s in self.shards], dtype=np.int64)
-        self.shard_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.shard_offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
+        np.cumsum(self.shards.samples, out=self.shard_offsets[1:])
         self._verified: set[int] = set()  # shards checked once in this process
         self._warned_unverifiable = False
 
     # -- opening
 
-    def _load(self) -> tuple[list[ShardInfo], dict[str, Any] | None, bytes]:
-        committed = read_meta(self.store)
+    def _load(self) -> tuple[ShardTable, dict[str, Any] | None, bytes | None]:
+        # The compact index when present: per-shard JSON is never parsed on open.
+        committed = read_meta(self.store, compact=True, cache_dir=self.cache_dir)
         if committed is None:
             raise DatasetError(f"{self.store.display(INDEX_FILE)} does not exist")
-        return committed.shards, committed.meta, committed.index_text
+        self._compact = committed.compact
+        found: Any = committed.shards
+        shards = found if isinstance(found, ShardTable) else ShardTable.from_infos(list(found))
+        return shards, committed.meta, committed.index_text
 
     def _layout(self) -> Layout:
-        if not self.shards:
+        if self._compact is not None and len(self.shards):  # one column layout by construction
+            return self._layout_of([self.shards[0]])
+        return self._layout_of(self.shards)
+
+    def _layout_of(self, shards: Sequence[ShardInfo]) -> Layout:
+        if not shards:
             plans = self.plans
             return stored_layout(plans) if plans else Layout((), ())
-        first = self.shards[0]
-        for i, shard in enumerate(self.shards):
+        first = shards[0]
+        for i, shard in enumerate(shards):
             if (shard.column_names, shard.column_encodings, shard.column_sizes) != (
                 first.column_names,
                 first.column_encodings,
@@ -120,8 +130,9 @@ class Dataset:
         """Identifies content and spec; for datasets not written by spark-dl, the index."""
         if self.meta and self.meta.get("fingerprint"):
             return str(self.meta["fingerprint"])
-        canonical = json.dumps(json.loads(self._index_text), sort_keys=True).encode()
-        return "index-" + hashlib.sha256(canonical).hexdigest()
+        if self._index_text is None and self._compact is not None:
+            return self._compact.fingerprint  # computed from index.json when it was built
+        return index_fingerprint(self._index_text or b"")
 
     @property
     def spec(self) -> dict[str, Any] | None:

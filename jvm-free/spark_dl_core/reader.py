@@ -112,7 +112,7 @@ class BatchReader:
         return out
 
     def _size(self, shard: int) -> int:
-        return int(self.dataset.shards[shard].raw_data.bytes)
+        return int(self.dataset.shards.raw_bytes[shard])
 
     def _prefetch(self) -> None:
         try:
