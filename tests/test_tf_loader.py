@@ -127,3 +127,13 @@ def test_model_fit_one_epoch(ds_path: str) -> None:
     model.compile(optimizer=tf.keras.optimizers.Adam(0.05), loss="binary_crossentropy")
     history = model.fit(tfds, epochs=2, verbose=0)
     assert len(history.history["loss"]) == 2 and np.isfinite(history.history["loss"][0])
+
+
+def test_stats(ds_path: str) -> None:
+    ds = open_dataset(ds_path)
+    tfds = ds.to_tf(batch_size=50, columns=["id", "x"])
+    assert sum(int(b["id"].shape[0]) for b in tfds) == N
+    stats = tfds.stats()
+    assert stats["samples"] == N and stats["batches"] == -(-N // 50)
+    assert stats["data_starved_pct"] is None and stats["samples_per_s"] > 0
+    assert stats["workers"]["tf.data"]["read"] > 0

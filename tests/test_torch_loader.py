@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -315,3 +316,38 @@ def test_progress_bar_counts_batches(fixed_path: str, capsys: pytest.CaptureFixt
     assert len(_ids(loader)) == N
     err = capsys.readouterr().err
     assert "epoch 0" in err and f"{N // 100}/{N // 100}" in err
+
+
+def test_stats_and_trace(fixed_path: str, tmp_path: Path) -> None:
+    ds = open_dataset(fixed_path)
+    trace = tmp_path / "trace.json"
+    loader = ds.to_torch(batch_size=100, num_workers=2, trace_path=str(trace), group=2)
+    assert loader.stats()["samples"] == 0
+    got = 0
+    for batch in loader:
+        got += len(batch["id"])
+        time.sleep(0.002)  # the training step: the loop is not waiting for data meanwhile
+    stats = loader.stats()
+    assert stats["epoch"] == 0 and stats["samples"] == got == N
+    assert stats["batches"] == N // 100 and stats["samples_per_s"] > 0
+    assert 0 < stats["time_to_first_batch_s"] < stats["wall_s"]
+    assert 0 <= stats["data_starved_pct"] < 100
+    assert set(stats["workers"]) == {"worker 0", "worker 1"}
+    for times in stats["workers"].values():
+        assert set(times) == {"read", "decompress", "decode", "transform"}
+        assert times["read"] > 0 and times["decode"] > 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["name"] for e in events} >= {"load shard", "decode"}
+    assert all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
+    inproc = ds.to_torch(batch_size=100)
+    list(inproc)
+    assert set(inproc.stats()["workers"]) == {"main"}
+
+
+def test_progress_bar_shows_rate_and_starved(
+    fixed_path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loader = open_dataset(fixed_path).to_torch(batch_size=100, progress=True, columns=["id"])
+    list(loader)
+    err = capsys.readouterr().err
+    assert "samples/s" in err and "starved" in err

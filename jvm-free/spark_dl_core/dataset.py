@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from functools import cached_property
@@ -159,16 +160,23 @@ class Dataset:
         info = self.shards[shard].stored
         return self.store.read_shard(info.basename, info.bytes, info.hashes)
 
-    def load_shard(self, shard: int, verify_hashes: bool | None = None) -> ShardData:
+    def load_shard(
+        self,
+        shard: int,
+        verify_hashes: bool | None = None,
+        timings: dict[str, float] | None = None,
+    ) -> ShardData:
         """One shard decompressed, size-checked and hash-verified.
 
         ``verify_hashes``: None (default) checks each shard once per process, the first
         time it is read, with the fastest hash recorded for it (index, else spark_dl.json);
         True checks every recorded hash on every load; False checks none.
+        ``timings`` (loader telemetry) accumulates seconds under "read" and "decompress".
         """
         info = self.shards[shard]
         stored = info.stored
         where = self.store.display(stored.basename)
+        started = time.perf_counter()
         data = self.stored_bytes(shard)
         if len(data) != stored.bytes:
             raise ShardError(where, f"has {len(data)} bytes, the index says {stored.bytes}")
@@ -183,10 +191,15 @@ class Dataset:
                 raise ShardError(
                     where, f"does not end in .{codec.extension} as {info.compression} needs"
                 )
+            read = time.perf_counter()
             try:
                 raw = np.frombuffer(codec.decompress(data, info.raw_data.bytes), dtype=np.uint8)
             except DecompressionError as exc:
                 raise ShardError(where, str(exc)) from None
+            if timings is not None:
+                timings["read"] += read - started
+                timings["decompress"] += time.perf_counter() - read
+                started = -1.0
             if check and full and info.raw_data.hashes:
                 self._verify(where, info.raw_data.hashes, raw)
                 checked = True
@@ -196,6 +209,8 @@ class Dataset:
             self._verify_content(shard, where, raw)
         if check:
             self._verified.add(shard)
+        if timings is not None and started >= 0:
+            timings["read"] += time.perf_counter() - started
         return ShardData(raw, where, self.layout, info.samples)
 
     def _verify_stored(self, shard: int, where: str, data: np.ndarray, full: bool) -> bool:

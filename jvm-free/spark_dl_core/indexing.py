@@ -14,6 +14,7 @@ import warnings
 from typing import Any
 
 import pyarrow as pa
+import xxhash
 
 from .errors import DatasetError
 from .format.compact import COMPACT_FILE, CompactIndex, build_compact, index_digest
@@ -83,6 +84,18 @@ def _local_copy(store: Store, cache_dir: str | None) -> Any:
     return pa.memory_map(local)
 
 
+def _local_digest(path: str, expected_size: int) -> str | None:
+    """index.json's digest, read in chunks (flat memory at hundreds of MB); None if its size
+    already differs from ``expected_size``."""
+    if os.path.getsize(path) != expected_size:
+        return None
+    hasher = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            hasher.update(chunk)
+    return str(hasher.hexdigest())
+
+
 def read_compact(store: Store, cache_dir: str | None = None) -> CompactIndex | None:
     """The dataset's compact index, checked against ``index.json``; None to use index.json.
 
@@ -104,15 +117,13 @@ def read_compact(store: Store, cache_dir: str | None = None) -> CompactIndex | N
         _local_copy(store, cache_dir) if store.remote else pa.memory_map(store.path(COMPACT_FILE))
     )
     compact = CompactIndex(data, shown)
-    text: bytes | None = None
     if store.remote:
         same = int(store.fs.size(store.path(INDEX_FILE))) == compact.index_bytes
     else:
-        text = store.read_bytes(INDEX_FILE)
-        same = len(text) == compact.index_bytes and index_digest(text) == compact.index_digest
+        same = _local_digest(store.path(INDEX_FILE), compact.index_bytes) == compact.index_digest
     if same:
         return compact
-    text = store.read_bytes(INDEX_FILE) if text is None else text
+    text = store.read_bytes(INDEX_FILE)
     where = compact.disagreement(parse_index(text, store.display(INDEX_FILE)))
     if where is not None:
         raise DatasetError(

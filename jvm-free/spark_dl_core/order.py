@@ -33,6 +33,7 @@ samples is O(1) in ``consumed``.
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, overload
@@ -188,6 +189,27 @@ class _Order(Protocol):
     def take(self, start: int, stop: int) -> np.ndarray: ...
 
 
+_ORDERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], GlobalOrder]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _order_of(dataset: Dataset, seed: int, epoch: int, shuffle: bool, window: int) -> GlobalOrder:
+    """The dataset's global order for these settings; the last two are kept per dataset, so
+    a loader and its resumed or re-planned passes share one O(shards) order."""
+    key = (dataset.fingerprint, int(seed), int(epoch), bool(shuffle), int(window))
+    kept = _ORDERS.setdefault(dataset, {})
+    order = kept.get(key)
+    if order is None:
+        order = GlobalOrder(
+            np.diff(dataset.shard_offsets), dataset.fingerprint, seed, epoch, shuffle, window
+        )
+        while len(kept) >= 2:
+            kept.pop(next(iter(kept)))
+        kept[key] = order
+    return order
+
+
 def global_order(
     shard_sizes: np.ndarray,
     fingerprint: str,
@@ -312,10 +334,7 @@ class EpochPlan(Sequence[np.ndarray]):
         shuffle_window: int | None,
         consumed: int = 0,
     ) -> EpochPlan:
-        sizes = np.diff(dataset.shard_offsets)
-        order = GlobalOrder(
-            sizes, dataset.fingerprint, seed, epoch, shuffle, resolve_window(shuffle_window)
-        )
+        order = _order_of(dataset, seed, epoch, shuffle, resolve_window(shuffle_window))
         return cls(order, int(batch_size), int(rank), int(world_size), bool(drop_last), consumed)
 
     @classmethod

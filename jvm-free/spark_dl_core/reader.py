@@ -7,6 +7,7 @@ this module only turns those index arrays into decoded batches within a memory b
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,9 @@ class BatchReader:
         # DataLoader workers point it at reusable shared-memory slabs.
         self.out_for: Callable[[int, int], np.ndarray | None] | None = None
         self._scratch = np.empty(0, dtype=np.uint8)
+        # Telemetry: seconds reading / decompressing (prefetch thread) and decoding.
+        self.times = dict.fromkeys(("read", "decompress", "decode", "transform"), 0.0)
+        self.spans: Any = None  # a telemetry.Spans when tracing
 
     def _plan_until(self, end: int) -> None:
         """Plan batches up to ``end`` (exclusive): their shards join the load queue."""
@@ -134,7 +138,12 @@ class BatchReader:
                         return
                     self.queue.popleft()
                     self.held += size
-                data = self.dataset.load_shard(shard, self.verify)
+                started = time.perf_counter()
+                data = self.dataset.load_shard(shard, self.verify, self.times)
+                if self.spans is not None:
+                    self.spans.add(
+                        "load shard", started, time.perf_counter(), "prefetch", shard=shard
+                    )
                 with self.cond:
                     self.loaded[shard] = data
                     self.cond.notify_all()
@@ -164,7 +173,13 @@ class BatchReader:
                 out = None
                 if self.out_for is not None and self.fixed is not None:
                     out = self.out_for(j, self.fixed_bytes(len(index)) or 0)
-                yield self._decode(j, index, shards, out)
+                started = time.perf_counter()
+                decoded = self._decode(j, index, shards, out)
+                ended = time.perf_counter()
+                self.times["decode"] += ended - started
+                if self.spans is not None:
+                    self.spans.add("decode", started, ended, "decode", batch=j)
+                yield decoded
                 with self.cond:
                     del self.planned[j]
                     for s in needs:

@@ -19,6 +19,7 @@ at any world size.
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
@@ -29,6 +30,7 @@ from .frameworks import register_framework
 from .loader_settings import TF_ONLY, LoaderSettings, reader_extras, settings_from
 from .order import EpochPlan, LoaderState, resolve_window
 from .reader import BatchReader
+from .telemetry import PassStats
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -191,7 +193,12 @@ def make_tf_dataset(
 
     def generate() -> Iterator[dict[str, Any]]:
         plan = passes.next_plan()
-        for batch in BatchReader(dataset, plan, **read):
+        stats = passes.stats = PassStats(passes.current[1])
+        reader = BatchReader(dataset, plan, **read)
+        stats.workers["tf.data"] = reader.times  # updated in place as the reader works
+        for batch in reader:
+            now = time.perf_counter()
+            stats.delivered(len(next(iter(batch.values()))) if batch else 0, 0.0, now)
             out: dict[str, Any] = {}
             for name, value in batch.items():
                 kind = kinds[name]
@@ -205,6 +212,7 @@ def make_tf_dataset(
                 else:
                     out[name] = value
             yield out
+        stats.finished = time.perf_counter()
 
     tfds = tf.data.Dataset.from_generator(generate, output_signature=signature)
     if settings.as_tuple is not None:
@@ -234,7 +242,16 @@ def make_tf_dataset(
             consumed=plan.consumed_after(int(steps)),
         ).to_dict()
 
+    def stats() -> dict[str, Any]:
+        """The latest pass as produced for tf.data: samples and batches, samples/s, time
+        to first batch and per-stage seconds. ``data_starved_pct`` is None: tf.data
+        prefetches on its own threads, so the training loop's waits are not visible here
+        (the TensorFlow profiler shows them)."""
+        current = passes.stats or PassStats(passes.current[1])
+        return current.as_dict() | {"data_starved_pct": None}
+
     tfds.state_dict = state_dict
+    tfds.stats = stats
     tfds.loader_settings = settings
     return tfds
 
@@ -250,6 +267,7 @@ class _Passes:
         self.first, self.epoch, self.plan_for = first, epoch, plan_for
         self.started = 0
         self.current = (first, epoch)
+        self.stats: PassStats | None = None
 
     def next_plan(self) -> EpochPlan:
         with self.lock:

@@ -9,6 +9,7 @@ defined in :mod:`spark_dl_core.order`.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from .frameworks import register_framework
 from .loader_settings import TORCH_ONLY, LoaderSettings, reader_extras, settings_from
 from .order import EpochPlan, LoaderState
 from .reader import BatchReader
+from .telemetry import PassStats, Spans
 
 if TYPE_CHECKING:
     from .dataset import Batch, Dataset
@@ -142,17 +144,26 @@ class _Batches(IterableDataset):
         read: dict[str, Any],
         group: int,
         slabs: _Slabs | None = None,
+        trace: bool = False,
     ):
         self.dataset, self.plan, self.read, self.group = dataset, plan, read, group
-        self.slabs = slabs
+        self.slabs, self.trace = slabs, trace
 
-    def __iter__(self) -> Iterator[tuple[list[int], Any]]:
+    def __iter__(self) -> Iterator[tuple[list[int], Any, tuple[str, Any, Any]]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         # Groups k = 0, 1, ... of 1, 2, 4, ... up to ``group`` batches go to worker k % workers
         # (the order DataLoader returns them in): small first groups, fast first batches.
         merged = _Grouped(self.plan, self.group, worker, workers)  # lazy index arrays
         reader = BatchReader(self.dataset, merged, **self.read)
+        name = f"worker {worker}" if info is not None else "main"
+        if self.trace:
+            reader.spans = Spans()
+
+        def tag() -> tuple[str, dict[str, float], list[dict[str, Any]]]:
+            """This worker's cumulative stage times (and new trace spans) for telemetry."""
+            return name, dict(reader.times), reader.spans.take() if reader.spans else []
+
         slabs = self.slabs if info is not None else None
         used: list[int] = []  # slab of the batch being decoded (-1: none)
         if slabs is not None:
@@ -177,11 +188,11 @@ class _Batches(IterableDataset):
                         others[name] = value
                     else:
                         columns[name] = (offset, value.dtype.str, tuple(value.shape))
-                yield sizes, _SlabItem(worker, k, columns, to_tensors(others))
+                yield sizes, _SlabItem(worker, k, columns, to_tensors(others)), tag()
             elif slabs is not None and slabs.stop.is_set():
                 return  # the consumer left mid-epoch
             else:
-                yield sizes, to_tensors(batch)
+                yield sizes, to_tensors(batch), tag()
 
 
 class _Grouped(Sequence[np.ndarray]):
@@ -294,6 +305,7 @@ class TorchLoader:
             self.loader_kwargs["prefetch_factor"] = settings.prefetch_factor
         self.progress = settings.progress
         self._live: _Pass | None = None  # the latest pass (iterator) and what it delivered
+        self._stats: PassStats | None = None
         self._set_position(settings.epoch, 0)  # validates the order settings eagerly
 
     # -- order
@@ -361,9 +373,11 @@ class TorchLoader:
         plan = self._plan_for
         live = _Pass(plan, self.epoch)
         self._live = live
+        trace_path = self.settings.trace_path
+        stats = self._stats = PassStats(self.epoch, trace=trace_path is not None)
         group = 1 if self.num_workers == 0 else self.group
         slabs = self._slabs(group) if self.num_workers > 0 else None
-        source = _Batches(self.dataset, plan, self.read, group, slabs)
+        source = _Batches(self.dataset, plan, self.read, group, slabs, trace_path is not None)
         if self.num_workers == 0:
             items: Any = iter(source)
         else:
@@ -378,22 +392,50 @@ class TorchLoader:
             )
         pin = bool(self.loader_kwargs["pin_memory"]) and torch.cuda.is_available()
         bar = self._bar(len(plan)) if self.progress else None
+        shown = 0.0
+        resumed = time.perf_counter()  # the training loop waits for data from here on
         try:
-            for sizes, item in items:
+            for sizes, item, (worker, times, events) in items:
                 merged = item.take(slabs, pin) if isinstance(item, _SlabItem) and slabs else item
-                for batch in _split(sizes, merged) if len(sizes) > 1 else [merged]:
+                stats.workers[worker] = times
+                if events:
+                    stats.worker_events.extend(events)
+                for size, batch in zip(
+                    sizes, _split(sizes, merged) if len(sizes) > 1 else [merged]
+                ):
                     live.steps += 1
+                    now = time.perf_counter()
+                    stats.delivered(size, now - resumed, now)
                     if bar is not None:
                         bar.update(1)
+                        if now - shown > 0.5:
+                            bar.set_postfix_str(stats.postfix(), refresh=False)
+                            shown = now
                     yield batch
+                    resumed = time.perf_counter()
         finally:
+            stats.finished = time.perf_counter()
             if slabs is not None:
                 slabs.stop.set()  # wake workers waiting for a slab, then shut them down
             if bar is not None:
+                bar.set_postfix_str(stats.postfix(), refresh=False)
                 bar.close()
+            if trace_path is not None:
+                stats.write_trace(trace_path)
             del items
         if self._live is live:  # the pass ran to its end: the saved position moves on
             self._set_position(live.epoch, plan.total)
+
+    # -- telemetry
+
+    def stats(self) -> dict[str, Any]:
+        """The latest pass (current epoch): samples and batches delivered, samples/s, time
+        to first batch, data-starved % (share of wall time the training loop waited for a
+        batch), and per worker the seconds spent reading, decompressing, decoding and
+        transforming (cumulative within the pass)."""
+        if self._stats is None:
+            return PassStats(self.epoch).as_dict() | {"samples_per_s": 0.0, "wall_s": 0.0}
+        return self._stats.as_dict()
 
     # -- state
 

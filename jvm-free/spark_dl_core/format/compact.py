@@ -120,23 +120,32 @@ def build_compact(shards: Sequence[ShardInfo], index_bytes: bytes, fingerprint: 
         "raw_basename": pa.array([s.raw_data.basename for s in shards], pa.string()),
         "raw_bytes": pa.array([s.raw_data.bytes for s in shards], pa.int64()),
         "zip_basename": pa.array([z.basename if z else None for z in zips], pa.string()),
-        "zip_bytes": pa.array([z.bytes if z else None for z in zips], pa.int64()),
+        "zip_bytes": pa.array([z.bytes if z else -1 for z in zips], pa.int64()),  # -1: none
         "compression": pa.array([s.compression for s in shards], pa.string()),
         "size_limit": pa.array([s.size_limit for s in shards], pa.int64()),
         "hashes": pa.array([json.dumps(s.hashes) for s in shards], pa.string()),
         **_hash_columns("raw", [s.raw_data for s in shards]),
         **_hash_columns("zip", list(zips)),
     }
+    config = {
+        "names": first.column_names if first else [],
+        "encodings": first.column_encodings if first else [],
+        "sizes": first.column_sizes if first else [],
+    }
+    return compact_from_columns(columns, config, index_bytes, fingerprint)
+
+
+def compact_from_columns(
+    columns: dict[str, pa.Array], config: dict[str, Any], index_bytes: bytes, fingerprint: str
+) -> bytes:
+    """The compact index file from its columns (see :func:`build_compact` for their names)
+    and the column layout ``config`` (``names``, ``encodings``, ``sizes``)."""
     meta = {
         "version": COMPACT_VERSION,
         "index_digest": index_digest(index_bytes),
         "index_bytes": len(index_bytes),
         "fingerprint": fingerprint,
-        "columns": {
-            "names": first.column_names if first else [],
-            "encodings": first.column_encodings if first else [],
-            "sizes": first.column_sizes if first else [],
-        },
+        "columns": config,
     }
     schema = pa.schema(
         [pa.field(n, a.type) for n, a in columns.items()],
@@ -147,6 +156,23 @@ def build_compact(shards: Sequence[ShardInfo], index_bytes: bytes, fingerprint: 
     with pa.ipc.new_file(sink, schema) as writer:
         writer.write_table(table)
     return bytes(sink.getvalue().to_pybytes())
+
+
+def _int64s(table: pa.Table, name: str, source: str) -> np.ndarray:
+    """An int64 column without nulls as numpy, straight from the Arrow buffers (pyarrow's
+    ``to_numpy`` imports pandas on first use: a second of start-up on a training node)."""
+    try:
+        column = table.column(name)
+    except KeyError:
+        raise DatasetError(f"{source}: compact index lacks column {name!r}") from None
+    if column.type != pa.int64() or column.null_count:
+        raise DatasetError(f"{source}: compact index column {name!r} is not int64 without nulls")
+    parts = [
+        np.frombuffer(c.buffers()[1], dtype="<i8", count=len(c), offset=c.offset * 8)
+        for c in column.chunks
+        if len(c)
+    ]
+    return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
 
 
 class CompactIndex:
@@ -170,16 +196,12 @@ class CompactIndex:
         self.column_encodings = [str(e) for e in cols["encodings"]]
         self.column_sizes = list(cols["sizes"])
         self.table = table
-        samples = table.column("samples").to_numpy()
-        raw = table.column("raw_bytes").to_numpy()
-        zipped = table.column("zip_bytes")
-        stored = np.where(
-            zipped.is_null().to_numpy(zero_copy_only=False),
-            raw,
-            zipped.fill_null(0).to_numpy(),
-        )
-        if len(samples) and (samples.min() < 0 or raw.min() < 0 or stored.min() < 0):
-            bad = int(np.flatnonzero((samples < 0) | (raw < 0) | (stored < 0))[0])
+        samples = _int64s(table, "samples", source)
+        raw = _int64s(table, "raw_bytes", source)
+        zipped = _int64s(table, "zip_bytes", source)
+        stored = np.where(zipped < 0, raw, zipped)
+        if len(samples) and (samples.min() < 0 or raw.min() < 0):
+            bad = int(np.flatnonzero((samples < 0) | (raw < 0))[0])
             raise DatasetError(f"{source} shard {bad}: negative sample count or size")
         self.shards = ShardTable(samples, raw, stored, self._info)
 
@@ -196,9 +218,10 @@ class CompactIndex:
             for name in self.table.column_names
             if name.startswith(f"{prefix}_hash_") and (value := self._value(name, i)) is not None
         }
-        return FileInfo(
-            check_basename(basename, where), int(self._value(f"{prefix}_bytes", i)), hashes
-        )
+        size = int(self._value(f"{prefix}_bytes", i))
+        if size < 0:
+            raise DatasetError(f"{where}: negative size {size} for {basename!r}")
+        return FileInfo(check_basename(basename, where), size, hashes)
 
     def _info(self, i: int) -> ShardInfo:
         raw = self._file("raw", i)
