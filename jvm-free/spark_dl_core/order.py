@@ -46,6 +46,9 @@ if TYPE_CHECKING:
     from .dataset import Dataset
 
 DEFAULT_WINDOW = 4
+# Up to this many ranks, a rank reads enough of each window that computing the window's
+# whole permutation once (O(window samples)) is cheaper than per-position evaluation.
+DENSE_WORLD = 8
 # Bumped whenever the same (fingerprint, seed, epoch, settings) would give another order;
 # a saved state records it, and a state of another version is refused (its ``consumed``
 # counts samples of an order this code no longer produces).
@@ -107,6 +110,32 @@ def window_permute(positions: np.ndarray, sizes: np.ndarray, keys: np.ndarray) -
     return x.astype(np.int64)
 
 
+def _permute_range(n: int, key: np.uint64) -> np.ndarray:
+    """``window_permute(arange(n), n, key)`` for a whole range with one key: the same
+    bijection with scalar widths and key (several times fewer array operations)."""
+    bits = max(1, (n - 1).bit_length())
+    half = np.uint64(max(1, (bits + 1) // 2))
+    mask = (np.uint64(1) << half) - np.uint64(1)
+    size = np.uint64(n)
+    x = np.arange(n, dtype=np.uint64)
+    todo: np.ndarray | None = None  # None: every element
+    while True:
+        v = x if todo is None else x[todo]
+        left, right = v >> half, v & mask
+        for round_key in _ROUND_KEYS:
+            f = _mix(right ^ (key ^ round_key)) & mask
+            left, right = right, left ^ f
+        v = (left << half) | right
+        if todo is None:
+            x = v
+            todo = np.flatnonzero(v >= size)
+        else:
+            x[todo] = v
+            todo = todo[v >= size]
+        if not todo.size:
+            return x.astype(np.int64)
+
+
 class GlobalOrder:
     """The lazy global order of one epoch: position ``p`` → global sample id.
 
@@ -145,23 +174,54 @@ class GlobalOrder:
     def __len__(self) -> int:
         return self.total
 
-    def ids(self, positions: np.ndarray) -> np.ndarray:
-        """Global sample ids at ``positions`` (each in ``0..len-1``) of this epoch's order."""
+    def _keys(self, w: np.ndarray) -> np.ndarray:
+        return _mix(np.uint64(self.base_key) ^ (w.astype(np.uint64) * _GOLDEN + _GOLDEN))
+
+    def _window_perm(self, w: int) -> np.ndarray:
+        """The whole permutation of window ``w`` (kept for the last two windows asked)."""
+        cache = self.__dict__.setdefault("_dense", {})
+        perm = cache.get(w)
+        if perm is None:
+            start, stop = int(self.window_bounds[w]), int(self.window_bounds[w + 1])
+            n = stop - start
+            perm = _permute_range(n, self._keys(np.array([w]))[0])
+            while len(cache) >= 2:
+                cache.pop(next(iter(cache)))
+            cache[w] = perm
+        return perm
+
+    def ids(self, positions: np.ndarray, dense: bool = False) -> np.ndarray:
+        """Global sample ids at ``positions`` (each in ``0..len-1``) of this epoch's order.
+
+        ``dense``: the caller reads most of each window (one rank, or a few), so computing
+        and keeping a window's whole permutation (O(window samples)) beats evaluating the
+        bijection per position; sparse readers (many ranks) evaluate only their positions.
+        """
         pos = np.asarray(positions, dtype=np.int64)
         if not self.shuffle or pos.size == 0:
             return pos.copy()
         bounds = self.window_bounds
         w = np.searchsorted(bounds, pos, side="right") - 1
         start = bounds[w]
-        size = bounds[w + 1] - start
-        keys = _mix(np.uint64(self.base_key) ^ (w.astype(np.uint64) * _GOLDEN + _GOLDEN))
-        member = start + window_permute(pos - start, size, keys)
+        if dense:
+            member = np.empty_like(pos)
+            for window in np.unique(w).tolist():
+                here = w == window
+                member[here] = start[here] + self._window_perm(window)[pos[here] - start[here]]
+        else:
+            size = bounds[w + 1] - start
+            member = start + window_permute(pos - start, size, self._keys(w))
         k = np.searchsorted(self.permuted_offsets, member, side="right") - 1
         shard = self.perm[k]
         return np.asarray(self.offsets[shard] + (member - self.permuted_offsets[k]), np.int64)
 
-    def take(self, start: int, stop: int) -> np.ndarray:
-        return self.ids(np.arange(start, stop, dtype=np.int64))
+    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
+        return self.ids(np.arange(start, stop, dtype=np.int64), dense)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_dense", None)  # a cache: each process computes its own windows
+        return state
 
     @property
     def nbytes(self) -> int:
@@ -179,14 +239,14 @@ class _Materialized:
         self.order = np.asarray(order, dtype=np.int64)
         self.total = len(self.order)
 
-    def take(self, start: int, stop: int) -> np.ndarray:
+    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
         return self.order[start:stop]
 
 
 class _Order(Protocol):
     total: int
 
-    def take(self, start: int, stop: int) -> np.ndarray: ...
+    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray: ...
 
 
 _ORDERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], GlobalOrder]] = (
@@ -384,7 +444,8 @@ class EpochPlan(Sequence[np.ndarray]):
             k += n
         if not 0 <= k < n:
             raise IndexError(f"batch {k} is not in 0..{n - 1}")
-        return self.order.take(*self._bounds(k))
+        start, stop = self._bounds(k)
+        return self.order.take(start, stop, self.world_size <= DENSE_WORLD)
 
     def __iter__(self) -> Iterator[np.ndarray]:
         for k in range(len(self)):

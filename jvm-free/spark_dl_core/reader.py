@@ -54,14 +54,15 @@ class BatchReader:
         # ``batches`` may be lazy (an EpochPlan): only ``ahead`` batches at a time are planned
         # (index, shard of each sample, shards needed), so what is held stays bounded
         # whatever the epoch's length.
-        first = len(batches[0]) if len(batches) else 1
-        self.ahead = max(2, min(MAX_AHEAD_BATCHES, LOOKAHEAD_SAMPLES // max(1, first)))
+        typical = len(batches[min(len(batches) - 1, 8)]) if len(batches) else 1
+        self.ahead = max(2, min(MAX_AHEAD_BATCHES, LOOKAHEAD_SAMPLES // max(1, typical)))
         self.planned: dict[int, tuple[np.ndarray, np.ndarray, list[int]]] = {}
         self.next_plan = 0
         self.refs: dict[int, int] = {}  # shard -> planned, unconsumed batches needing it
         self.queue: deque[tuple[int, int]] = deque()  # (shard, first planned use) to load
         self.pending: set[int] = set()  # queued, loading or loaded
         self.planning_done = False
+        self.prefetch_waits = False  # the prefetch thread sleeps on ``cond``
         self.loaded: dict[int, ShardData] = {}
         self.held = 0
         self.current = 0
@@ -92,14 +93,17 @@ class BatchReader:
             needs = np.unique(shard_of).tolist()
             with self.cond:
                 self.planned[j] = (index, shard_of, needs)
+                queued = False
                 for s in needs:
                     self.refs[s] = self.refs.get(s, 0) + 1
                     if s not in self.pending:
                         self.pending.add(s)
                         self.queue.append((s, j))
+                        queued = True
                 self.next_plan = j + 1
                 self.planning_done = self.next_plan >= len(self.batches)
-                self.cond.notify_all()
+                if queued or self.planning_done:
+                    self._wake()
 
     def _fixed_layout(self) -> list[tuple[str, int, int]] | None:
         layout = self.dataset.layout
@@ -118,12 +122,25 @@ class BatchReader:
     def _size(self, shard: int) -> int:
         return int(self.dataset.shards.raw_bytes[shard])
 
+    def _wake(self) -> None:
+        """Wake the prefetch thread (caller holds ``cond``) only when it waits: a needless
+        wake-up costs a GIL hand-over per batch."""
+        if self.prefetch_waits:
+            self.cond.notify_all()
+
+    def _wait_prefetch(self) -> None:
+        self.prefetch_waits = True
+        try:
+            self.cond.wait()
+        finally:
+            self.prefetch_waits = False
+
     def _prefetch(self) -> None:
         try:
             while True:
                 with self.cond:
                     while not self.stop and not self.queue and not self.planning_done:
-                        self.cond.wait()
+                        self._wait_prefetch()
                     if self.stop or not self.queue:
                         return
                     shard, first_use = self.queue[0]
@@ -133,7 +150,7 @@ class BatchReader:
                         or self.held + size <= self.budget
                         or first_use <= self.current
                     ):
-                        self.cond.wait()
+                        self._wait_prefetch()
                     if self.stop:
                         return
                     self.queue.popleft()
@@ -155,15 +172,15 @@ class BatchReader:
     def __iter__(self) -> Iterator[Batch]:
         if not len(self.batches):
             return
-        self._plan_until(self.ahead)
+        self._plan_until(2)  # the lookahead grows from here: a quick first batch
         thread = threading.Thread(target=self._prefetch, name="spark-dl-prefetch", daemon=True)
         thread.start()
         try:
             for j in range(len(self.batches)):
-                self._plan_until(j + self.ahead)
+                self._plan_until(j + min(self.ahead, 2 + 2 * j))
                 with self.cond:
                     self.current = j
-                    self.cond.notify_all()
+                    self._wake()
                     index, _, needs = self.planned[j]
                     while self.error is None and not all(s in self.loaded for s in needs):
                         self.cond.wait()
@@ -189,7 +206,7 @@ class BatchReader:
                             del self.loaded[s]
                             self.pending.discard(s)
                             self.held -= self._size(s)
-                    self.cond.notify_all()
+                            self._wake()
         finally:
             with self.cond:
                 self.stop = True
