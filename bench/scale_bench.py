@@ -7,7 +7,8 @@ plan an epoch), then, each size in a fresh process (torch imported before the cl
 - ``open``: ``open_dataset(path)``;
 - ``ready``: building rank 0 of 64's ``to_torch`` loader (shuffled) and computing the global
   sample ids of its first batch;
-- ``resume``: a fresh loader given a state at 90% of the epoch, up to its first batch's ids;
+- ``resume``: a fresh loader given a state at 90% of the epoch, up to its first batch's ids
+  (the order is recomputed, as in a new process);
 - ``plan MB``: peak RSS above the process's RSS after imports (the plan's own memory);
 - ``peak MB``: the process's peak RSS (``VmHWM``), imports included.
 
@@ -92,6 +93,9 @@ def measure(path: str) -> dict[str, float]:
     t2 = time.perf_counter()
     state = loader.state_dict()
     state["consumed"] = int(0.9 * len(ds)) // (BATCH * WORLD) * (BATCH * WORLD)
+    from spark_dl_core import order
+
+    order._ORDERS.clear()  # as in a fresh process: nothing of the first loader's order kept
     t3 = time.perf_counter()
     resumed = ds.to_torch(**kw)
     resumed.load_state_dict(state)
