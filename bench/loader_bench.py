@@ -9,6 +9,9 @@ Compares, in one run, with alternating rounds and medians:
 - ``mem_shuf``: a preloaded tensor gathered by a random permutation, batch by batch
 - ``mosaic``: Mosaic ``StreamingDataset`` + DataLoader(2 workers), if ``.venv-mosaic`` exists
 
+``--baseline OTHER/jvm-free`` adds ``base_w0`` / ``base_w2``: the same two loaders run from
+another source tree (e.g. ``git archive main``), for before/after ratios under one load.
+
 Each measurement runs in a fresh subprocess, so peak RSS (self + worker children) is its
 own. Usage: ``python bench/loader_bench.py [--rows N] [--rounds R]``.
 
@@ -166,6 +169,10 @@ def measure(name: str, directory: Path) -> dict[str, float]:
         python = ROOT / ".venv-mosaic" / "bin" / "python"
         interop = str(ROOT / "tests" / "interop")
         cmd = [str(python), "-c", MOSAIC, str(directory / "mds"), interop, str(MOSAIC_SAMPLES)]
+    elif name.startswith("base_"):  # the same loader from another source tree (before/after)
+        env["PYTHONPATH"] = os.environ["SPARK_DL_BENCH_BASELINE"]
+        one = "ours_" + name[len("base_") :]
+        cmd = [sys.executable, __file__, "--one", one, "--dir", str(directory)]
     else:
         cmd = [sys.executable, __file__, "--one", name, "--dir", str(directory)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
@@ -211,7 +218,13 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated loaders to leave out")
     parser.add_argument("--memory", action="store_true", help="peak RSS at 1/4 and full size")
     parser.add_argument("--prefetch-mib", type=int, default=None, help="loader prefetch budget")
+    parser.add_argument(
+        "--baseline",
+        help="a source tree's jvm-free/ dir: also run ours_w0/ours_w2 from it (base_w0/base_w2)",
+    )
     args = parser.parse_args()
+    if args.baseline:
+        os.environ["SPARK_DL_BENCH_BASELINE"] = str(Path(args.baseline).resolve())
     if args.prefetch_mib is not None:
         os.environ["SPARK_DL_BENCH_PREFETCH_MIB"] = str(args.prefetch_mib)
     if args.one:
@@ -231,6 +244,8 @@ def main() -> None:
     else:
         print("mosaic: skipped (.venv-mosaic not found)")
     print("petastorm: skipped (no side environment)")
+    if args.baseline:
+        names += ["base_w2", "base_w0"]
     names = [n for n in names if n not in args.skip.split(",")]
     results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     for r in range(args.rounds):
@@ -261,6 +276,8 @@ def main() -> None:
         ("ours_w0", "mem_shuf"),
         ("ours_w2", "mem_shuf"),
         ("mem_shuf", "mem_seq"),
+        ("ours_w0", "base_w0"),
+        ("ours_w2", "base_w2"),
     ]:
         if a in rate and b in rate:
             print(f"  {a} / {b}: {rate[a] / rate[b]:.2f}x")

@@ -265,6 +265,16 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_index(args: argparse.Namespace) -> int:
+    """Write spark_dl.index.arrow beside index.json (datasets written by Mosaic included)."""
+    from spark_dl_core import open_dataset, write_compact_index
+
+    written = write_compact_index(args.path)
+    ds = open_dataset(args.path)
+    print(f"{written}: {ds.num_shards} shard(s), {len(ds)} samples")
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------- sql
 
 
@@ -427,6 +437,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="report, delete nothing")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_quiet_on_broken_pipe(cmd_vacuum))
+
+    p = sub.add_parser("index", help="build the compact binary index (fast open at many shards)")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("sql", help="run the statements of a .sql file on a local Spark session")
     p.add_argument("file")

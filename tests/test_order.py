@@ -7,7 +7,15 @@ import pyarrow as pa
 import pytest
 
 from spark_dl_core import DatasetSpec, SpecError, open_dataset, write_mds
-from spark_dl_core.order import EpochPlan, global_order, shuffle_quality
+from spark_dl_core.order import (
+    ORDER_VERSION,
+    EpochPlan,
+    GlobalOrder,
+    LoaderState,
+    global_order,
+    shuffle_quality,
+    window_permute,
+)
 from spark_dl_core.reader import BatchReader
 
 SIZES = np.array([100] * 50 + [37], dtype=np.int64)
@@ -123,20 +131,24 @@ def test_prefetch_respects_budget(fixed_ds: str) -> None:
         peak = max(peak, len(reader.loaded))
     assert peak <= 4  # window (2) + budgeted prefetch; never the whole dataset
     assert ds.num_shards > 3 * peak
-    assert reader.held >= 0
+    assert reader.held == 0 and not reader.loaded  # every shard released after its last use
 
 
-def test_iter_batches_consumed_and_start(fixed_ds: str) -> None:
+def test_iter_batches_resume_from_state(fixed_ds: str) -> None:
     ds = open_dataset(fixed_ds)
     full = np.concatenate([b["label"] for b in ds.iter_batches(100, shuffle=True, seed=2)])
+    loader_state = LoaderState(ds.fingerprint, 2, 0, True, 4, 100, False, 700).to_dict()
     tail = np.concatenate(
-        [b["label"] for b in ds.iter_batches(100, shuffle=True, seed=2, consumed=700)]
+        [b["label"] for b in ds.iter_batches(100, shuffle=True, seed=2, state=loader_state)]
     )
     assert np.array_equal(tail, full[700:])
-    skip = np.concatenate(
-        [b["label"] for b in ds.iter_batches(100, shuffle=True, seed=2, start_batch=3)]
-    )
+    with pytest.warns(DeprecationWarning):  # the old spellings still work, with a warning
+        skip = np.concatenate(
+            [b["label"] for b in ds.iter_batches(100, shuffle=True, seed=2, start_batch=3)]
+        )
     assert np.array_equal(skip, full[300:])
+    with pytest.raises(SpecError, match="did you mean 'drop_last'"):
+        list(ds.iter_batches(100, drop_lst=True))
 
 
 def test_shuffle_quality_improves_with_window() -> None:
@@ -156,3 +168,139 @@ def test_shuffle_quality_improves_with_window() -> None:
     uniform = shuffle_quality(np.random.default_rng(0).permutation(int(sizes.sum())), sizes)
     assert uniform["mean_step"] == pytest.approx(1.0, abs=0.02)
     assert uniform["same_shard_adjacent"] < 0.01
+
+
+# --------------------------------------------------------------------------- lazy order
+
+
+def _reference_order(sizes: np.ndarray, fp: str, seed: int, epoch: int, window: int) -> np.ndarray:
+    """The slow way: materialize every window's members and permute them whole."""
+    lazy = GlobalOrder(sizes, fp, seed, epoch, True, window)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    pieces = []
+    for w, start in enumerate(range(0, len(sizes), window)):
+        group = lazy.perm[start : start + window]
+        members = np.concatenate(
+            [np.arange(offsets[s], offsets[s + 1], dtype=np.int64) for s in group]
+        )
+        key = lazy_key(lazy, w)
+        perm = window_permute(
+            np.arange(len(members)), np.full(len(members), len(members)), np.full(len(members), key)
+        )
+        assert sorted(perm.tolist()) == list(range(len(members)))  # a bijection of the window
+        pieces.append(members[perm])
+    return np.concatenate(pieces)
+
+
+def lazy_key(order: GlobalOrder, w: int) -> np.uint64:
+    from spark_dl_core.order import _GOLDEN, _mix
+
+    return _mix(np.uint64(order.base_key) ^ (np.array([w], np.uint64) * _GOLDEN + _GOLDEN))[0]
+
+
+def _reference_batches(
+    order: np.ndarray, batch: int, rank: int, world: int, drop_last: bool, consumed: int
+) -> list[np.ndarray]:
+    rest = order[consumed:]
+    n = len(rest) // batch if drop_last else -(-len(rest) // batch)
+    if drop_last:
+        n -= n % world
+    return [rest[g * batch : (g + 1) * batch] for g in range(rank, n, world)]
+
+
+def test_lazy_order_equals_materialized_reference() -> None:
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(0, 400, size=500).astype(np.int64)  # uneven, some empty shards
+    sizes[:3] = 0
+    total = int(sizes.sum())
+    assert total > 90_000
+    ref = _reference_order(sizes, "fp", 3, 1, 4)
+    assert np.array_equal(global_order(sizes, "fp", 3, 1, True, 4), ref)
+    assert sorted(ref.tolist()) == list(range(total))
+    for world, batch, drop_last, consumed in [
+        (1, 256, False, 0),
+        (3, 100, False, 7_000),
+        (4, 64, True, 0),
+        (7, 1000, True, 12_345),
+        (64, 33, False, 50_000),
+    ]:
+        for rank in sorted({0, world // 2, world - 1}):
+            lazy = EpochPlan(
+                GlobalOrder(sizes, "fp", 3, 1, True, 4), batch, rank, world, drop_last, consumed
+            )
+            want = _reference_batches(ref, batch, rank, world, drop_last, consumed)
+            assert len(lazy) == len(want)
+            for k in [0, 1, len(want) // 2, len(want) - 1]:
+                if 0 <= k < len(want):
+                    assert np.array_equal(lazy[k], want[k])
+                    assert lazy.batch_len(k) == len(want[k])
+            if world == 3:  # every batch, and lazy slices
+                assert all(np.array_equal(a, b) for a, b in zip(lazy, want))
+                assert np.array_equal(lazy[2:][1], want[3])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loaders_read_the_lazy_order(fixed_ds: str, workers: int) -> None:
+    torch = pytest.importorskip("torch")
+    ds = open_dataset(fixed_ds)
+    sizes = np.diff(ds.shard_offsets)
+    ref = _reference_order(sizes, ds.fingerprint, 5, 2, 4)
+    labels = np.arange(len(ds))  # label == global sample id in this dataset
+    for world in (1, 3):
+        for rank in range(world):
+            loader = ds.to_torch(
+                batch_size=64,
+                shuffle=True,
+                seed=5,
+                epoch=2,
+                rank=rank,
+                world_size=world,
+                num_workers=workers,
+                columns=["label"],
+            )
+            got = [b["label"] for b in loader]
+            want = _reference_batches(ref, 64, rank, world, False, 0)
+            assert len(got) == len(want)
+            assert all(torch.equal(g, torch.from_numpy(labels[w])) for g, w in zip(got, want))
+    order = ds.sample_order(batch_size=64, shuffle=True, seed=5, epoch=2, rank=1, world_size=3)
+    assert np.array_equal(order[4], _reference_batches(ref, 64, 1, 3, False, 0)[4])
+
+
+def test_plan_memory_does_not_grow_with_samples() -> None:
+    import tracemalloc
+
+    def plan_bytes(per_shard: int) -> tuple[int, int]:
+        sizes = np.full(2_000, per_shard, dtype=np.int64)
+        tracemalloc.start()
+        order = GlobalOrder(sizes, "fp", 0, 0, True, 4)
+        plan = EpochPlan(order, 256, 3, 64, False, consumed=int(0.9 * order.total))
+        first = plan[0]
+        last = plan[len(plan) - 1]
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert len(first) == 256 and 0 < len(last) <= 256
+        return peak, order.nbytes
+
+    small, held_small = plan_bytes(100)  # 2e5 samples
+    large, held_large = plan_bytes(1_000_000)  # 2e9 samples
+    assert held_small == held_large  # O(shards): the same arrays whatever the sample count
+    assert large < small * 1.5 + (64 << 10)
+    assert large < 2 << 20
+
+
+def test_state_of_another_order_version_is_refused(fixed_ds: str) -> None:
+    ds = open_dataset(fixed_ds)
+    state = LoaderState(ds.fingerprint, 2, 0, True, 4, 100, False, 700).to_dict()
+    assert state["version"] == ORDER_VERSION == 2
+    old = {**state, "version": 1}
+    with pytest.raises(SpecError, match="order version 1"):
+        list(ds.iter_batches(100, shuffle=True, seed=2, state=old))
+    legacy = {k: v for k, v in state.items() if k != "version"}  # saved before versions
+    with pytest.raises(SpecError, match="order version 1"):
+        LoaderState.from_dict(legacy)
+
+
+def test_window_permute_is_a_bijection_for_every_size() -> None:
+    for n in [1, 2, 3, 5, 64, 65, 1000, 4097]:
+        got = window_permute(np.arange(n), np.full(n, n), np.full(n, 12345, dtype=np.uint64))
+        assert sorted(got.tolist()) == list(range(n))

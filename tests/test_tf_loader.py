@@ -74,17 +74,48 @@ def test_resume_from_state_at_other_world_size(ds_path: str) -> None:
     ds = open_dataset(ds_path)
     kw = dict(batch_size=20, shuffle=True, seed=8, columns=["id"])
     seen = []
+    states = []
     for rank in range(2):  # 3 steps on each of 2 ranks
-        it = iter(ds.to_tf(rank=rank, world_size=2, **kw))
+        tfds = ds.to_tf(rank=rank, world_size=2, **kw)
+        it = iter(tfds)
         seen += [i for _ in range(3) for i in next(it)["id"].numpy().tolist()]
-    state = tf_state(ds, seed=8, epoch=0, consumed=3 * 2 * 20, shuffle=True, batch_size=20)
-    seen += [i for b in ds.to_tf(resume=state, **kw) for i in b["id"].numpy().tolist()]
+        states.append(tfds.state_dict(3))
+    state = states[0]
+    assert states[0] == states[1] and state["consumed"] == 3 * 2 * 20
+    torch_state = {**state}  # the same state a torch loader saves and loads
+    seen += [i for b in ds.to_tf(state=torch_state, **kw) for i in b["id"].numpy().tolist()]
     assert sorted(seen) == list(range(N))
-    rest = [i for b in ds.to_tf(start_batch=5, **kw) for i in b["id"].numpy().tolist()]
+    with pytest.warns(DeprecationWarning):  # old spellings: thin aliases of state=
+        rest = [i for b in ds.to_tf(start_batch=5, **kw) for i in b["id"].numpy().tolist()]
+        old = tf_state(ds, seed=8, epoch=0, consumed=3 * 2 * 20, shuffle=True, batch_size=20)
+        again = [i for b in ds.to_tf(resume=old, **kw) for i in b["id"].numpy().tolist()]
     full = [i for b in ds.to_tf(**kw) for i in b["id"].numpy().tolist()]
-    assert rest == full[100:]
+    assert rest == full[100:] and again == full[120:]
     with pytest.raises(SpecError, match="seed"):
-        ds.to_tf(batch_size=20, shuffle=True, seed=9, resume=state)
+        ds.to_tf(batch_size=20, shuffle=True, seed=9, state=state)
+    with pytest.raises(SpecError, match="num_workers"):
+        ds.to_tf(batch_size=20, num_workers=2)  # a torch-only setting is refused, not dropped
+
+
+def test_each_pass_is_the_next_epoch(ds_path: str) -> None:
+    """Each pass over the tf.data.Dataset (each Keras epoch) is the next epoch's order."""
+    ds = open_dataset(ds_path)
+    kw = dict(batch_size=50, shuffle=True, seed=3, columns=["id"])
+
+    def ids(tfds: object) -> list[int]:
+        return [i for b in tfds for i in b["id"].numpy().tolist()]  # type: ignore[attr-defined]
+
+    tfds = ds.to_tf(**kw)
+    passes = [ids(tfds) for _ in range(3)]
+    assert passes[0] != passes[1] != passes[2]
+    for epoch, got in enumerate(passes):  # reproducible: the epoch-th epoch of the order
+        want = [i for b in ds.iter_batches(epoch=epoch, **kw) for i in b["id"].tolist()]
+        assert got == want
+    assert passes == [ids(t) for t in [ds.to_tf(**kw)] for _ in range(3)]
+    # A resumed first pass is the rest of its epoch; the second pass is the next epoch.
+    state = ds.to_tf(**kw).state_dict(2)
+    resumed = ds.to_tf(state=state, **kw)
+    assert ids(resumed) == passes[0][100:] and ids(resumed) == passes[1]
 
 
 def test_model_fit_one_epoch(ds_path: str) -> None:
@@ -94,5 +125,15 @@ def test_model_fit_one_epoch(ds_path: str) -> None:
         [tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(1, activation="sigmoid")]
     )
     model.compile(optimizer=tf.keras.optimizers.Adam(0.05), loss="binary_crossentropy")
-    history = model.fit(tfds, epochs=1, verbose=0)
-    assert len(history.history["loss"]) == 1 and np.isfinite(history.history["loss"][0])
+    history = model.fit(tfds, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2 and np.isfinite(history.history["loss"][0])
+
+
+def test_stats(ds_path: str) -> None:
+    ds = open_dataset(ds_path)
+    tfds = ds.to_tf(batch_size=50, columns=["id", "x"])
+    assert sum(int(b["id"].shape[0]) for b in tfds) == N
+    stats = tfds.stats()
+    assert stats["samples"] == N and stats["batches"] == -(-N // 50)
+    assert stats["data_starved_pct"] is None and stats["samples_per_s"] > 0
+    assert stats["workers"]["tf.data"]["read"] > 0

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -93,10 +94,39 @@ def test_epochs_and_seeds_differ(ds_path: str) -> None:
     ds = open_dataset(ds_path)
     loader = ds.to_torch(batch_size=100, shuffle=True, seed=5, columns=["id"])
     first = _ids(loader)
-    assert _ids(loader) == first  # same epoch again: same order
+    assert _ids(ds.to_torch(batch_size=100, shuffle=True, seed=5, columns=["id"])) == first
     loader.set_epoch(1)
-    assert _ids(loader) != first
+    second = _ids(loader)
+    assert second != first and sorted(second) == sorted(first)
     assert _ids(ds.to_torch(batch_size=100, shuffle=True, seed=6, columns=["id"])) != first
+
+
+def test_iteration_semantics_are_dataloader_like(ds_path: str) -> None:
+    """Each iter() is a pass from the saved position; a full pass moves on to the next epoch;
+    a peek does not make the next loop skip a batch (issue: len 0 yet a full repeat)."""
+    ds = open_dataset(ds_path)
+    kw = dict(batch_size=100, shuffle=True, seed=5, columns=["id"])
+    epoch1 = _ids(ds.to_torch(epoch=1, **kw))
+    loader = ds.to_torch(**kw)
+    assert len(loader) == N // 100
+    peek = next(iter(loader))["id"].tolist()
+    assert loader.state_dict()["consumed"] == 100  # the live position of the peeking pass
+    first = _ids(loader)
+    assert first[:100] == peek and len(first) == N  # the loop did not skip the peeked batch
+    assert len(loader) == N // 100 and loader.epoch == 1  # a full pass: next epoch's start
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["consumed"] == 0
+    loader.set_epoch(1)  # the usual loop calls it: the epoch is already current, no-op
+    assert _ids(loader) == epoch1
+    # Leaving a pass early keeps the saved position; moving it there is deliberate.
+    loader = ds.to_torch(**kw)
+    it = iter(loader)
+    head = [i for _ in range(3) for i in next(it)["id"].tolist()]
+    assert _ids(loader)[:300] == head
+    it = iter(loader)  # the full pass above moved the loader to epoch 1
+    head = [i for _ in range(3) for i in next(it)["id"].tolist()]
+    loader.load_state_dict(loader.state_dict())
+    assert len(loader) == N // 100 - 3
+    assert head + _ids(loader) == epoch1
 
 
 _SCRIPT = """
@@ -154,7 +184,7 @@ def test_resume_continues_same_order_single_process(ds_path: str) -> None:
     _ids(loader_finished)
     done = ds.to_torch(**kw)
     done.load_state_dict(loader_finished.state_dict())
-    assert _ids(done) == []  # epoch already finished; set_epoch(1) starts the next
+    assert done.epoch == 1 and _ids(done) == _ids(ds.to_torch(epoch=1, **kw))  # next epoch
 
 
 def test_state_validation(ds_path: str, tmp_path: Path) -> None:
@@ -286,3 +316,38 @@ def test_progress_bar_counts_batches(fixed_path: str, capsys: pytest.CaptureFixt
     assert len(_ids(loader)) == N
     err = capsys.readouterr().err
     assert "epoch 0" in err and f"{N // 100}/{N // 100}" in err
+
+
+def test_stats_and_trace(fixed_path: str, tmp_path: Path) -> None:
+    ds = open_dataset(fixed_path)
+    trace = tmp_path / "trace.json"
+    loader = ds.to_torch(batch_size=100, num_workers=2, trace_path=str(trace), group=2)
+    assert loader.stats()["samples"] == 0
+    got = 0
+    for batch in loader:
+        got += len(batch["id"])
+        time.sleep(0.002)  # the training step: the loop is not waiting for data meanwhile
+    stats = loader.stats()
+    assert stats["epoch"] == 0 and stats["samples"] == got == N
+    assert stats["batches"] == N // 100 and stats["samples_per_s"] > 0
+    assert 0 < stats["time_to_first_batch_s"] < stats["wall_s"]
+    assert 0 <= stats["data_starved_pct"] < 100
+    assert set(stats["workers"]) == {"worker 0", "worker 1"}
+    for times in stats["workers"].values():
+        assert set(times) == {"read", "decompress", "decode", "transform"}
+        assert times["read"] > 0 and times["decode"] > 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["name"] for e in events} >= {"load shard", "decode"}
+    assert all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
+    inproc = ds.to_torch(batch_size=100)
+    list(inproc)
+    assert set(inproc.stats()["workers"]) == {"main"}
+
+
+def test_progress_bar_shows_rate_and_starved(
+    fixed_path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loader = open_dataset(fixed_path).to_torch(batch_size=100, progress=True, columns=["id"])
+    list(loader)
+    err = capsys.readouterr().err
+    assert "samples/s" in err and "starved" in err

@@ -60,7 +60,14 @@ def test_removes_only_unreferenced_leftovers(dataset: tuple[Path, list[str]]) ->
     assert report.bytes_removed == sizes
     assert report.committed and not report.dry_run
     left = set(os.listdir(path))
-    assert left == {*committed, "index.json", "spark_dl.json", "README.txt", "sub"}
+    assert left == {
+        *committed,
+        "index.json",
+        "spark_dl.json",
+        "spark_dl.index.arrow",
+        "README.txt",
+        "sub",
+    }
     assert (path / "sub" / "shard.00000.mds").exists()  # subdirectories are not ours
     assert open_dataset(str(path)).fingerprint == before
     assert vacuum(str(path)).removed == []  # idempotent

@@ -13,6 +13,8 @@ from .errors import (
     SpecError,
     UnsafeEncodingError,
 )
+from .indexing import write_compact_index
+from .loader_settings import LoaderSettings
 from .spec import DatasetSpec, parse_size
 from .writer import ShardWriter, WriteResult, write_mds
 
@@ -30,6 +32,7 @@ __all__ = [
     "DatasetSpec",
     "EncodingError",
     "HashMismatchError",
+    "LoaderSettings",
     "ShardError",
     "ShardWriter",
     "SparkDLError",
@@ -40,5 +43,6 @@ __all__ = [
     "open_dataset",
     "open_delta",
     "parse_size",
+    "write_compact_index",
     "write_mds",
 ]

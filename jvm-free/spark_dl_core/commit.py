@@ -22,7 +22,8 @@ from typing import Any, Literal, cast
 import pyarrow as pa
 
 from .errors import DatasetExistsError, NotOurDatasetError, SchemaDriftError, SpecError
-from .format.index import INDEX_FILE, META_FILE, PREVIOUS_META_FILE, index_text
+from .format.index import META_FILE, PREVIOUS_META_FILE, index_text
+from .indexing import commit_index
 from .meta import (
     ColumnPlan,
     Committed,
@@ -278,7 +279,7 @@ def commit_dataset(
         previous = json.dumps(current.meta, indent=1, sort_keys=True).encode()
         store.write_bytes(PREVIOUS_META_FILE, previous)
     store.write_bytes(META_FILE, json.dumps(meta, indent=1, sort_keys=True).encode())
-    store.write_bytes(INDEX_FILE, index_text(records.shards).encode())
+    commit_index(store, index_text(records.shards).encode())  # index.json, then its compact index
     store.delete(PREVIOUS_META_FILE)  # committed: the fallback is no longer needed
     keep = {s.stored.basename for s in records.shards}
     for name in replaced:

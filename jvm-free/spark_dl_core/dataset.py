@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from .cache import shard_store
 from .errors import DatasetError, DecompressionError, HashMismatchError, ShardError
+from .format.compact import CompactIndex, ShardTable
 from .format.compression import parse_compression
 from .format.encodings import DecodeOptions, Encoding, ImageMode, get_encoding
 from .format.hashing import content_hash, digest, fastest
 from .format.index import INDEX_FILE, ShardInfo
 from .format.shard import Layout, ShardData
+from .indexing import index_fingerprint
 from .meta import ColumnPlan, plans_from_meta, read_meta, stored_layout
+
+if TYPE_CHECKING:
+    from .loader_settings import LoaderSettings
+    from .order import EpochPlan
 
 Batch = dict[str, np.ndarray]
 
@@ -45,27 +50,37 @@ class Dataset:
         self.shown = self.store.display()  # the path with any credentials redacted
         self.cache_dir = cache_dir
         self.allow_unsafe = allow_unsafe
+        self._compact: CompactIndex | None = None
         self.shards, self.meta, self._index_text = self._load()
         self.layout = self._layout()
-        counts = np.array([s.samples for s in self.shards], dtype=np.int64)
-        self.shard_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.shard_offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
+        np.cumsum(self.shards.samples, out=self.shard_offsets[1:])
         self._verified: set[int] = set()  # shards checked once in this process
         self._warned_unverifiable = False
 
     # -- opening
 
-    def _load(self) -> tuple[list[ShardInfo], dict[str, Any] | None, bytes]:
-        committed = read_meta(self.store)
+    def _load(self) -> tuple[ShardTable, dict[str, Any] | None, bytes | None]:
+        # The compact index when present: per-shard JSON is never parsed on open.
+        committed = read_meta(self.store, compact=True, cache_dir=self.cache_dir)
         if committed is None:
             raise DatasetError(f"{self.store.display(INDEX_FILE)} does not exist")
-        return committed.shards, committed.meta, committed.index_text
+        self._compact = committed.compact
+        found: Any = committed.shards
+        shards = found if isinstance(found, ShardTable) else ShardTable.from_infos(list(found))
+        return shards, committed.meta, committed.index_text
 
     def _layout(self) -> Layout:
-        if not self.shards:
+        if self._compact is not None and len(self.shards):  # one column layout by construction
+            return self._layout_of([self.shards[0]])
+        return self._layout_of(self.shards)
+
+    def _layout_of(self, shards: Sequence[ShardInfo]) -> Layout:
+        if not shards:
             plans = self.plans
             return stored_layout(plans) if plans else Layout((), ())
-        first = self.shards[0]
-        for i, shard in enumerate(self.shards):
+        first = shards[0]
+        for i, shard in enumerate(shards):
             if (shard.column_names, shard.column_encodings, shard.column_sizes) != (
                 first.column_names,
                 first.column_encodings,
@@ -116,8 +131,9 @@ class Dataset:
         """Identifies content and spec; for datasets not written by spark-dl, the index."""
         if self.meta and self.meta.get("fingerprint"):
             return str(self.meta["fingerprint"])
-        canonical = json.dumps(json.loads(self._index_text), sort_keys=True).encode()
-        return "index-" + hashlib.sha256(canonical).hexdigest()
+        if self._index_text is None and self._compact is not None:
+            return self._compact.fingerprint  # computed from index.json when it was built
+        return index_fingerprint(self._index_text or b"")
 
     @property
     def spec(self) -> dict[str, Any] | None:
@@ -144,16 +160,23 @@ class Dataset:
         info = self.shards[shard].stored
         return self.store.read_shard(info.basename, info.bytes, info.hashes)
 
-    def load_shard(self, shard: int, verify_hashes: bool | None = None) -> ShardData:
+    def load_shard(
+        self,
+        shard: int,
+        verify_hashes: bool | None = None,
+        timings: dict[str, float] | None = None,
+    ) -> ShardData:
         """One shard decompressed, size-checked and hash-verified.
 
         ``verify_hashes``: None (default) checks each shard once per process, the first
         time it is read, with the fastest hash recorded for it (index, else spark_dl.json);
         True checks every recorded hash on every load; False checks none.
+        ``timings`` (loader telemetry) accumulates seconds under "read" and "decompress".
         """
         info = self.shards[shard]
         stored = info.stored
         where = self.store.display(stored.basename)
+        started = time.perf_counter()
         data = self.stored_bytes(shard)
         if len(data) != stored.bytes:
             raise ShardError(where, f"has {len(data)} bytes, the index says {stored.bytes}")
@@ -168,10 +191,15 @@ class Dataset:
                 raise ShardError(
                     where, f"does not end in .{codec.extension} as {info.compression} needs"
                 )
+            read = time.perf_counter()
             try:
                 raw = np.frombuffer(codec.decompress(data, info.raw_data.bytes), dtype=np.uint8)
             except DecompressionError as exc:
                 raise ShardError(where, str(exc)) from None
+            if timings is not None:
+                timings["read"] += read - started
+                timings["decompress"] += time.perf_counter() - read
+                started = -1.0
             if check and full and info.raw_data.hashes:
                 self._verify(where, info.raw_data.hashes, raw)
                 checked = True
@@ -181,6 +209,8 @@ class Dataset:
             self._verify_content(shard, where, raw)
         if check:
             self._verified.add(shard)
+        if timings is not None and started >= 0:
+            timings["read"] += time.perf_counter() - started
         return ShardData(raw, where, self.layout, info.samples)
 
     def _verify_stored(self, shard: int, where: str, data: np.ndarray, full: bool) -> bool:
@@ -297,26 +327,93 @@ class Dataset:
         rank: int = 0,
         world_size: int = 1,
         *,
-        columns: list[str] | None = None,
-        drop_last: bool = False,
-        images: ImageMode = "bytes",
-        verify_hashes: bool | None = None,
-        shuffle_window: int | None = None,
+        settings: LoaderSettings | None = None,
+        state: dict[str, Any] | None = None,
         start_batch: int = 0,
         consumed: int = 0,
-        prefetch_bytes: int | None = None,
+        **kwargs: Any,
     ) -> Iterator[Batch]:
         """Batches (dicts of numpy arrays) of this rank's share of one epoch.
 
         The global order depends only on (fingerprint, seed, epoch, shuffle settings); see
-        :mod:`spark_dl_core.order`. ``consumed`` skips that many samples of the global
-        order (elastic resume); ``start_batch`` skips this rank's first batches after that.
+        :mod:`spark_dl_core.order`. Other settings (``columns``, ``drop_last``, ``images``,
+        ``verify_hashes``, ``shuffle_window``, ``prefetch_bytes``...) are those of
+        :class:`~spark_dl_core.loader_settings.LoaderSettings`. ``state`` (a loader's
+        ``state_dict()``) continues after the samples it records as consumed (elastic
+        resume); ``consumed=`` / ``start_batch=`` are deprecated spellings of it.
         Shards are loaded ahead by a thread within ``prefetch_bytes`` of decompressed data.
         """
-        from .order import EpochPlan
-        from .reader import DEFAULT_PREFETCH_BYTES, BatchReader
+        from .loader_settings import reader_extras, settings_from
+        from .order import LoaderState
+        from .reader import BatchReader
 
-        plan = EpochPlan.build(
+        if settings is None:
+            kwargs = dict(
+                batch_size=batch_size,
+                shuffle=shuffle,
+                seed=seed,
+                epoch=epoch,
+                rank=rank,
+                world_size=world_size,
+                **kwargs,
+            )
+        chosen = settings_from(settings, kwargs)
+        chosen.only("numpy iteration", frozenset())
+        epoch = chosen.epoch
+        if state is not None:
+            loaded = LoaderState.from_dict(state)
+            loaded.check(
+                self,
+                seed=chosen.seed,
+                shuffle=chosen.shuffle,
+                shuffle_window=chosen.shuffle_window,
+            )
+            epoch, consumed = loaded.epoch, loaded.consumed
+        elif consumed or start_batch:
+            warnings.warn(
+                "iter_batches(consumed=, start_batch=) is deprecated: pass state= "
+                "(a loader's state_dict())",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        plan = self.sample_order(settings=chosen.replace(epoch=epoch), consumed=consumed)
+        yield from BatchReader(
+            self,
+            plan[start_batch:],
+            columns=chosen.column_list,
+            images=chosen.images,
+            verify_hashes=chosen.verify_hashes,
+            prefetch_bytes=chosen.prefetch_bytes,
+            **reader_extras(chosen),
+        )
+
+    def sample_order(
+        self,
+        batch_size: int = 1024,
+        shuffle: bool = False,
+        seed: int = 0,
+        epoch: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        *,
+        shuffle_window: int | None = None,
+        consumed: int = 0,
+        settings: LoaderSettings | None = None,
+    ) -> EpochPlan:
+        """One rank's batches of global sample indices for an epoch, lazily: the very order
+        every loader reads. ``len(order)`` batches; ``order[k]`` is an int64 array, computed
+        when asked (O(shards) memory, no shard read), so any batch of any epoch can be asked.
+        """
+        from .order import EpochPlan
+
+        if settings is not None:
+            batch_size, shuffle, seed = settings.batch_size, settings.shuffle, settings.seed
+            epoch, drop_last = settings.epoch, settings.drop_last
+            shuffle_window = settings.shuffle_window
+            rank = 0 if settings.rank is None else settings.rank
+            world_size = 1 if settings.world_size is None else settings.world_size
+        return EpochPlan.build(
             self,
             batch_size=batch_size,
             shuffle=shuffle,
@@ -327,14 +424,6 @@ class Dataset:
             drop_last=drop_last,
             shuffle_window=shuffle_window,
             consumed=consumed,
-        )
-        yield from BatchReader(
-            self,
-            plan.batches[start_batch:],
-            columns=columns,
-            images=images,
-            verify_hashes=verify_hashes,
-            prefetch_bytes=DEFAULT_PREFETCH_BYTES if prefetch_bytes is None else prefetch_bytes,
         )
 
     def to_arrow(self, columns: list[str] | None = None, batch_size: int = 65536) -> pa.Table:
@@ -358,17 +447,37 @@ class Dataset:
         masks = {p.name: p.null_mask for p in self.plans or [] if p.null_mask}
         return [c for name in columns for c in ([name, masks[name]] if name in masks else [name])]
 
-    def to_torch(self, batch_size: int = 256, **kwargs: Any) -> Any:
-        """A PyTorch loader over this dataset (see :mod:`spark_dl_core.torch_loader`)."""
-        from .torch_loader import TorchLoader
+    def to_torch(
+        self, batch_size: int = 256, settings: LoaderSettings | None = None, **kwargs: Any
+    ) -> Any:
+        """A PyTorch loader over this dataset (see :mod:`spark_dl_core.torch_loader`).
 
-        return TorchLoader(self, batch_size=batch_size, **kwargs)
+        Keywords are :class:`~spark_dl_core.loader_settings.LoaderSettings` fields.
+        """
+        from .frameworks import adapter
+        from .loader_settings import settings_from
 
-    def to_tf(self, batch_size: int = 256, **kwargs: Any) -> Any:
+        if settings is None:
+            kwargs["batch_size"] = batch_size
+        return adapter("torch")(self, settings_from(settings, kwargs))
+
+    def to_tf(
+        self,
+        batch_size: int = 256,
+        settings: LoaderSettings | None = None,
+        *,
+        state: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """A ``tf.data.Dataset`` over this dataset (see :mod:`spark_dl_core.tf_loader`)."""
-        from .tf_loader import make_tf_dataset
+        from .frameworks import adapter
 
-        return make_tf_dataset(self, batch_size=batch_size, **kwargs)
+        resume = {k: kwargs.pop(k) for k in ("resume", "start_batch") if k in kwargs}
+        from .loader_settings import settings_from
+
+        if settings is None:
+            kwargs["batch_size"] = batch_size
+        return adapter("tf")(self, settings_from(settings, kwargs), state=state, **resume)
 
 
 def _merge(parts: list[tuple[np.ndarray, Batch]], n: int) -> Batch:

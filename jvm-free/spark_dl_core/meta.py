@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from .errors import DatasetError, NotOurDatasetError, SpecError
 from .format.encodings import get_encoding, infer_encoding
 from .format.index import INDEX_FILE, META_FILE, PREVIOUS_META_FILE, ShardInfo, parse_index
 from .format.shard import Layout
+from .indexing import read_compact
 from .spec import NULL_SUFFIX, DatasetSpec
 from .storage import Store
 
@@ -190,8 +192,9 @@ class Committed:
 
     shards: list[ShardInfo]
     meta: dict[str, Any] | None
-    index_text: bytes
+    index_text: bytes | None  # None: read from the compact index, index.json not parsed
     meta_file: str | None  # which file the metadata came from (the fallback after a tear)
+    compact: Any = None  # the CompactIndex the shards came from (read_meta(compact=True))
 
     @property
     def records(self) -> ShardRecords:
@@ -218,37 +221,51 @@ def _meta_file(store: Store, name: str) -> dict[str, Any] | None:
     return meta
 
 
+def _basenames(shards: list[ShardInfo]) -> list[str]:
+    return [s.stored.basename for s in shards]
+
+
 def _describes(meta: dict[str, Any], names: list[str]) -> bool:
     return [m["basename"] for m in meta["shards"]] == names
 
 
-def read_meta(store: Store) -> Committed | None:
+def read_meta(
+    store: Store, compact: bool = False, cache_dir: str | None = None
+) -> Committed | None:
     """The committed dataset at ``store``, or None when it has no ``index.json``.
 
     ``spark_dl.json`` counts only if it lists exactly the index's shards. A commit writes
     it before the index and keeps the replaced one as ``spark_dl.prev.json`` until the
     index lands; a reader that finds the new metadata beside the old index (a torn commit)
     uses the previous file instead. An overwrite racing between our two reads is retried.
+    ``compact``: take the shards from the compact index when there is one (see
+    :mod:`spark_dl_core.indexing`; ``shards`` is then a lazy ShardTable).
     """
     error: DatasetError | None = None
     for _ in range(3):
         if not store.exists(INDEX_FILE):
             return None
-        text = store.read_bytes(INDEX_FILE)
-        shards = parse_index(text, store.display(INDEX_FILE))
-        names = [s.stored.basename for s in shards]
+        found = read_compact(store, cache_dir) if compact else None
+        text: bytes | None = None
+        if found is not None:
+            shards: Any = found.shards
+            names = found.basenames
+        else:
+            text = store.read_bytes(INDEX_FILE)
+            shards = parse_index(text, store.display(INDEX_FILE))
+            names = functools.partial(_basenames, shards)
         try:
             current = _meta_file(store, META_FILE)
         except DatasetError as exc:  # a damaged file still has the fallback below
             current, error = None, exc
         else:
             if current is None:
-                return Committed(shards, None, text, None)
-            if _describes(current, names):
-                return Committed(shards, current, text, META_FILE)
+                return Committed(shards, None, text, None, found)
+            if _describes(current, names()):
+                return Committed(shards, current, text, META_FILE, found)
         previous = _meta_file(store, PREVIOUS_META_FILE)
-        if previous is not None and _describes(previous, names):
-            return Committed(shards, previous, text, PREVIOUS_META_FILE)
+        if previous is not None and _describes(previous, names()):
+            return Committed(shards, previous, text, PREVIOUS_META_FILE, found)
         if error is not None:
             raise error
     raise DatasetError(f"{store.display()}: spark_dl.json does not match index.json")

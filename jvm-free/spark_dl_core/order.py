@@ -19,13 +19,24 @@ samples are permuted within *windows* of ``shuffle_window`` consecutive shards o
 permutation. A reader only ever needs the shards of one window (plus prefetch) in memory:
 memory ~ ``shuffle_window x shard size`` per reader, while shuffle quality grows with the
 window (:func:`shuffle_quality` measures it).
+
+Nothing here is ever as large as the dataset (contract 6): the order is *lazy*. What is
+materialized is O(shards): the shard permutation and the cumulative sample counts in
+permuted order. The permutation of a window's samples is a keyed bijection of its range
+(a Feistel network with cycle walking, :func:`window_permute`), evaluated only for the
+positions asked for, so position ``p`` of the epoch maps to a global sample id in
+O(log shards) without touching the positions before it. Batch ``k`` of a rank is therefore
+computed on demand (:class:`EpochPlan` is a lazy sequence), and resuming after ``consumed``
+samples is O(1) in ``consumed``.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 import numpy as np
 
@@ -35,11 +46,228 @@ if TYPE_CHECKING:
     from .dataset import Dataset
 
 DEFAULT_WINDOW = 4
+# Up to this many ranks, a rank reads enough of each window that computing the window's
+# whole permutation once (O(window samples)) is cheaper than per-position evaluation.
+DENSE_WORLD = 8
+# Bumped whenever the same (fingerprint, seed, epoch, settings) would give another order;
+# a saved state records it, and a state of another version is refused (its ``consumed``
+# counts samples of an order this code no longer produces).
+# 1: materialized permutation per window (spark-dl 0.1). 2: lazy Feistel window permutation.
+ORDER_VERSION = 2
+_ROUNDS = 6
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_ROUND_KEYS = [np.uint64(((r + 1) * 0x9E3779B97F4A7C15) % (1 << 64)) for r in range(_ROUNDS)]
+
+
+def _key(fingerprint: str, seed: int, epoch: int) -> bytes:
+    return hashlib.sha256(f"spark-dl:{fingerprint}:{seed}:{epoch}".encode()).digest()
 
 
 def _rng(fingerprint: str, seed: int, epoch: int) -> np.random.Generator:
-    key = hashlib.sha256(f"spark-dl:{fingerprint}:{seed}:{epoch}".encode()).digest()
+    key = _key(fingerprint, seed, epoch)
     return np.random.Generator(np.random.PCG64(np.frombuffer(key, dtype=np.uint32)))
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: a fast, well-spread 64-bit hash (wrapping uint64 arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def window_permute(positions: np.ndarray, sizes: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Element-wise keyed bijection of ``range(sizes[i])`` applied to ``positions[i]``.
+
+    A balanced Feistel network over the smallest even number of bits covering the range,
+    with cycle walking (re-applying while the value falls outside the range), so it is a
+    permutation of exactly ``0..size-1`` for each key. Vectorized: every element may have
+    its own range and key (the positions of one batch can span several windows).
+    """
+    x = np.asarray(positions, dtype=np.uint64).copy()
+    n = np.asarray(sizes, dtype=np.uint64)
+    keys = np.asarray(keys, dtype=np.uint64)
+    if x.size == 0:
+        return x.astype(np.int64)
+    bits = np.ceil(np.log2(np.maximum(n, 2).astype(np.float64))).astype(np.int64)
+    # float log2 may round near powers of two: fix up so that 2**bits >= n exactly.
+    bits += (np.left_shift(np.uint64(1), bits.astype(np.uint64)) < n).astype(np.int64)
+    half = np.maximum(1, (bits + 1) // 2).astype(np.uint64)
+    mask = (np.uint64(1) << half) - np.uint64(1)
+    todo = np.arange(x.size)
+    while todo.size:
+        v, h, m, k = x[todo], half[todo], mask[todo], keys[todo]
+        left, right = v >> h, v & m
+        for round_key in _ROUND_KEYS:
+            f = _mix(right ^ k ^ round_key) & m
+            left, right = right, left ^ f
+        v = (left << h) | right
+        x[todo] = v
+        todo = todo[v >= n[todo]]
+    return x.astype(np.int64)
+
+
+def _permute_range(n: int, key: np.uint64) -> np.ndarray:
+    """``window_permute(arange(n), n, key)`` for a whole range with one key: the same
+    bijection with scalar widths and key (several times fewer array operations)."""
+    bits = max(1, (n - 1).bit_length())
+    half = np.uint64(max(1, (bits + 1) // 2))
+    mask = (np.uint64(1) << half) - np.uint64(1)
+    size = np.uint64(n)
+    x = np.arange(n, dtype=np.uint64)
+    todo: np.ndarray | None = None  # None: every element
+    while True:
+        v = x if todo is None else x[todo]
+        left, right = v >> half, v & mask
+        for round_key in _ROUND_KEYS:
+            f = _mix(right ^ (key ^ round_key)) & mask
+            left, right = right, left ^ f
+        v = (left << half) | right
+        if todo is None:
+            x = v
+            todo = np.flatnonzero(v >= size)
+        else:
+            x[todo] = v
+            todo = todo[v >= size]
+        if not todo.size:
+            return x.astype(np.int64)
+
+
+class GlobalOrder:
+    """The lazy global order of one epoch: position ``p`` → global sample id.
+
+    Holds O(shards) arrays: the shard permutation and the permuted shards' cumulative
+    sample counts (window boundaries are every ``window``-th entry of it).
+    """
+
+    def __init__(
+        self,
+        shard_sizes: np.ndarray,
+        fingerprint: str,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        window: int = DEFAULT_WINDOW,
+    ) -> None:
+        sizes = np.asarray(shard_sizes, dtype=np.int64)
+        self.shuffle = bool(shuffle)
+        self.offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=self.offsets[1:])
+        self.total = int(self.offsets[-1])
+        if not self.shuffle:
+            return
+        if window < 1:
+            raise SpecError(f"shuffle_window must be >= 1 shard, got {window}")
+        self.window = int(window)
+        rng = _rng(fingerprint, seed, epoch)
+        self.perm = rng.permutation(len(sizes)).astype(np.int64)
+        self.permuted_offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes[self.perm], out=self.permuted_offsets[1:])
+        cuts = np.append(np.arange(0, len(sizes), self.window), len(sizes))
+        self.window_bounds = self.permuted_offsets[cuts]
+        window_key = hashlib.sha256(b"window:" + _key(fingerprint, seed, epoch)).digest()
+        self.base_key = np.frombuffer(window_key[:8], dtype="<u8")[0]
+
+    def __len__(self) -> int:
+        return self.total
+
+    def _keys(self, w: np.ndarray) -> np.ndarray:
+        return _mix(np.uint64(self.base_key) ^ (w.astype(np.uint64) * _GOLDEN + _GOLDEN))
+
+    def _window_perm(self, w: int) -> np.ndarray:
+        """The whole permutation of window ``w`` (kept for the last two windows asked)."""
+        cache = self.__dict__.setdefault("_dense", {})
+        perm = cache.get(w)
+        if perm is None:
+            start, stop = int(self.window_bounds[w]), int(self.window_bounds[w + 1])
+            n = stop - start
+            perm = _permute_range(n, self._keys(np.array([w]))[0])
+            while len(cache) >= 2:
+                cache.pop(next(iter(cache)))
+            cache[w] = perm
+        return perm
+
+    def ids(self, positions: np.ndarray, dense: bool = False) -> np.ndarray:
+        """Global sample ids at ``positions`` (each in ``0..len-1``) of this epoch's order.
+
+        ``dense``: the caller reads most of each window (one rank, or a few), so computing
+        and keeping a window's whole permutation (O(window samples)) beats evaluating the
+        bijection per position; sparse readers (many ranks) evaluate only their positions.
+        """
+        pos = np.asarray(positions, dtype=np.int64)
+        if not self.shuffle or pos.size == 0:
+            return pos.copy()
+        bounds = self.window_bounds
+        w = np.searchsorted(bounds, pos, side="right") - 1
+        start = bounds[w]
+        if dense:
+            member = np.empty_like(pos)
+            for window in np.unique(w).tolist():
+                here = w == window
+                member[here] = start[here] + self._window_perm(window)[pos[here] - start[here]]
+        else:
+            size = bounds[w + 1] - start
+            member = start + window_permute(pos - start, size, self._keys(w))
+        k = np.searchsorted(self.permuted_offsets, member, side="right") - 1
+        shard = self.perm[k]
+        return np.asarray(self.offsets[shard] + (member - self.permuted_offsets[k]), np.int64)
+
+    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
+        return self.ids(np.arange(start, stop, dtype=np.int64), dense)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_dense", None)  # a cache: each process computes its own windows
+        return state
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the order: O(shards), whatever the number of samples."""
+        arrays = [self.offsets]
+        if self.shuffle:
+            arrays += [self.perm, self.permuted_offsets, self.window_bounds]
+        return sum(a.nbytes for a in arrays)
+
+
+class _Materialized:
+    """An explicit order array behind :class:`GlobalOrder`'s interface (tests, references)."""
+
+    def __init__(self, order: np.ndarray) -> None:
+        self.order = np.asarray(order, dtype=np.int64)
+        self.total = len(self.order)
+
+    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
+        return self.order[start:stop]
+
+
+class _Order(Protocol):
+    total: int
+
+    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray: ...
+
+
+_ORDERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], GlobalOrder]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _order_of(dataset: Dataset, seed: int, epoch: int, shuffle: bool, window: int) -> GlobalOrder:
+    """The dataset's global order for these settings; the last two are kept per dataset, so
+    a loader and its resumed or re-planned passes share one O(shards) order."""
+    key = (dataset.fingerprint, int(seed), int(epoch), bool(shuffle), int(window))
+    kept = _ORDERS.setdefault(dataset, {})
+    order = kept.get(key)
+    if order is None:
+        order = GlobalOrder(
+            np.diff(dataset.shard_offsets), dataset.fingerprint, seed, epoch, shuffle, window
+        )
+        while len(kept) >= 2:
+            kept.pop(next(iter(kept)))
+        kept[key] = order
+    return order
 
 
 def global_order(
@@ -50,25 +278,12 @@ def global_order(
     shuffle: bool,
     window: int = DEFAULT_WINDOW,
 ) -> np.ndarray:
-    """Every sample index once: shards permuted, then samples permuted within windows of
-    ``window`` consecutive shards of that permutation. Pure function of its arguments."""
-    sizes = np.asarray(shard_sizes, dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    total = int(offsets[-1])
-    if not shuffle:
-        return np.arange(total, dtype=np.int64)
-    if window < 1:
-        raise SpecError(f"shuffle_window must be >= 1 shard, got {window}")
-    rng = _rng(fingerprint, seed, epoch)
-    shards = rng.permutation(len(sizes))
-    pieces = []
-    for start in range(0, len(shards), window):
-        group = shards[start : start + window]
-        members = np.concatenate(
-            [np.arange(offsets[s], offsets[s + 1], dtype=np.int64) for s in group]
-        )
-        pieces.append(members[rng.permutation(len(members))])
-    return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+    """Every sample index once, materialized: for small datasets, tests and quality figures.
+
+    Loaders never call this; they ask :class:`GlobalOrder` for the positions they need.
+    """
+    order = GlobalOrder(shard_sizes, fingerprint, seed, epoch, shuffle, window)
+    return order.take(0, order.total)
 
 
 @dataclass(frozen=True)
@@ -76,6 +291,7 @@ class LoaderState:
     """Where an epoch stands, independent of world size: enough to resume exactly.
 
     ``consumed`` counts samples of the global order already delivered (all ranks together).
+    ``version`` is the order version (:data:`ORDER_VERSION`) the position counts in.
     """
 
     fingerprint: str
@@ -86,16 +302,26 @@ class LoaderState:
     batch_size: int
     drop_last: bool
     consumed: int
-    version: int = 1
+    version: int = ORDER_VERSION
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> LoaderState:
+        if not isinstance(state, dict):
+            raise SpecError(f"loader state must be a dict, got {type(state).__name__}")
         missing = {f for f in cls.__dataclass_fields__ if f != "version"} - set(state)
         if missing:
             raise SpecError(f"loader state lacks {sorted(missing)}; was it made by spark-dl?")
+        version = state.get("version", 1)
+        if version != ORDER_VERSION:
+            raise SpecError(
+                f"loader state has order version {version!r}, this spark-dl computes order "
+                f"version {ORDER_VERSION}: the same seed gives another sample order, so its "
+                f"position (consumed={state['consumed']}) would repeat or skip samples; finish "
+                "the epoch with the spark-dl that saved it, or start the epoch afresh"
+            )
         return cls(**{k: state[k] for k in cls.__dataclass_fields__ if k in state})
 
     def check(self, dataset: Dataset, **settings: Any) -> None:
@@ -119,21 +345,39 @@ def resolve_window(window: int | None) -> int:
     return DEFAULT_WINDOW if window is None else int(window)
 
 
-@dataclass
-class EpochPlan:
+@dataclass(frozen=True)
+class EpochPlan(Sequence[np.ndarray]):
     """One rank's batches of one epoch (from ``consumed`` on), as global sample indices.
 
-    ``batches[j]`` is the rank-local batch ``j``. With ``drop_last`` the incomplete final
-    global batch is dropped and the tail is cut to a whole number of rounds, so every rank
-    gets the same number of steps (DDP needs that); without it, ranks differ by at most one
-    batch and the last batch may be short (no padding, no repeated samples).
+    A lazy sequence: ``plan[k]`` (an int64 array) is computed when asked, so a plan costs
+    the global order's O(shards) whatever the epoch's length. With ``drop_last`` the
+    incomplete final global batch is dropped and the tail is cut to a whole number of rounds,
+    so every rank gets the same number of steps (DDP needs that); without it, ranks differ by
+    at most one batch and the last batch may be short (no padding, no repeated samples).
     """
 
-    batches: list[np.ndarray]
+    order: _Order
     batch_size: int
-    consumed: int
+    rank: int
     world_size: int
-    total: int
+    drop_last: bool
+    consumed: int = 0
+    global_batches: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise SpecError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise SpecError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
+        if not 0 <= self.consumed <= self.order.total:
+            raise SpecError(f"consumed={self.consumed} is outside 0..{self.order.total}")
+        rest = self.order.total - self.consumed
+        if self.drop_last:
+            n = rest // self.batch_size
+            n -= n % self.world_size
+        else:
+            n = -(-rest // self.batch_size)
+        object.__setattr__(self, "global_batches", n)
 
     @classmethod
     def build(
@@ -150,15 +394,8 @@ class EpochPlan:
         shuffle_window: int | None,
         consumed: int = 0,
     ) -> EpochPlan:
-        if batch_size < 1:
-            raise SpecError(f"batch_size must be >= 1, got {batch_size}")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise SpecError(f"rank {rank} is not in 0..{world_size - 1}")
-        sizes = np.array([s.samples for s in dataset.shards], dtype=np.int64)
-        order = global_order(
-            sizes, dataset.fingerprint, seed, epoch, shuffle, resolve_window(shuffle_window)
-        )
-        return cls.from_order(order, batch_size, rank, world_size, drop_last, consumed)
+        order = _order_of(dataset, seed, epoch, shuffle, resolve_window(shuffle_window))
+        return cls(order, int(batch_size), int(rank), int(world_size), bool(drop_last), consumed)
 
     @classmethod
     def from_order(
@@ -170,23 +407,82 @@ class EpochPlan:
         drop_last: bool,
         consumed: int = 0,
     ) -> EpochPlan:
-        rest = order[min(consumed, len(order)) :]
-        if drop_last:
-            n_batches = len(rest) // batch_size
-            n_batches -= n_batches % world_size
-        else:
-            n_batches = -(-len(rest) // batch_size)
-        batches = [
-            rest[g * batch_size : (g + 1) * batch_size] for g in range(rank, n_batches, world_size)
-        ]
-        return cls(batches, batch_size, consumed, world_size, len(order))
+        """A plan over an explicit order array (a materialized reference)."""
+        return cls(_Materialized(order), batch_size, rank, world_size, drop_last, consumed)
+
+    @property
+    def total(self) -> int:
+        return self.order.total
+
+    @property
+    def batches(self) -> EpochPlan:
+        """The plan itself (it is the sequence of batches); kept for older callers."""
+        return self
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return max(0, -(-(self.global_batches - self.rank) // self.world_size))
+
+    def _bounds(self, k: int) -> tuple[int, int]:
+        g = self.rank + k * self.world_size
+        start = self.consumed + g * self.batch_size
+        return start, min(self.order.total, start + self.batch_size)
+
+    def batch_len(self, k: int) -> int:
+        """Samples in batch ``k``, without computing its indices."""
+        start, stop = self._bounds(k)
+        return stop - start
+
+    @overload
+    def __getitem__(self, k: int) -> np.ndarray: ...
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[np.ndarray]: ...
+    def __getitem__(self, k: int | slice) -> np.ndarray | Sequence[np.ndarray]:
+        if isinstance(k, slice):
+            return _Slice(self, range(len(self))[k])
+        n = len(self)
+        if k < 0:
+            k += n
+        if not 0 <= k < n:
+            raise IndexError(f"batch {k} is not in 0..{n - 1}")
+        start, stop = self._bounds(k)
+        return self.order.take(start, stop, self.world_size <= DENSE_WORLD)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for k in range(len(self)):
+            yield self[k]
 
     def consumed_after(self, steps: int) -> int:
         """Global samples consumed once every rank has taken ``steps`` batches of this plan."""
         return min(self.total, self.consumed + steps * self.world_size * self.batch_size)
+
+    def exhausted(self) -> EpochPlan:
+        """The same epoch with nothing left (after a full pass), sharing the order."""
+        return EpochPlan(
+            self.order, self.batch_size, self.rank, self.world_size, self.drop_last, self.total
+        )
+
+
+@dataclass(frozen=True)
+class _Slice(Sequence[np.ndarray]):
+    """A lazy sub-range of a plan's batches (``plan[3:]``)."""
+
+    plan: EpochPlan
+    picks: range
+
+    def __len__(self) -> int:
+        return len(self.picks)
+
+    @overload
+    def __getitem__(self, k: int) -> np.ndarray: ...
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[np.ndarray]: ...
+    def __getitem__(self, k: int | slice) -> np.ndarray | Sequence[np.ndarray]:
+        if isinstance(k, slice):
+            return _Slice(self.plan, self.picks[k])
+        return self.plan[self.picks[k]]
+
+    def batch_len(self, k: int) -> int:
+        return self.plan.batch_len(self.picks[k])
 
 
 # --------------------------------------------------------------------------- quality

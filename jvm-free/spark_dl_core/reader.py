@@ -7,7 +7,9 @@ this module only turns those index arrays into decoded batches within a memory b
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,22 +19,29 @@ if TYPE_CHECKING:
     from .format.shard import ShardData
 
 DEFAULT_PREFETCH_BYTES = 256 << 20  # one default window (4 shards of 64 MiB) read ahead
+# How far ahead batches are planned (their shards queued for loading): enough samples to
+# see a window's shards coming, a few MiB of index arrays at most.
+LOOKAHEAD_SAMPLES = 1 << 18
+MAX_AHEAD_BATCHES = 1024
 
 
 class BatchReader:
-    """Decodes a fixed list of batches, keeping only the shards they still need in memory.
+    """Decodes a sequence of batches, keeping only the shards they still need in memory.
 
-    A background thread loads (reads, downloads, decompresses) shards in order of first use,
-    ahead of the decoder, while the bytes held stay under ``prefetch_bytes`` (it may exceed
-    the budget only by the shards the current batch itself needs). A shard is dropped right
-    after the last batch that uses it. Fixed-width datasets are decoded with one row gather
-    per shard into a single ``(batch, row)`` byte matrix, then one view/copy per column.
+    ``batches`` is anything with ``len()`` and ``[j]`` → int64 global sample ids (a lazy
+    :class:`~spark_dl_core.order.EpochPlan` included); batches are planned a bounded
+    lookahead at a time. A background thread loads (reads, downloads, decompresses) shards in
+    order of first planned use, ahead of the decoder, while the bytes held stay under
+    ``prefetch_bytes`` (it may exceed the budget only by the shards the current batch itself
+    needs). A shard is dropped once no planned batch still needs it. Fixed-width datasets
+    are decoded with one row gather per shard into a single ``(batch, row)`` byte matrix,
+    then one view/copy per column.
     """
 
     def __init__(
         self,
         dataset: Dataset,
-        batches: list[np.ndarray],
+        batches: Sequence[np.ndarray],
         *,
         prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
         columns: list[str] | None = None,
@@ -42,22 +51,18 @@ class BatchReader:
         self.dataset, self.batches = dataset, batches
         self.columns, self.images, self.verify = columns, images, verify_hashes
         self.budget = max(0, int(prefetch_bytes))
-        offsets = dataset.shard_offsets
-        # Shard of each sample, int32: held for the whole pass, so ~4 bytes per sample.
-        self.shards_of = [
-            (np.searchsorted(offsets, b, side="right") - 1).astype(np.int32)
-            if len(b)
-            else np.empty(0, np.int32)
-            for b in batches
-        ]
-        self.needs = [np.unique(s).tolist() for s in self.shards_of]
-        self.last_use: dict[int, int] = {}
-        self.first_use: dict[int, int] = {}
-        for j, shards in enumerate(self.needs):
-            for s in shards:
-                self.first_use.setdefault(s, j)
-                self.last_use[s] = j
-        self.load_order = sorted(self.first_use, key=lambda s: (self.first_use[s], s))
+        # ``batches`` may be lazy (an EpochPlan): only ``ahead`` batches at a time are planned
+        # (index, shard of each sample, shards needed), so what is held stays bounded
+        # whatever the epoch's length.
+        typical = len(batches[min(len(batches) - 1, 8)]) if len(batches) else 1
+        self.ahead = max(2, min(MAX_AHEAD_BATCHES, LOOKAHEAD_SAMPLES // max(1, typical)))
+        self.planned: dict[int, tuple[np.ndarray, np.ndarray, list[int]]] = {}
+        self.next_plan = 0
+        self.refs: dict[int, int] = {}  # shard -> planned, unconsumed batches needing it
+        self.queue: deque[tuple[int, int]] = deque()  # (shard, first planned use) to load
+        self.pending: set[int] = set()  # queued, loading or loaded
+        self.planning_done = False
+        self.prefetch_waits = False  # the prefetch thread sleeps on ``cond``
         self.loaded: dict[int, ShardData] = {}
         self.held = 0
         self.current = 0
@@ -69,6 +74,36 @@ class BatchReader:
         # DataLoader workers point it at reusable shared-memory slabs.
         self.out_for: Callable[[int, int], np.ndarray | None] | None = None
         self._scratch = np.empty(0, dtype=np.uint8)
+        # Telemetry: seconds reading / decompressing (prefetch thread) and decoding.
+        self.times = dict.fromkeys(("read", "decompress", "decode", "transform"), 0.0)
+        self.spans: Any = None  # a telemetry.Spans when tracing
+
+    def _plan_until(self, end: int) -> None:
+        """Plan batches up to ``end`` (exclusive): their shards join the load queue."""
+        offsets = self.dataset.shard_offsets
+        end = min(end, len(self.batches))
+        while self.next_plan < end:
+            j = self.next_plan
+            index = np.asarray(self.batches[j], dtype=np.int64)
+            shard_of = (
+                (np.searchsorted(offsets, index, side="right") - 1).astype(np.int32)
+                if len(index)
+                else np.empty(0, np.int32)
+            )
+            needs = np.unique(shard_of).tolist()
+            with self.cond:
+                self.planned[j] = (index, shard_of, needs)
+                queued = False
+                for s in needs:
+                    self.refs[s] = self.refs.get(s, 0) + 1
+                    if s not in self.pending:
+                        self.pending.add(s)
+                        self.queue.append((s, j))
+                        queued = True
+                self.next_plan = j + 1
+                self.planning_done = self.next_plan >= len(self.batches)
+                if queued or self.planning_done:
+                    self._wake()
 
     def _fixed_layout(self) -> list[tuple[str, int, int]] | None:
         layout = self.dataset.layout
@@ -85,23 +120,47 @@ class BatchReader:
         return out
 
     def _size(self, shard: int) -> int:
-        return int(self.dataset.shards[shard].raw_data.bytes)
+        return int(self.dataset.shards.raw_bytes[shard])
+
+    def _wake(self) -> None:
+        """Wake the prefetch thread (caller holds ``cond``) only when it waits: a needless
+        wake-up costs a GIL hand-over per batch."""
+        if self.prefetch_waits:
+            self.cond.notify_all()
+
+    def _wait_prefetch(self) -> None:
+        self.prefetch_waits = True
+        try:
+            self.cond.wait()
+        finally:
+            self.prefetch_waits = False
 
     def _prefetch(self) -> None:
         try:
-            for shard in self.load_order:
-                size = self._size(shard)
+            while True:
                 with self.cond:
+                    while not self.stop and not self.queue and not self.planning_done:
+                        self._wait_prefetch()
+                    if self.stop or not self.queue:
+                        return
+                    shard, first_use = self.queue[0]
+                    size = self._size(shard)
                     while not self.stop and not (
                         self.held == 0
                         or self.held + size <= self.budget
-                        or self.first_use[shard] <= self.current
+                        or first_use <= self.current
                     ):
-                        self.cond.wait()
+                        self._wait_prefetch()
                     if self.stop:
                         return
+                    self.queue.popleft()
                     self.held += size
-                data = self.dataset.load_shard(shard, self.verify)
+                started = time.perf_counter()
+                data = self.dataset.load_shard(shard, self.verify, self.times)
+                if self.spans is not None:
+                    self.spans.add(
+                        "load shard", started, time.perf_counter(), "prefetch", shard=shard
+                    )
                 with self.cond:
                     self.loaded[shard] = data
                     self.cond.notify_all()
@@ -111,30 +170,43 @@ class BatchReader:
                 self.cond.notify_all()
 
     def __iter__(self) -> Iterator[Batch]:
-        if not self.batches:
+        if not len(self.batches):
             return
+        self._plan_until(2)  # the lookahead grows from here: a quick first batch
         thread = threading.Thread(target=self._prefetch, name="spark-dl-prefetch", daemon=True)
         thread.start()
         try:
-            for j, index in enumerate(self.batches):
+            for j in range(len(self.batches)):
+                self._plan_until(j + min(self.ahead, 2 + 2 * j))
                 with self.cond:
                     self.current = j
-                    self.cond.notify_all()
-                    while self.error is None and not all(s in self.loaded for s in self.needs[j]):
+                    self._wake()
+                    index, _, needs = self.planned[j]
+                    while self.error is None and not all(s in self.loaded for s in needs):
                         self.cond.wait()
                     if self.error is not None:
                         raise self.error
-                    shards = {s: self.loaded[s] for s in self.needs[j]}
+                    shards = {s: self.loaded[s] for s in needs}
                 out = None
                 if self.out_for is not None and self.fixed is not None:
                     out = self.out_for(j, self.fixed_bytes(len(index)) or 0)
-                yield self._decode(j, index, shards, out)
+                started = time.perf_counter()
+                decoded = self._decode(j, index, shards, out)
+                ended = time.perf_counter()
+                self.times["decode"] += ended - started
+                if self.spans is not None:
+                    self.spans.add("decode", started, ended, "decode", batch=j)
+                yield decoded
                 with self.cond:
-                    for s in self.needs[j]:
-                        if self.last_use[s] == j:
+                    del self.planned[j]
+                    for s in needs:
+                        self.refs[s] -= 1
+                        if not self.refs[s]:  # no planned batch needs it: drop it
+                            del self.refs[s]
                             del self.loaded[s]
+                            self.pending.discard(s)
                             self.held -= self._size(s)
-                    self.cond.notify_all()
+                            self._wake()
         finally:
             with self.cond:
                 self.stop = True
@@ -173,7 +245,7 @@ class BatchReader:
             if self._scratch.size < n * row:
                 self._scratch = np.empty(n * row, dtype=np.uint8)
             rows = self._scratch[: n * row].reshape(n, row)
-        shard_of = self.shards_of[j]
+        shard_of = self.planned[j][1]
         for s, data in shards.items():
             matrix = data.raw[int(data.offsets[0]) : int(data.offsets[-1])].reshape(data.count, row)
             local = index - ds.shard_offsets[s]

@@ -9,21 +9,28 @@ through ``tf.data.Dataset.from_generator`` with an explicit ``output_signature``
 - variable-shape ``ndarray`` columns → ``tf.RaggedTensorSpec``;
 - images decode to arrays only with ``images="numpy"`` and a fixed size; otherwise bytes.
 
-Checkpointing: tf.data cannot snapshot a Python generator, so the position is explicit.
-Save :func:`tf_state` (the global number of samples consumed: ``steps x world_size x
-batch_size`` after ``steps`` synchronous steps) and pass it back as ``resume=`` — at any
-world size — or, at the same world size, pass the rank-local ``start_batch``.
+Each pass over the dataset (each Keras epoch) is the next epoch of the order.
+Checkpointing: tf.data cannot snapshot a Python generator and prefetches ahead, so the
+position is explicit: ``tfds.state_dict(steps)`` after ``steps`` synchronous steps of the
+current pass (the same state as ``TorchLoader.state_dict()``); pass it back as ``state=``,
+at any world size.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from .frameworks import register_framework
+from .loader_settings import TF_ONLY, LoaderSettings, reader_extras, settings_from
 from .order import EpochPlan, LoaderState, resolve_window
-from .reader import DEFAULT_PREFETCH_BYTES, BatchReader
+from .reader import BatchReader
+from .telemetry import PassStats
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -85,8 +92,10 @@ def tf_state(
     drop_last: bool = False,
     shuffle_window: int | None = None,
 ) -> dict[str, Any]:
-    """A checkpointable position for :func:`make_tf_dataset` (``resume=``), same format as
-    ``TorchLoader.state_dict()``."""
+    """Deprecated spelling: a loader state (as ``state_dict()`` returns) for a position.
+
+    Prefer ``tfds.state_dict(steps)`` / ``to_tf(..., state=...)``.
+    """
     return LoaderState(
         fingerprint=dataset.fingerprint,
         seed=seed,
@@ -101,50 +110,70 @@ def tf_state(
 
 def make_tf_dataset(
     dataset: Dataset,
-    batch_size: int,
-    shuffle: bool = False,
-    seed: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
-    epoch: int = 0,
-    columns: list[str] | None = None,
-    drop_last: bool = False,
-    shuffle_window: int | None = None,
-    start_batch: int = 0,
+    settings: LoaderSettings | None = None,
+    *,
+    state: dict[str, Any] | None = None,
     resume: dict[str, Any] | None = None,
-    images: str = "bytes",
-    verify_hashes: bool | None = None,
-    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
-    as_tuple: tuple[list[str], list[str]] | tuple[str, str] | None = None,
+    start_batch: int = 0,
+    **kwargs: Any,
 ) -> Any:
     """A ``tf.data.Dataset`` of this rank's batches (dicts of tensors), prefetched.
 
-    ``as_tuple=("x", "y")`` yields ``(features, labels)`` pairs for ``model.fit``.
-    ``resume`` (a state from :func:`tf_state` or ``TorchLoader.state_dict()``) continues
+    Each pass over the returned dataset (each Keras epoch) is the next epoch of the order:
+    the first pass is the rest of the start position's epoch (``epoch``, or the epoch of
+    ``state``), pass ``i`` is epoch ``start + i`` from its beginning, so ``model.fit(...,
+    epochs=3)`` sees three differently shuffled epochs, reproducibly.
+
+    ``state`` (from ``state_dict()`` of a torch loader or of a tf dataset made here) continues
     after the samples it records as consumed; it must match dataset, seed and shuffle.
+    The returned dataset has ``state_dict(steps)``: the position after ``steps`` batches of
+    the current pass (tf.data prefetches ahead, so the steps taken are the caller's to tell).
+    ``resume=`` and ``start_batch=`` are deprecated spellings of ``state=``.
     """
     import tensorflow as tf
 
-    window = resolve_window(shuffle_window)
-    consumed = 0
-    if resume is not None:
-        state = LoaderState.from_dict(resume)
-        state.check(dataset, seed=seed, shuffle=shuffle, shuffle_window=window)
-        epoch, consumed = state.epoch, state.consumed
-    plan = EpochPlan.build(
-        dataset,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        seed=seed,
-        epoch=epoch,
-        rank=rank,
-        world_size=world_size,
-        drop_last=drop_last,
-        shuffle_window=window,
-        consumed=consumed,
+    settings = settings_from(settings, kwargs)
+    settings.only("TensorFlow", TF_ONLY)
+    rank = 0 if settings.rank is None else settings.rank
+    world_size = 1 if settings.world_size is None else settings.world_size
+    if resume is not None or start_batch:
+        warnings.warn(
+            "to_tf(resume=, start_batch=) is deprecated: pass state= (a state_dict())",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        state = resume if resume is not None else state
+    window = settings.shuffle_window
+    epoch, consumed = settings.epoch, 0
+    if state is not None:
+        loaded = LoaderState.from_dict(state)
+        loaded.check(dataset, seed=settings.seed, shuffle=settings.shuffle, shuffle_window=window)
+        epoch, consumed = loaded.epoch, loaded.consumed
+
+    def plan_for(epoch: int, consumed: int) -> EpochPlan:
+        return EpochPlan.build(
+            dataset,
+            batch_size=settings.batch_size,
+            shuffle=settings.shuffle,
+            seed=settings.seed,
+            epoch=epoch,
+            rank=rank,
+            world_size=world_size,
+            drop_last=settings.drop_last,
+            shuffle_window=window,
+            consumed=consumed,
+        )
+
+    consumed = min(len(dataset), consumed + start_batch * world_size * settings.batch_size)
+    first = plan_for(epoch, consumed)
+    if consumed and not len(first):  # a finished epoch: start at the next one
+        epoch, consumed = epoch + 1, 0
+        first = plan_for(epoch, 0)
+    chosen = settings.column_list
+    names = chosen if chosen is not None else list(dataset.layout.names)
+    probe = dataset.read(
+        np.zeros(min(1, len(dataset)), dtype=np.int64), names, cast(Any, settings.images)
     )
-    names = list(columns) if columns is not None else list(dataset.layout.names)
-    probe = dataset.read(np.zeros(min(1, len(dataset)), dtype=np.int64), names, cast(Any, images))
     kinds: dict[str, str] = {}
     signature: dict[str, Any] = {}
     ndims: dict[str, int] = {}
@@ -153,12 +182,23 @@ def make_tf_dataset(
         signature[name], kinds[name] = _column_spec(dataset, name, sample)
         if kinds[name] == "ragged":
             ndims[name] = max(1, np.asarray(sample[0]).ndim)
-    read: dict[str, Any] = {"columns": names, "images": images, "verify_hashes": verify_hashes}
+    read: dict[str, Any] = {
+        "columns": names,
+        "images": settings.images,
+        "verify_hashes": settings.verify_hashes,
+        "prefetch_bytes": settings.prefetch_bytes,
+        **reader_extras(settings),
+    }
+    passes = _Passes(first, epoch, plan_for)
 
     def generate() -> Iterator[dict[str, Any]]:
-        for batch in BatchReader(
-            dataset, plan.batches[start_batch:], prefetch_bytes=prefetch_bytes, **read
-        ):
+        plan = passes.next_plan()
+        stats = passes.stats = PassStats(passes.current[1])
+        reader = BatchReader(dataset, plan, **read)
+        stats.workers["tf.data"] = reader.times  # updated in place as the reader works
+        for batch in reader:
+            now = time.perf_counter()
+            stats.delivered(len(next(iter(batch.values()))) if batch else 0, 0.0, now)
             out: dict[str, Any] = {}
             for name, value in batch.items():
                 kind = kinds[name]
@@ -172,10 +212,11 @@ def make_tf_dataset(
                 else:
                     out[name] = value
             yield out
+        stats.finished = time.perf_counter()
 
     tfds = tf.data.Dataset.from_generator(generate, output_signature=signature)
-    if as_tuple is not None:
-        x, y = as_tuple
+    if settings.as_tuple is not None:
+        x, y = settings.as_tuple
 
         def split(b: dict[str, Any]) -> tuple[Any, Any]:
             fx = b[x] if isinstance(x, str) else {k: b[k] for k in x}
@@ -183,6 +224,58 @@ def make_tf_dataset(
             return fx, fy
 
         tfds = tfds.map(split)
-    expected = len(plan) - start_batch
-    tfds = tfds.apply(tf.data.experimental.assert_cardinality(max(0, expected)))
-    return tfds.prefetch(tf.data.AUTOTUNE)
+    if len(first) == len(plan_for(epoch + 1, 0)):  # every pass has the same length
+        tfds = tfds.apply(tf.data.experimental.assert_cardinality(len(first)))
+    tfds = tfds.prefetch(tf.data.AUTOTUNE)
+
+    def state_dict(steps: int) -> dict[str, Any]:
+        """The position after ``steps`` batches of the latest pass, on every rank."""
+        plan, pass_epoch = passes.current
+        return LoaderState(
+            fingerprint=dataset.fingerprint,
+            seed=settings.seed,
+            epoch=pass_epoch,
+            shuffle=settings.shuffle,
+            shuffle_window=window,
+            batch_size=settings.batch_size,
+            drop_last=settings.drop_last,
+            consumed=plan.consumed_after(int(steps)),
+        ).to_dict()
+
+    def stats() -> dict[str, Any]:
+        """The latest pass as produced for tf.data: samples and batches, samples/s, time
+        to first batch and per-stage seconds. ``data_starved_pct`` is None: tf.data
+        prefetches on its own threads, so the training loop's waits are not visible here
+        (the TensorFlow profiler shows them)."""
+        current = passes.stats or PassStats(passes.current[1])
+        return current.as_dict() | {"data_starved_pct": None}
+
+    tfds.state_dict = state_dict
+    tfds.stats = stats
+    tfds.loader_settings = settings
+    return tfds
+
+
+class _Passes:
+    """Which plan each pass over the tf dataset reads: the first from the start position,
+    then epoch after epoch from their beginnings."""
+
+    def __init__(
+        self, first: EpochPlan, epoch: int, plan_for: Callable[[int, int], EpochPlan]
+    ) -> None:
+        self.lock = threading.Lock()
+        self.first, self.epoch, self.plan_for = first, epoch, plan_for
+        self.started = 0
+        self.current = (first, epoch)
+        self.stats: PassStats | None = None
+
+    def next_plan(self) -> EpochPlan:
+        with self.lock:
+            k = self.started
+            self.started += 1
+            plan = self.first if k == 0 else self.plan_for(self.epoch + k, 0)
+            self.current = (plan, self.epoch + k)
+            return plan
+
+
+register_framework("tf", make_tf_dataset)

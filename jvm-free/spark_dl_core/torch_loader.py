@@ -9,15 +9,19 @@ defined in :mod:`spark_dl_core.order`.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .order import EpochPlan, LoaderState, resolve_window
-from .reader import DEFAULT_PREFETCH_BYTES, BatchReader
+from .frameworks import register_framework
+from .loader_settings import TORCH_ONLY, LoaderSettings, reader_extras, settings_from
+from .order import EpochPlan, LoaderState
+from .reader import BatchReader
+from .telemetry import PassStats, Spans
 
 if TYPE_CHECKING:
     from .dataset import Batch, Dataset
@@ -140,31 +144,26 @@ class _Batches(IterableDataset):
         read: dict[str, Any],
         group: int,
         slabs: _Slabs | None = None,
+        trace: bool = False,
     ):
         self.dataset, self.plan, self.read, self.group = dataset, plan, read, group
-        self.slabs = slabs
+        self.slabs, self.trace = slabs, trace
 
-    def __iter__(self) -> Iterator[tuple[list[int], Any]]:
+    def __iter__(self) -> Iterator[tuple[list[int], Any, tuple[str, Any, Any]]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        n, group = len(self.plan), self.group
         # Groups k = 0, 1, ... of 1, 2, 4, ... up to ``group`` batches go to worker k % workers
         # (the order DataLoader returns them in): small first groups, fast first batches.
-        bounds: list[tuple[int, int]] = []
-        at = 0
-        while at < n:
-            size = min(group, 1 << len(bounds))
-            bounds.append((at, min(n, at + size)))
-            at += size
-        groups = [list(range(a, b)) for a, b in bounds[worker::workers]]
-        # Index arrays live for the whole pass: no copy for single-batch groups.
-        merged = [
-            self.plan.batches[g[0]]
-            if len(g) == 1
-            else np.concatenate([self.plan.batches[j] for j in g])
-            for g in groups
-        ]
+        merged = _Grouped(self.plan, self.group, worker, workers)  # lazy index arrays
         reader = BatchReader(self.dataset, merged, **self.read)
+        name = f"worker {worker}" if info is not None else "main"
+        if self.trace:
+            reader.spans = Spans()
+
+        def tag() -> tuple[str, dict[str, float], list[dict[str, Any]]]:
+            """This worker's cumulative stage times (and new trace spans) for telemetry."""
+            return name, dict(reader.times), reader.spans.take() if reader.spans else []
+
         slabs = self.slabs if info is not None else None
         used: list[int] = []  # slab of the batch being decoded (-1: none)
         if slabs is not None:
@@ -172,14 +171,14 @@ class _Batches(IterableDataset):
 
             def out_for(j: int, nbytes: int) -> np.ndarray | None:
                 if nbytes > ring.shape[1] or not slabs.acquire(worker):
-                    used.append(-1)
+                    used[:] = [-1]
                     return None
-                used.append(j % slabs.depth)
+                used[:] = [j % slabs.depth]
                 return ring[used[-1]]
 
             reader.out_for = out_for
-        for g, batch in zip(groups, reader):
-            sizes = [len(self.plan.batches[j]) for j in g]
+        for g, batch in zip(merged.ranges(), reader):
+            sizes = [self.plan.batch_len(j) for j in g]
             if slabs is not None and used and used[-1] >= 0:
                 k = used[-1]
                 columns, others = {}, {}
@@ -189,11 +188,51 @@ class _Batches(IterableDataset):
                         others[name] = value
                     else:
                         columns[name] = (offset, value.dtype.str, tuple(value.shape))
-                yield sizes, _SlabItem(worker, k, columns, to_tensors(others))
+                yield sizes, _SlabItem(worker, k, columns, to_tensors(others)), tag()
             elif slabs is not None and slabs.stop.is_set():
                 return  # the consumer left mid-epoch
             else:
-                yield sizes, to_tensors(batch)
+                yield sizes, to_tensors(batch), tag()
+
+
+class _Grouped(Sequence[np.ndarray]):
+    """One worker's groups of plan batches, each as one index array, computed when asked.
+
+    Global group ``k`` holds ``min(group, 2**k)`` consecutive batches; worker ``w`` of ``W``
+    takes groups ``w, w + W, ...``. Arithmetic only: nothing per batch is held.
+    """
+
+    def __init__(self, plan: EpochPlan, group: int, worker: int, workers: int) -> None:
+        self.plan, self.worker, self.workers = plan, worker, workers
+        n = len(plan)
+        self.starts = [0]  # starts of the doubling head's groups (sizes 1, 2, 4, ... < group)
+        while (1 << (len(self.starts) - 1)) < group:
+            self.starts.append(self.starts[-1] + (1 << (len(self.starts) - 1)))
+        self.head, self.group, self.n = len(self.starts) - 1, group, n
+        if n <= self.starts[-1]:
+            self.n_groups = sum(1 for a in self.starts[:-1] if a < n)
+        else:
+            self.n_groups = self.head + -(-(n - self.starts[-1]) // group)
+
+    def span(self, k: int) -> range:
+        """Batches of global group ``k``."""
+        if k < self.head:
+            return range(self.starts[k], min(self.n, self.starts[k + 1]))
+        a = self.starts[-1] + (k - self.head) * self.group
+        return range(a, min(self.n, a + self.group))
+
+    def __len__(self) -> int:
+        return max(0, -(-(self.n_groups - self.worker) // self.workers))
+
+    def ranges(self) -> Iterator[range]:
+        for i in range(len(self)):
+            yield self.span(self.worker + i * self.workers)
+
+    def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
+        g = self.span(self.worker + i * self.workers)
+        if len(g) == 1:
+            return self.plan[g[0]]
+        return np.concatenate([self.plan[j] for j in g])
 
 
 def _split(sizes: list[int], batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -206,12 +245,23 @@ def _split(sizes: list[int], batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
 class TorchLoader:
     """A resumable, rank- and worker-sharded PyTorch loader over an MDS dataset.
 
+    Built from a :class:`~spark_dl_core.loader_settings.LoaderSettings` (or its keywords).
     Iterate it like a DataLoader; each item is a dict of tensors (numeric columns) or numpy
-    object arrays (strings, bytes, variable-shape arrays). Call :meth:`set_epoch` before each
-    epoch for a new shuffle. :meth:`state_dict` records the global position (samples of the
-    global order consumed by all ranks, assuming every rank took the same number of steps,
-    as data-parallel training does) so :meth:`load_state_dict` resumes exactly, in a fresh
-    process and at another world size.
+    object arrays (strings, bytes, variable-shape arrays).
+
+    Iteration semantics (DataLoader-like): the loader has a *saved position* (epoch,
+    samples of the global order consumed). Each ``iter(loader)`` is a pass from the saved
+    position and ``len(loader)`` is that pass's length. A pass that runs to its end moves the
+    saved position to the start of the next epoch (so ``for epoch ...: for b in loader`` needs
+    no ``set_epoch``, and ``set_epoch(epoch)`` with the epoch already current is a no-op).
+    A pass left early (``break``, or peeking with ``next(iter(loader))``) does not move the
+    saved position: the next ``iter()`` starts from it again. :meth:`state_dict` reports the
+    live position (after the batches the latest pass delivered); moving the saved position
+    there is deliberate: ``loader.load_state_dict(loader.state_dict())``.
+
+    :meth:`state_dict` counts samples of the global order consumed by all ranks, assuming
+    every rank took the same number of steps (data-parallel training), so
+    :meth:`load_state_dict` resumes exactly, in a fresh process and at another world size.
 
     With ``num_workers > 0`` each DataLoader worker decodes ``group`` batches per item; for
     all-fixed-width datasets straight into reusable shared-memory slabs (:class:`_Slabs`),
@@ -220,73 +270,72 @@ class TorchLoader:
     """
 
     def __init__(
-        self,
-        dataset: Dataset,
-        batch_size: int,
-        shuffle: bool = False,
-        seed: int = 0,
-        num_workers: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-        drop_last: bool = False,
-        columns: list[str] | None = None,
-        shuffle_window: int | None = None,
-        epoch: int = 0,
-        images: str = "bytes",
-        verify_hashes: bool | None = None,
-        prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
-        prefetch_factor: int | None = 2,
-        pin_memory: bool = False,
-        persistent_workers: bool = False,
-        multiprocessing_context: Any = None,
-        group: int | None = None,
-        progress: bool = False,
+        self, dataset: Dataset, settings: LoaderSettings | None = None, **kwargs: Any
     ) -> None:
+        settings = settings_from(settings, kwargs)
+        settings.only("PyTorch", TORCH_ONLY)
+        self.settings = settings
         self.dataset = dataset
-        self.batch_size = int(batch_size)
-        self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
-        self.shuffle_window = resolve_window(shuffle_window)
-        self.num_workers = int(num_workers)
+        self.batch_size = settings.batch_size
+        self.shuffle, self.seed, self.drop_last = (
+            settings.shuffle,
+            settings.seed,
+            settings.drop_last,
+        )
+        self.shuffle_window = settings.shuffle_window
+        self.num_workers = settings.num_workers
         # Batches per worker item: ~8 MiB of fixed-width rows, at least one batch.
         row = dataset.layout.row_size or 0
-        self.group = int(group or max(1, min(16, (8 << 20) // max(1, row * batch_size))))
-        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.group = int(
+            settings.group or max(1, min(16, (8 << 20) // max(1, row * self.batch_size)))
+        )
+        self.rank, self.world_size = resolve_rank(settings.rank, settings.world_size)
         self.read: dict[str, Any] = {
-            "columns": columns,
-            "images": images,
-            "verify_hashes": verify_hashes,
-            "prefetch_bytes": prefetch_bytes,
+            "columns": settings.column_list,
+            "images": settings.images,
+            "verify_hashes": settings.verify_hashes,
+            "prefetch_bytes": settings.prefetch_bytes,
         }
+        self.read.update(reader_extras(settings))
         self.loader_kwargs: dict[str, Any] = {
-            "pin_memory": pin_memory,
-            "multiprocessing_context": multiprocessing_context,
+            "pin_memory": settings.pin_memory,
+            "multiprocessing_context": settings.multiprocessing_context,
         }
         if self.num_workers > 0:
-            self.loader_kwargs["prefetch_factor"] = prefetch_factor
-            self.loader_kwargs["persistent_workers"] = False
-        del persistent_workers  # each epoch has its own plan; workers are rebuilt per epoch
-        self.progress = bool(progress)
-        self.epoch = int(epoch)
-        self._consumed = 0  # global samples consumed before the current pass started
-        self._steps = 0  # batches this rank has yielded in the current pass
-        self._finished = False  # a pass ran to the end: iterating again repeats the epoch
-        self._plan_for = self._build_plan()  # validates arguments eagerly
+            self.loader_kwargs["prefetch_factor"] = settings.prefetch_factor
+        self.progress = settings.progress
+        self._live: _Pass | None = None  # the latest pass (iterator) and what it delivered
+        self._stats: PassStats | None = None
+        self._set_position(settings.epoch, 0)  # validates the order settings eagerly
 
     # -- order
 
-    def _build_plan(self) -> EpochPlan:
+    def _build_plan(self, epoch: int, consumed: int) -> EpochPlan:
         return EpochPlan.build(
             self.dataset,
             batch_size=self.batch_size,
             shuffle=self.shuffle,
             seed=self.seed,
-            epoch=self.epoch,
+            epoch=epoch,
             rank=self.rank,
             world_size=self.world_size,
             drop_last=self.drop_last,
             shuffle_window=self.shuffle_window,
-            consumed=self._consumed,
+            consumed=consumed,
         )
+
+    def _set_position(self, epoch: int, consumed: int) -> None:
+        """Move the saved position; a position with nothing left is the next epoch's start."""
+        plan = self._build_plan(epoch, consumed)
+        if consumed and not len(plan):
+            epoch, consumed = epoch + 1, 0
+            plan = self._build_plan(epoch, 0)
+        self.epoch, self._consumed, self._plan_for = epoch, consumed, plan
+        self._live = None
+
+    def sample_order(self) -> EpochPlan:
+        """This rank's remaining batches of global sample indices (what the next pass reads)."""
+        return self._plan_for
 
     def _bar(self, total: int) -> Any:
         """A tqdm bar over this rank's batches of the epoch (``progress=True``)."""
@@ -312,29 +361,23 @@ class TorchLoader:
         return _Slabs(self.num_workers, depth, nbytes, context)
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch's shuffle; a different epoch than the current starts it afresh."""
+        """Start epoch ``epoch`` afresh, unless it is already the saved position's epoch."""
         if int(epoch) != self.epoch:
-            self.epoch, self._consumed, self._steps = int(epoch), 0, 0
-            self._finished = False
-            self._plan_for = self._build_plan()
+            self._set_position(int(epoch), 0)
 
     def __len__(self) -> int:
-        """Batches this rank yields in the (rest of the) current epoch."""
+        """Batches this rank yields in the next pass (the rest of the saved epoch)."""
         return len(self._plan_for)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        if self._steps:  # a pass was interrupted: continue after what was delivered
-            self._consumed = self._plan_for.consumed_after(self._steps)
-            self._steps = 0
-            self._plan_for = self._build_plan()
-        elif self._finished:
-            self._consumed = 0  # iterating again after a full pass repeats the epoch
-            self._plan_for = self._build_plan()
-        self._finished = False
         plan = self._plan_for
+        live = _Pass(plan, self.epoch)
+        self._live = live
+        trace_path = self.settings.trace_path
+        stats = self._stats = PassStats(self.epoch, trace=trace_path is not None)
         group = 1 if self.num_workers == 0 else self.group
         slabs = self._slabs(group) if self.num_workers > 0 else None
-        source = _Batches(self.dataset, plan, self.read, group, slabs)
+        source = _Batches(self.dataset, plan, self.read, group, slabs, trace_path is not None)
         if self.num_workers == 0:
             items: Any = iter(source)
         else:
@@ -349,33 +392,64 @@ class TorchLoader:
             )
         pin = bool(self.loader_kwargs["pin_memory"]) and torch.cuda.is_available()
         bar = self._bar(len(plan)) if self.progress else None
+        shown = 0.0
+        resumed = time.perf_counter()  # the training loop waits for data from here on
         try:
-            for sizes, item in items:
+            for sizes, item, (worker, times, events) in items:
                 merged = item.take(slabs, pin) if isinstance(item, _SlabItem) and slabs else item
-                for batch in _split(sizes, merged) if len(sizes) > 1 else [merged]:
-                    self._steps += 1
+                stats.workers[worker] = times
+                if events:
+                    stats.worker_events.extend(events)
+                for size, batch in zip(
+                    sizes, _split(sizes, merged) if len(sizes) > 1 else [merged]
+                ):
+                    live.steps += 1
+                    now = time.perf_counter()
+                    stats.delivered(size, now - resumed, now)
                     if bar is not None:
                         bar.update(1)
+                        if now - shown > 0.5:
+                            bar.set_postfix_str(stats.postfix(), refresh=False)
+                            shown = now
                     yield batch
+                    resumed = time.perf_counter()
         finally:
+            stats.finished = time.perf_counter()
             if slabs is not None:
                 slabs.stop.set()  # wake workers waiting for a slab, then shut them down
             if bar is not None:
+                bar.set_postfix_str(stats.postfix(), refresh=False)
                 bar.close()
+            if trace_path is not None:
+                stats.write_trace(trace_path)
             del items
-        self._consumed, self._steps, self._finished = plan.total, 0, True
-        # Nothing is left of this epoch: an empty plan, without recomputing the order.
-        self._plan_for = EpochPlan([], self.batch_size, plan.total, self.world_size, plan.total)
+        if self._live is live:  # the pass ran to its end: the saved position moves on
+            self._set_position(live.epoch, plan.total)
+
+    # -- telemetry
+
+    def stats(self) -> dict[str, Any]:
+        """The latest pass (current epoch): samples and batches delivered, samples/s, time
+        to first batch, data-starved % (share of wall time the training loop waited for a
+        batch), and per worker the seconds spent reading, decompressing, decoding and
+        transforming (cumulative within the pass)."""
+        if self._stats is None:
+            return PassStats(self.epoch).as_dict() | {"samples_per_s": 0.0, "wall_s": 0.0}
+        return self._stats.as_dict()
 
     # -- state
 
     def state_dict(self) -> dict[str, Any]:
-        """The global position: resumable at any world size and worker count."""
-        consumed = self._plan_for.consumed_after(self._steps) if self._steps else self._consumed
+        """The live global position: resumable at any world size and worker count."""
+        live = self._live
+        if live is not None and live.steps:
+            epoch, consumed = live.epoch, live.plan.consumed_after(live.steps)
+        else:
+            epoch, consumed = self.epoch, self._consumed
         return LoaderState(
             fingerprint=self.dataset.fingerprint,
             seed=self.seed,
-            epoch=self.epoch,
+            epoch=epoch,
             shuffle=self.shuffle,
             shuffle_window=self.shuffle_window,
             batch_size=self.batch_size,
@@ -384,7 +458,7 @@ class TorchLoader:
         ).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly after ``state``; raises if it is for another dataset or order.
+        """Make ``state`` the saved position; raises if it is for another dataset or order.
 
         The batch size and ``drop_last`` may change: the position is counted in samples.
         """
@@ -395,9 +469,7 @@ class TorchLoader:
             shuffle=self.shuffle,
             shuffle_window=self.shuffle_window,
         )
-        self.epoch, self._consumed, self._steps = loaded.epoch, loaded.consumed, 0
-        self._finished = False
-        self._plan_for = self._build_plan()
+        self._set_position(loaded.epoch, loaded.consumed)
 
     def __repr__(self) -> str:
         return (
@@ -405,3 +477,15 @@ class TorchLoader:
             f"shuffle={self.shuffle} seed={self.seed} epoch={self.epoch} "
             f"rank={self.rank}/{self.world_size} workers={self.num_workers}>"
         )
+
+
+class _Pass:
+    """One iteration over the loader: its plan and how many batches it has delivered."""
+
+    __slots__ = ("epoch", "plan", "steps")
+
+    def __init__(self, plan: EpochPlan, epoch: int) -> None:
+        self.plan, self.epoch, self.steps = plan, epoch, 0
+
+
+register_framework("torch", TorchLoader)

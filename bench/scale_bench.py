@@ -1,0 +1,158 @@
+"""Scale benchmark: opening and planning an epoch at 10^4..10^6 shards, 10^8..10^10 samples.
+
+Synthesizes, per size, an MDS index (``index.json`` as Mosaic writes it, plus spark-dl's
+compact index) of shards that do not exist (no payload is needed to open a dataset or to
+plan an epoch), then, each size in a fresh process (torch imported before the clock):
+
+- ``open``: ``open_dataset(path)``;
+- ``ready``: building rank 0 of 64's ``to_torch`` loader (shuffled) and computing the global
+  sample ids of its first batch;
+- ``resume``: a fresh loader given a state at 90% of the epoch, up to its first batch's ids
+  (the order is recomputed, as in a new process);
+- ``plan MB``: peak RSS above the process's RSS after imports (the plan's own memory);
+- ``peak MB``: the process's peak RSS (``VmHWM``), imports included.
+
+``python bench/scale_bench.py`` runs every size; ``--sizes 1e4x1e4,1e6x1e4`` picks some
+(shards x samples per shard); ``--json`` prints machine-readable rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SIZES = ["1e4x1e4", "1e5x1e3", "1e6x1e2", "1e4x1e6", "1e5x1e5", "1e6x1e4"]
+BATCH, WORLD = 256, 64
+
+
+def _rss_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def synthesize(path: Path, shards: int, per_shard: int) -> None:
+    """index.json (Mosaic's fields) and its compact index for ``shards`` absent shards."""
+    import numpy as np
+    import pyarrow as pa
+
+    from spark_dl_core.format.compact import COMPACT_FILE, compact_from_columns
+
+    path.mkdir(parents=True)
+    raw = 8 * per_shard + 4 * (per_shard + 2) + 200  # 8-byte rows + offsets + config
+    config = (
+        '"column_encodings": ["int64"], "column_names": ["id"], "column_sizes": [8], '
+        '"compression": null, "format": "mds", "hashes": [], "size_limit": 67108864, '
+        '"version": 2'
+    )
+    entries = (
+        f'{{{config}, "raw_data": {{"basename": "shard.{i:07}.mds", "bytes": {raw}, '
+        f'"hashes": {{}}}}, "samples": {per_shard}, "zip_data": null}}'
+        for i in range(shards)
+    )
+    text = ('{"shards": [' + ", ".join(entries) + '], "version": 2}').encode()
+    (path / "index.json").write_bytes(text)
+    names = pa.array([f"shard.{i:07}.mds" for i in range(shards)], pa.string())
+    columns = {
+        "samples": pa.array(np.full(shards, per_shard, np.int64)),
+        "raw_basename": names,
+        "raw_bytes": pa.array(np.full(shards, raw, np.int64)),
+        "zip_basename": pa.nulls(shards, pa.string()),
+        "zip_bytes": pa.array(np.full(shards, -1, np.int64)),
+        "compression": pa.nulls(shards, pa.string()),
+        "size_limit": pa.array(np.full(shards, 67108864, np.int64)),
+        "hashes": pa.array(["[]"] * shards, pa.string()),
+    }
+    layout = {"names": ["id"], "encodings": ["int64"], "sizes": [8]}
+    fingerprint = f"synthetic-{shards}x{per_shard}"
+    (path / COMPACT_FILE).write_bytes(compact_from_columns(columns, layout, text, fingerprint))
+
+
+def measure(path: str) -> dict[str, float]:
+    """One size, in this (fresh) process."""
+    import torch  # noqa: F401  (imported before the clock, as training code would)
+
+    from spark_dl_core import open_dataset
+    from spark_dl_core.torch_loader import TorchLoader  # noqa: F401
+
+    base = _rss_mb("VmRSS")
+    t0 = time.perf_counter()
+    ds = open_dataset(path)
+    t1 = time.perf_counter()
+    kw = dict(batch_size=BATCH, shuffle=True, seed=0, rank=0, world_size=WORLD)
+    loader = ds.to_torch(**kw)
+    first = loader.sample_order()[0]
+    t2 = time.perf_counter()
+    state = loader.state_dict()
+    state["consumed"] = int(0.9 * len(ds)) // (BATCH * WORLD) * (BATCH * WORLD)
+    from spark_dl_core import order
+
+    order._ORDERS.clear()  # as in a fresh process: nothing of the first loader's order kept
+    t3 = time.perf_counter()
+    resumed = ds.to_torch(**kw)
+    resumed.load_state_dict(state)
+    again = resumed.sample_order()[0]
+    t4 = time.perf_counter()
+    assert len(first) == len(again) == BATCH
+    return {
+        "samples": len(ds),
+        "shards": ds.num_shards,
+        "open_s": t1 - t0,
+        "ready_s": t2 - t1,
+        "resume_s": t4 - t3,
+        "plan_mb": _rss_mb("VmHWM") - base,
+        "peak_mb": _rss_mb("VmHWM"),
+        "batches_rank0": len(loader),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default=",".join(SIZES))
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure(args.measure)))
+        return
+    rows = []
+    root = Path(tempfile.mkdtemp(prefix="spark-dl-scale-"))
+    try:
+        for size in args.sizes.split(","):
+            shards, per_shard = (int(float(x)) for x in size.split("x"))
+            path = root / size
+            synthesize(path, shards, per_shard)
+            out = subprocess.run(
+                [sys.executable, __file__, "--measure", str(path)],
+                check=True,
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            ).stdout
+            row = {"size": size, **json.loads(out.strip().splitlines()[-1])}
+            rows.append(row)
+            if not args.json:
+                print(
+                    f"{row['shards']:>9,} shards {row['samples']:>16,} samples  "
+                    f"open {row['open_s']:6.3f}s  ready {row['ready_s']:6.3f}s  "
+                    f"resume@90% {row['resume_s']:6.3f}s  plan {row['plan_mb']:7.1f} MB  "
+                    f"peak {row['peak_mb']:7.1f} MB",
+                    flush=True,
+                )
+            shutil.rmtree(path)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

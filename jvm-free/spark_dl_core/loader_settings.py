@@ -1,0 +1,208 @@
+"""One frozen model of loader settings, shared by torch, tf and numpy iteration.
+
+Every loader (``Dataset.iter_batches``, ``to_torch``, ``to_tf``) is built from a
+:class:`LoaderSettings`: the same names, defaults and checks everywhere. A setting a
+framework cannot honour is refused when the loader is built, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from .errors import SpecError
+from .order import DEFAULT_WINDOW
+from .reader import DEFAULT_PREFETCH_BYTES, BatchReader
+
+_IMAGES = ("bytes", "pil", "numpy")
+_DEVICES = (None, "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """How to load one rank's share of an epoch: order, reading and framework settings.
+
+    Order (fix the global order and this rank's share): ``batch_size``, ``shuffle``,
+    ``seed``, ``epoch``, ``rank``, ``world_size`` (None: from torch.distributed or the
+    ``RANK``/``WORLD_SIZE`` environment), ``drop_last``, ``shuffle_window`` (shards per
+    shuffle window). Reading: ``columns``, ``images``, ``verify_hashes``,
+    ``prefetch_bytes``, ``transforms`` (read-time transform specs), ``device``.
+    PyTorch only: ``num_workers``, ``prefetch_factor``, ``pin_memory``,
+    ``persistent_workers`` (refused: each pass has its own plan), ``multiprocessing_context``,
+    ``group``, ``progress``. TensorFlow only: ``as_tuple``. Telemetry: ``trace_path``.
+    """
+
+    batch_size: int = 256
+    shuffle: bool = False
+    seed: int = 0
+    epoch: int = 0
+    rank: int | None = None
+    world_size: int | None = None
+    drop_last: bool = False
+    shuffle_window: int = DEFAULT_WINDOW
+    columns: tuple[str, ...] | None = None
+    images: str = "bytes"
+    verify_hashes: bool | None = None
+    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
+    transforms: tuple[Any, ...] = ()
+    device: str | None = None
+    num_workers: int = 0
+    prefetch_factor: int | None = 2
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    multiprocessing_context: Any = field(default=None, compare=False)
+    group: int | None = None
+    progress: bool = False
+    as_tuple: tuple[Any, Any] | None = None
+    trace_path: str | None = None
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, what: str) -> None:
+            if not ok:
+                raise SpecError(f"loader setting {name}={getattr(self, name)!r}: {what}")
+
+        for name in ("batch_size", "seed", "epoch", "shuffle_window", "num_workers"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool), name, "not an int")
+        for name in ("shuffle", "drop_last", "pin_memory", "progress"):
+            need(isinstance(getattr(self, name), bool), name, "not a bool")
+        need(
+            self.verify_hashes is None or isinstance(self.verify_hashes, bool),
+            "verify_hashes",
+            "must be None (each shard once per process), True or False",
+        )
+        need(self.batch_size >= 1, "batch_size", "must be >= 1")
+        need(self.epoch >= 0, "epoch", "must be >= 0")
+        need(self.shuffle_window >= 1, "shuffle_window", "must be >= 1 shard")
+        need(self.num_workers >= 0, "num_workers", "must be >= 0")
+        need(self.prefetch_bytes >= 0, "prefetch_bytes", "must be >= 0")
+        need(self.group is None or self.group >= 1, "group", "must be >= 1")
+        need(self.images in _IMAGES, "images", f"must be one of {_IMAGES}")
+        need(self.device in _DEVICES, "device", f"must be one of {_DEVICES}")
+        if self.world_size is not None:
+            need(self.world_size >= 1, "world_size", "must be >= 1")
+        if self.rank is not None:
+            need(
+                self.rank >= 0 and (self.world_size is None or self.rank < self.world_size),
+                "rank",
+                f"must be in 0..{(self.world_size or 1) - 1}",
+            )
+        need(
+            not self.persistent_workers,
+            "persistent_workers",
+            "not supported: every pass (epoch or resume) deals workers a new plan, so "
+            "workers start per pass; leave it False",
+        )
+        if self.columns is not None:
+            need(all(isinstance(c, str) for c in self.columns), "columns", "not column names")
+        if self.transforms:
+            for t in self.transforms:
+                need(
+                    isinstance(t, Mapping) or hasattr(t, "model_dump"),
+                    "transforms",
+                    "each transform must be a transform spec or a dict",
+                )
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> LoaderSettings:
+        """Settings from keywords; an unknown keyword is refused naming the closest one."""
+        known = {f.name for f in fields(cls)}
+        for name in kwargs:
+            if name not in known:
+                close = difflib.get_close_matches(name, sorted(known), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise SpecError(f"unknown loader setting {name!r}{hint}")
+        if kwargs.get("shuffle_window") is None:
+            kwargs.pop("shuffle_window", None)
+        if kwargs.get("columns") is not None:
+            kwargs["columns"] = tuple(kwargs["columns"])
+        if kwargs.get("transforms") is not None:
+            kwargs["transforms"] = tuple(kwargs["transforms"])
+        else:
+            kwargs.pop("transforms", None)
+        if isinstance(kwargs.get("as_tuple"), list):
+            kwargs["as_tuple"] = tuple(kwargs["as_tuple"])
+        if kwargs.get("prefetch_bytes") is None:
+            kwargs.pop("prefetch_bytes", None)
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> LoaderSettings:
+        return replace(self, **changes)
+
+    def only(self, framework: str, used: frozenset[str]) -> None:
+        """Refuse settings ``framework`` does not use when they differ from the default."""
+        for f in fields(self):
+            if f.name in used or f.name in _COMMON:
+                continue
+            if getattr(self, f.name) != f.default:
+                raise SpecError(
+                    f"loader setting {f.name}={getattr(self, f.name)!r} has no meaning for "
+                    f"{framework}; leave it out"
+                )
+
+    @property
+    def column_list(self) -> list[str] | None:
+        return list(self.columns) if self.columns is not None else None
+
+
+_COMMON = frozenset(
+    {
+        "batch_size",
+        "shuffle",
+        "seed",
+        "epoch",
+        "rank",
+        "world_size",
+        "drop_last",
+        "shuffle_window",
+        "columns",
+        "images",
+        "verify_hashes",
+        "prefetch_bytes",
+        "transforms",
+        "device",
+    }
+)
+TORCH_ONLY = frozenset(
+    {
+        "num_workers",
+        "prefetch_factor",
+        "pin_memory",
+        "persistent_workers",
+        "multiprocessing_context",
+        "group",
+        "progress",
+        "trace_path",
+    }
+)
+TF_ONLY = frozenset({"as_tuple", "trace_path"})
+
+
+def settings_from(settings: LoaderSettings | None, kwargs: dict[str, Any]) -> LoaderSettings:
+    """Either a settings object or keywords (or a settings object plus overrides)."""
+    if settings is None:
+        return LoaderSettings.from_kwargs(**kwargs)
+    if not isinstance(settings, LoaderSettings):
+        raise SpecError(f"expected LoaderSettings, got {type(settings).__name__}")
+    if kwargs:
+        base = {f.name: getattr(settings, f.name) for f in fields(settings)}
+        return LoaderSettings.from_kwargs(**{**base, **kwargs})
+    return settings
+
+
+def reader_extras(settings: LoaderSettings) -> dict[str, Any]:
+    """Reader keywords for read-time ``transforms`` / ``device``, where the reader has them."""
+    import inspect
+
+    accepted = inspect.signature(BatchReader.__init__).parameters
+    extras: dict[str, Any] = {}
+    for name in ("transforms", "device"):
+        value = getattr(settings, name)
+        if value in (None, ()):
+            continue
+        if name not in accepted:
+            raise SpecError(f"loader setting {name}={value!r} is not supported by this reader")
+        extras[name] = list(value) if name == "transforms" else value
+    return extras

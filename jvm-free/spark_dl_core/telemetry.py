@@ -1,0 +1,92 @@
+"""Loader telemetry: where an epoch's time goes, cheaply enough to be always on.
+
+A :class:`PassStats` per pass counts what the training loop received and how long it
+waited for it (the "data-starved" share of wall time), and collects, per worker, the
+seconds spent reading, decompressing, decoding and transforming. Readers accumulate into
+a :class:`WorkerTimes` dict (a few ``perf_counter`` calls per shard and per batch); with
+DataLoader workers each item carries its worker's cumulative times. With ``trace_path``
+the same spans are kept and written as Chrome-trace JSON (``chrome://tracing``, Perfetto).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+STAGES = ("read", "decompress", "decode", "transform")
+
+
+def new_times() -> dict[str, float]:
+    return dict.fromkeys(STAGES, 0.0)
+
+
+class Spans:
+    """Chrome-trace complete events ("ph": "X") of one process, in microseconds."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def add(self, name: str, start: float, end: float, tid: str, **args: Any) -> None:
+        self.events.append(
+            {
+                "name": name,
+                "ph": "X",
+                "ts": start * 1e6,
+                "dur": (end - start) * 1e6,
+                "pid": os.getpid(),
+                "tid": tid,
+                **({"args": args} if args else {}),
+            }
+        )
+
+    def take(self) -> list[dict[str, Any]]:
+        out, self.events = self.events, []
+        return out
+
+
+class PassStats:
+    """What one pass (one ``iter(loader)``) delivered and where its time went."""
+
+    def __init__(self, epoch: int, trace: bool = False) -> None:
+        self.epoch = epoch
+        self.started = time.perf_counter()
+        self.first_batch_s: float | None = None
+        self.samples = 0
+        self.batches = 0
+        self.waited_s = 0.0
+        self.finished: float | None = None
+        self.workers: dict[str, dict[str, float]] = {}
+        self.spans = Spans() if trace else None
+        self.worker_events: list[dict[str, Any]] = []
+
+    def delivered(self, samples: int, waited: float, now: float) -> None:
+        if self.first_batch_s is None:
+            self.first_batch_s = now - self.started
+        self.samples += samples
+        self.batches += 1
+        self.waited_s += waited
+
+    def as_dict(self) -> dict[str, Any]:
+        end = self.finished if self.finished is not None else time.perf_counter()
+        wall = max(end - self.started, 1e-9)
+        return {
+            "epoch": self.epoch,
+            "samples": self.samples,
+            "batches": self.batches,
+            "wall_s": wall,
+            "samples_per_s": self.samples / wall,
+            "time_to_first_batch_s": self.first_batch_s,
+            "data_starved_pct": 100.0 * self.waited_s / wall,
+            "workers": {k: dict(v) for k, v in sorted(self.workers.items())},
+        }
+
+    def postfix(self) -> str:
+        d = self.as_dict()
+        return f"{d['samples_per_s']:,.0f} samples/s, starved {d['data_starved_pct']:.0f}%"
+
+    def write_trace(self, path: str | os.PathLike[str]) -> None:
+        events = (self.spans.events if self.spans else []) + self.worker_events
+        with open(path, "w") as f:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
