@@ -378,6 +378,7 @@ class MDSWriter(DataSourceArrowWriter):
             writer.shards,
             writer.content_hashes,
             writer.plans,
+            writer.stored_hashes,
             files=files if self.ordered else None,
         )
 

@@ -7,6 +7,7 @@ import json
 import os
 import uuid
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -315,6 +316,28 @@ def test_core_and_spark_append_refuse_the_same_drift(spark: Any, tmp_path: Any) 
             frame.write.format("mds").mode("append").options(**options).save(path)
     assert spark.read.format("mds").load(path).count() == 10
     _listed_exactly(path)
+
+
+def test_corruption_is_caught_on_first_read_by_default(spark: Any, tmp_path: Any) -> None:
+    """Spark-written shards record the xxh3 of their stored file: readers check it once."""
+    from spark_dl_core import HashMismatchError, open_dataset
+
+    path = str(tmp_path / "flip")
+    spark.range(200).selectExpr("id", "CAST(id AS string) AS s").coalesce(1).write.format(
+        "mds"
+    ).save(path)
+    ds = open_dataset(path)
+    assert all(m["stored_hashes"] for m in ds.meta["shards"])
+    shard = Path(path) / ds.shards[0].stored.basename
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.raises(HashMismatchError, match=r"xxh3_64 .*spark_dl\.json"):
+        list(open_dataset(path).iter_batches())
+    with pytest.raises(Exception, match="xxh3_64"):
+        spark.read.format("mds").load(path).collect()
+    rows = spark.read.format("mds").option("verify_hashes", "false").load(path).count()
+    assert rows == 200
 
 
 def test_options_mirror_the_spec(spark: Any, tmp_path: Any) -> None:
