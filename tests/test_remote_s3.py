@@ -47,6 +47,7 @@ def test_write_and_read_through_cache(s3: Any, tmp_path: Path) -> None:
         _table(),
         "s3://bucket/ds",
         DatasetSpec(shard_size="16KiB", compression="zstd"),
+        mode="overwrite",  # moto keeps its buckets in-process: other tests use this path too
         storage_options=options,
     )
     cache_dir = tmp_path / "cache"
