@@ -72,7 +72,8 @@ def _local_copy(store: Store, cache_dir: str | None) -> Any:
     key = index_digest(f"{store.url}|{info.get('size')}|{tag}".encode())[:24]
     from .cache import default_cache_dir
 
-    directory = cache_dir or default_cache_dir(store.url)
+    # a dot-directory: the shard cache's LRU neither counts nor evicts it
+    directory = os.path.join(cache_dir or default_cache_dir(store.url), ".index")
     os.makedirs(directory, exist_ok=True)
     local = os.path.join(directory, f"compact-{key}.arrow")
     if not (os.path.exists(local) and os.path.getsize(local) == info.get("size")):
