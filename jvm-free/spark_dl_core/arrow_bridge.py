@@ -13,12 +13,35 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .format.buffers import Jagged
+
 if TYPE_CHECKING:
     from .dataset import Batch, Dataset
 
 
+def read_transforms(dataset: Dataset) -> list[Any]:
+    """The spec's ``"at": "read"`` transforms, which every reader applies."""
+    from .transforms import parse_transforms
+
+    recorded = (dataset.spec or {}).get("transforms", [])
+    return parse_transforms([t for t in recorded if t.get("at") == "read"])
+
+
 def arrow_schema(dataset: Dataset, columns: list[str] | None = None) -> pa.Schema:
-    """The Arrow schema a reader of ``dataset`` produces (masks folded into nullability)."""
+    """The Arrow schema a reader of ``dataset`` produces: the stored columns (masks folded
+    into nullability) after the spec's read-time transforms."""
+    schema = stored_schema(dataset, columns)
+    transforms = read_transforms(dataset)
+    if not transforms:
+        return schema
+    from .transforms import apply_transforms
+
+    empty = pa.RecordBatch.from_pylist([], schema=schema)
+    return apply_transforms(empty, transforms, "read").schema
+
+
+def stored_schema(dataset: Dataset, columns: list[str] | None = None) -> pa.Schema:
+    """The Arrow schema of the stored columns (masks folded into nullability)."""
     if dataset.plans:
         fields = [pa.field(p.name, p.arrow_type, nullable=p.nullable) for p in dataset.plans]
     else:
@@ -38,7 +61,7 @@ def arrow_schema(dataset: Dataset, columns: list[str] | None = None) -> pa.Schem
 def batch_to_arrow(
     dataset: Dataset, batch: Batch, columns: list[str] | None = None
 ) -> pa.RecordBatch:
-    schema = arrow_schema(dataset, columns)
+    schema = stored_schema(dataset, columns)
     masks = {p.name: p.null_mask for p in dataset.plans or [] if p.null_mask}
     arrays = []
     for f in schema:
@@ -48,7 +71,13 @@ def batch_to_arrow(
             nulls = pa.array(batch[mask_name].astype(bool))
             array = pc.if_else(nulls, pa.scalar(None, type=f.type), array)
         arrays.append(array)
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    record = pa.RecordBatch.from_arrays(arrays, schema=schema)
+    transforms = read_transforms(dataset)
+    if transforms:
+        from .transforms import apply_transforms
+
+        record = apply_transforms(record, transforms, "read")
+    return record
 
 
 def _jsonish(value: Any, t: pa.DataType) -> Any:
@@ -64,8 +93,16 @@ def _jsonish(value: Any, t: pa.DataType) -> Any:
     return value
 
 
-def numpy_to_arrow(values: np.ndarray, t: pa.DataType) -> pa.Array:
+def numpy_to_arrow(values: np.ndarray | Jagged, t: pa.DataType) -> pa.Array:
     """One decoded column as an Arrow array of type ``t``."""
+    if isinstance(values, Jagged):
+        leaf = t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else t
+        inner = pa.array(values.values[values.offsets[0] : values.offsets[-1]])
+        if inner.type != leaf:
+            inner = inner.cast(leaf)
+        offsets = (values.offsets - values.offsets[0]).astype(np.int32)
+        array = pa.ListArray.from_arrays(pa.array(offsets), inner)
+        return array if array.type == t else array.cast(t)
     if values.dtype == object:
         items = list(values)
         if (
@@ -106,9 +143,10 @@ def _nested(values: np.ndarray, t: pa.DataType) -> pa.Array:
     inner: pa.Array = pa.array(values.reshape(-1))
     if inner.type != leaf and not pa.types.is_list(leaf):
         inner = inner.cast(leaf)
-    count = values.size
-    for level, dim in zip(reversed(levels), reversed(values.shape[1 : 1 + len(levels)])):
-        count //= dim
+    dims = values.shape[: 1 + len(levels)]
+    for depth in range(len(levels), 0, -1):  # innermost level first
+        level, dim = levels[depth - 1], int(dims[depth])
+        count = int(np.prod(dims[:depth], dtype=np.int64))  # lists at this level
         if pa.types.is_fixed_size_list(level):
             inner = pa.FixedSizeListArray.from_arrays(inner, dim)
         else:
@@ -117,3 +155,29 @@ def _nested(values: np.ndarray, t: pa.DataType) -> pa.Array:
         if inner.type != level:
             inner = inner.cast(level)
     return inner
+
+
+def arrow_to_numpy(array: pa.Array | pa.ChunkedArray) -> Any:
+    """An Arrow column as a reader hands it out: numbers as numpy, lists of numbers as
+    :class:`Jagged` (or dense when fixed-size), anything else as an object array."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    t = array.type
+    if pa.types.is_fixed_size_list(t):
+        shape = []
+        leaf = array
+        while pa.types.is_fixed_size_list(leaf.type):
+            shape.append(leaf.type.list_size)
+            leaf = leaf.flatten()
+        return leaf.to_numpy(zero_copy_only=False).reshape(len(array), *shape)
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and (
+        pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
+    ):
+        offsets = np.asarray(array.offsets, dtype=np.int64)
+        values = array.values.to_numpy(zero_copy_only=False)
+        return Jagged(values, offsets)
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return array.to_numpy(zero_copy_only=False)
+    out = np.empty(len(array), dtype=object)
+    out[:] = array.to_pylist()
+    return out

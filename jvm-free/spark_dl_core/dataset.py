@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from .cache import shard_store
 from .errors import DatasetError, DecompressionError, HashMismatchError, ShardError
+from .format.buffers import Jagged, Pieces, gather, offsets_from_lengths
 from .format.compact import CompactIndex, ShardTable
 from .format.compression import parse_compression
 from .format.encodings import DecodeOptions, Encoding, ImageMode, get_encoding
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
     from .loader_settings import LoaderSettings
     from .order import EpochPlan
 
-Batch = dict[str, np.ndarray]
+# column -> numpy array, or a Jagged batch (token sequences) inside the loaders
+Batch = dict[str, Any]
 
 
 class Dataset:
@@ -145,6 +147,78 @@ class Dataset:
 
     def encoding(self, column: str) -> Encoding:
         return self.layout.encodings[self.layout.names.index(column)]
+
+    @cached_property
+    def forms(self) -> dict[str, tuple[str, tuple[int, ...] | None]]:
+        """How each variable ``ndarray`` column leaves every reader, fixed per dataset.
+
+        ``("dense", shape)``: every shard's ``spark_dl.json`` entry records that one shape
+        for the column (Spark's ``array<float>`` of equal lengths): a dense batch.
+        ``("jagged", None)``: recorded 1-D lists of numbers otherwise (token sequences):
+        values + offsets, a ``torch.nested`` jagged tensor / ``tf.RaggedTensor``.
+        ``("objects", None)``: n-D values not all of one shape: a numpy object array.
+        Datasets written by other tools record no shapes: their columns are ``("auto",
+        None)``, each batch dense when its values share one shape (as Mosaic's reader
+        leaves it to the user). Fixed-width and other columns are not listed.
+        """
+        forms: dict[str, tuple[str, tuple[int, ...] | None]] = {}
+        plans = {p.name: p for p in self.plans or []}
+        shard_meta = self.meta["shards"] if self.meta else []
+        for name, encoding in zip(self.layout.names, self.layout.encodings):
+            if encoding.size is not None or not encoding.name.startswith("ndarray"):
+                continue
+            recorded = [(m.get("shapes") or {}).get(name, "?") for m in shard_meta]
+            plan = plans.get(name)
+            if plan is None:
+                forms[name] = ("auto", None)
+                continue
+            if recorded and all(isinstance(r, list) and r == recorded[0] for r in recorded):
+                forms[name] = ("dense", tuple(recorded[0]))
+            elif plan is not None and _list_depth(plan.arrow_type) == 1:
+                forms[name] = ("jagged", None)
+            else:
+                forms[name] = ("objects", None)
+        return forms
+
+    def _conform(self, name: str, value: Any, file: str) -> Any:
+        """Give a decoded variable ndarray column its dataset-wide form (see :attr:`forms`)."""
+        form = self.forms.get(name)
+        if form is None:
+            return value
+        kind, shape = form
+        n = len(value)
+        if kind == "auto":
+            return value
+        if kind == "dense":
+            assert shape is not None
+            if n == 0:
+                encoding = self.encoding(name)
+                dtype = getattr(encoding, "dtype", None) or np.float64
+                return np.empty((0, *shape), dtype=np.dtype(dtype).newbyteorder("="))
+            if isinstance(value, np.ndarray) and value.dtype != object and value.shape[1:] == shape:
+                return value
+            raise ShardError(
+                file,
+                f"column {name!r} is recorded with one shape {shape} in every shard (dense), "
+                "but this batch holds arrays of another shape",
+            )
+        if kind == "jagged":
+            if isinstance(value, Jagged):
+                return value
+            if isinstance(value, np.ndarray) and value.dtype != object and value.ndim == 2:
+                return Jagged.from_dense(value)
+            if n == 0:
+                encoding = self.encoding(name)
+                dtype = getattr(encoding, "dtype", None) or np.float64
+                return Jagged(np.empty(0, np.dtype(dtype).newbyteorder("=")), np.zeros(1, np.int64))
+            raise ShardError(
+                file, f"column {name!r} is recorded as 1-D arrays but holds arrays of other rank"
+            )
+        if isinstance(value, Jagged):
+            return value.to_objects()
+        if isinstance(value, np.ndarray) and value.dtype != object:
+            return _as_objects(list(value))
+        return value
 
     def __repr__(self) -> str:
         return (
@@ -268,8 +342,13 @@ class Dataset:
         index: np.ndarray,
         columns: list[str] | None = None,
         images: ImageMode = "bytes",
+        jagged: bool = False,
     ) -> Batch:
-        """Decode the samples at ``index`` (positions within ``shard``) into numpy arrays."""
+        """Decode the samples at ``index`` (positions within ``shard``) into numpy arrays.
+
+        Token-sequence columns (form ``jagged``) come back as :class:`Jagged` batches with
+        ``jagged=True``, else as object arrays of 1-D arrays.
+        """
         names = list(columns) if columns is not None else list(self.layout.names)
         missing = [c for c in names if c not in self.layout.names]
         if missing:
@@ -283,11 +362,13 @@ class Dataset:
         out: Batch = {}
         for name in names:
             try:
-                out[name] = self.encoding(name).decode(pieces[name], len(index), name, options)
+                value = self.encoding(name).decode(pieces[name], len(index), name, options)
             except (ValueError, IndexError) as exc:
                 if isinstance(exc, ShardError):
                     raise
                 raise ShardError(shard.file, f"column {name!r}: {exc}") from None
+            value = self._conform(name, value, shard.file)
+            out[name] = value if jagged or not isinstance(value, Jagged) else value.to_objects()
         return out
 
     def read(
@@ -297,6 +378,7 @@ class Dataset:
         images: ImageMode = "bytes",
         verify_hashes: bool | None = None,
         loaded: dict[int, ShardData] | None = None,
+        jagged: bool = False,
     ) -> Batch:
         """Decode samples by global index, in the order given.
 
@@ -306,17 +388,64 @@ class Dataset:
         if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
             raise IndexError(f"sample index out of range for a dataset of {len(self)}")
         shard_of = np.searchsorted(self.shard_offsets, indices, side="right") - 1
-        parts: list[tuple[np.ndarray, Batch]] = []
-        for shard in np.unique(shard_of).tolist():
+        shards = np.unique(shard_of).tolist()
+        datas: list[tuple[np.ndarray, ShardData]] = []
+        for shard in shards:
             where = np.flatnonzero(shard_of == shard)
             data = loaded.get(shard) if loaded is not None else None
             if data is None:
                 data = self.load_shard(shard, verify_hashes)
                 if loaded is not None:
                     loaded[shard] = data
+            datas.append((where, data))
+        if len(datas) > 1 and self.layout.row_size is None:
+            # A shuffled batch spans several shards: gather each shard's bytes, put them in
+            # the requested order, decode once (not once per shard plus a merge).
+            return self._decode_across(indices, datas, columns, images, jagged)
+        parts: list[tuple[np.ndarray, Batch]] = []
+        for (where, data), shard in zip(datas, shards):
             local = indices[where] - self.shard_offsets[shard]
-            parts.append((where, self.decode(data, local, columns, images)))
+            parts.append((where, self.decode(data, local, columns, images, jagged)))
         return _merge(parts, len(indices))
+
+    def _decode_across(
+        self,
+        indices: np.ndarray,
+        datas: list[tuple[np.ndarray, ShardData]],
+        columns: list[str] | None,
+        images: ImageMode,
+        jagged: bool,
+    ) -> Batch:
+        names = list(columns) if columns is not None else list(self.layout.names)
+        missing = [c for c in names if c not in self.layout.names]
+        if missing:
+            raise KeyError(
+                f"{self.shown} has no column(s) {missing}; it has {list(self.layout.names)}"
+            )
+        options = DecodeOptions(images=images, allow_unsafe=self.allow_unsafe)
+        for name in names:
+            self.encoding(name).check_safe(name, options)
+        n = len(indices)
+        order = np.concatenate([where for where, _ in datas])
+        inverse = np.empty(n, dtype=np.int64)
+        inverse[order] = np.arange(n)
+        parts = []
+        for where, data in datas:
+            shard = int(np.searchsorted(self.shard_offsets, indices[where[0]], side="right") - 1)
+            parts.append(data.columns(indices[where] - self.shard_offsets[shard], names))
+        files = ", ".join(data.file for _, data in datas)
+        out: Batch = {}
+        for name in names:
+            pieces = _take_pieces(_concat_pieces([p[name] for p in parts]), inverse, n)
+            try:
+                value = self.encoding(name).decode(pieces, n, name, options)
+            except (ValueError, IndexError) as exc:
+                if isinstance(exc, ShardError):
+                    raise
+                raise ShardError(files, f"column {name!r}: {exc}") from None
+            value = self._conform(name, value, files)
+            out[name] = value if jagged or not isinstance(value, Jagged) else value.to_objects()
+        return out
 
     def iter_batches(
         self,
@@ -342,6 +471,7 @@ class Dataset:
         ``state_dict()``) continues after the samples it records as consumed (elastic
         resume); ``consumed=`` / ``start_batch=`` are deprecated spellings of it.
         Shards are loaded ahead by a thread within ``prefetch_bytes`` of decompressed data.
+        ``transforms`` are read-time ops (image pipeline, normalize…), after the spec's own.
         """
         from .loader_settings import reader_extras, settings_from
         from .order import LoaderState
@@ -384,6 +514,8 @@ class Dataset:
             images=chosen.images,
             verify_hashes=chosen.verify_hashes,
             prefetch_bytes=chosen.prefetch_bytes,
+            seed=chosen.seed,
+            epoch=epoch,
             **reader_extras(chosen),
         )
 
@@ -429,11 +561,25 @@ class Dataset:
     def to_arrow(self, columns: list[str] | None = None, batch_size: int = 65536) -> pa.Table:
         """The whole dataset (or some columns) as an Arrow table with the recorded types."""
         from .arrow_bridge import batch_to_arrow
+        from .order import EpochPlan
+        from .reader import BatchReader
 
-        batches = [
-            batch_to_arrow(self, b, columns)
-            for b in self.iter_batches(batch_size=batch_size, columns=self._stored_for(columns))
-        ]
+        plan = EpochPlan.build(
+            self,
+            batch_size=batch_size,
+            shuffle=False,
+            seed=0,
+            epoch=0,
+            rank=0,
+            world_size=1,
+            drop_last=False,
+            shuffle_window=None,
+        )
+        # Read-time transforms run once, in Arrow (batch_to_arrow), as for spark.read.
+        reader = BatchReader(
+            self, plan.batches, columns=self._stored_for(columns), jagged=True, spec_ops=False
+        )
+        batches = [batch_to_arrow(self, b, columns) for b in reader]
         if not batches:
             from .arrow_bridge import arrow_schema
 
@@ -481,7 +627,11 @@ class Dataset:
 
 
 def _merge(parts: list[tuple[np.ndarray, Batch]], n: int) -> Batch:
-    """Put per-shard decoded pieces back into the requested order."""
+    """Put per-shard decoded pieces back into the requested order.
+
+    Every part of a column has the same form (see ``Dataset.forms``): dense arrays are
+    concatenated, jagged batches joined by offsets, object arrays concatenated.
+    """
     if len(parts) == 1 and np.array_equal(parts[0][0], np.arange(n)):
         return parts[0][1]
     out: Batch = {}
@@ -492,12 +642,47 @@ def _merge(parts: list[tuple[np.ndarray, Batch]], n: int) -> Batch:
     inverse[order] = np.arange(n)
     for name in parts[0][1]:
         values = [batch[name] for _, batch in parts]
+        if all(isinstance(v, Jagged) for v in values):
+            out[name] = Jagged.concat(values).take(inverse)
+            continue
+        values = [v.to_objects() if isinstance(v, Jagged) else v for v in values]
         if any(v.dtype == object for v in values) or len({v.shape[1:] for v in values}) > 1:
             merged = _as_objects([x for v in values for x in list(v)])
         else:
             merged = np.concatenate(values)
         out[name] = merged[inverse]
     return out
+
+
+def _concat_pieces(parts: list[Pieces]) -> Pieces:
+    """The values of several shards' pieces back to back (each part's data is compact)."""
+    if all(p.width is not None for p in parts) and len({p.width for p in parts}) == 1:
+        return Pieces(np.concatenate([p.data for p in parts]), width=parts[0].width)
+    datas, lengths = [], []
+    for p in parts:
+        n = len(p)
+        if p.offsets is not None:
+            datas.append(p.data[int(p.offsets[0]) : int(p.offsets[-1])])
+        else:
+            datas.append(p.data[: n * (p.width or 0)])
+        lengths.append(p.lengths(n))
+    return Pieces(np.concatenate(datas), offsets=offsets_from_lengths(np.concatenate(lengths)))
+
+
+def _take_pieces(pieces: Pieces, order: np.ndarray, n: int) -> Pieces:
+    """Pieces reordered: result position ``k`` holds input value ``order[k]``."""
+    if pieces.width is not None:
+        width = pieces.width
+        return Pieces(pieces.data.reshape(n, width)[order].reshape(-1), width=width)
+    data, offsets = gather(pieces.data, pieces.starts(n)[order], pieces.lengths(n)[order])
+    return Pieces(data, offsets=offsets)
+
+
+def _list_depth(t: pa.DataType) -> int:
+    depth = 0
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t, depth = t.value_type, depth + 1
+    return depth
 
 
 def _as_objects(values: list[Any]) -> np.ndarray:

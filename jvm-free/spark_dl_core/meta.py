@@ -159,6 +159,8 @@ def build_meta(
         }
         if stored:
             entry["stored_hashes"] = dict(stored)
+        if info.shapes:  # each variable ndarray column's one shape (readers pick dense)
+            entry["shapes"] = info.shapes
         shards.append(entry)
     return {
         "format": META_FORMAT,

@@ -14,6 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .errors import SpecError
+from .format.buffers import Jagged
+from .images import ImageList
+
 if TYPE_CHECKING:
     from .dataset import Batch, Dataset
     from .format.shard import ShardData
@@ -47,9 +51,24 @@ class BatchReader:
         columns: list[str] | None = None,
         images: Any = "bytes",
         verify_hashes: bool | None = None,
+        transforms: Any = None,
+        device: str | None = None,
+        seed: int = 0,
+        epoch: int = 0,
+        jagged: bool = False,
+        spec_ops: bool = True,
     ) -> None:
         self.dataset, self.batches = dataset, batches
         self.columns, self.images, self.verify = columns, images, verify_hashes
+        self.jagged = jagged
+        self.ops = ReadOps(
+            dataset, transforms, columns, seed=seed, epoch=epoch, device=device, spec=spec_ops
+        )
+        if self.ops.pipelines and images != "bytes":
+            raise SpecError(
+                f"images={images!r} decodes image columns per sample; with image_decode "
+                "in transforms leave images='bytes'"
+            )
         self.budget = max(0, int(prefetch_bytes))
         # ``batches`` may be lazy (an EpochPlan): only ``ahead`` batches at a time are planned
         # (index, shard of each sample, shards needed), so what is held stays bounded
@@ -191,7 +210,11 @@ class BatchReader:
                 if self.out_for is not None and self.fixed is not None:
                     out = self.out_for(j, self.fixed_bytes(len(index)) or 0)
                 started = time.perf_counter()
-                decoded = self._decode(j, index, shards, out)
+                decoded = self.ops.apply(self._decode(j, index, shards, out), index)
+                if not self.jagged:  # plain numpy: token sequences, images as object arrays
+                    for name, value in decoded.items():
+                        if isinstance(value, (Jagged, ImageList)):
+                            decoded[name] = value.to_objects()
                 ended = time.perf_counter()
                 self.times["decode"] += ended - started
                 if self.spans is not None:
@@ -231,7 +254,9 @@ class BatchReader:
         """
         ds = self.dataset
         if self.fixed is None:
-            return ds.read(index, self.columns, self.images, self.verify, loaded=dict(shards))
+            return ds.read(
+                index, self.columns, self.images, self.verify, loaded=dict(shards), jagged=True
+            )
         from .format.buffers import Pieces
         from .format.encodings import DecodeOptions
 
@@ -247,13 +272,14 @@ class BatchReader:
             rows = self._scratch[: n * row].reshape(n, row)
         shard_of = self.planned[j][1]
         for s, data in shards.items():
-            matrix = data.raw[int(data.offsets[0]) : int(data.offsets[-1])].reshape(data.count, row)
             local = index - ds.shard_offsets[s]
             if len(shards) == 1:
-                np.take(matrix, local, axis=0, out=rows)
+                data.gather_rows(local, rows)
             else:
                 where = np.flatnonzero(shard_of == s)
-                rows[where] = matrix[local[where]]
+                part = np.empty((len(where), row), dtype=np.uint8)
+                data.gather_rows(local[where], part)
+                rows[where] = part
         if not single_column:
             at_out = 0
             for _name, at, width in self.fixed:  # column-major: each column contiguous
@@ -268,3 +294,137 @@ class BatchReader:
             decoded[name] = ds.encoding(name).decode(piece, n, name, options)
             at_out += n * width
         return decoded
+
+
+class EncodedImages:
+    """An image column on its way to the device: encoded bytes plus their crop plan.
+
+    DataLoader workers send this (``device="cuda"``); the main process decodes the whole
+    batch in one call on the GPU and applies the same plan (:meth:`ImagePipeline.run_torch`).
+    """
+
+    __slots__ = ("pipeline", "plan", "raws")
+
+    def __init__(self, pipeline: Any, raws: list[bytes], plan: Any) -> None:
+        self.pipeline, self.raws, self.plan = pipeline, raws, plan
+
+    def __len__(self) -> int:
+        return len(self.raws)
+
+    def rows(self, start: int, stop: int) -> EncodedImages:
+        return EncodedImages(self.pipeline, self.raws[start:stop], self.plan.rows(start, stop))
+
+    def to_device(self, device: str) -> Any:
+        return self.pipeline.run_torch(self.raws, self.plan, device)
+
+
+class ReadOps:
+    """Read-time transforms of one loader: the spec's ``"at": "read"`` ones, then the
+    loader's own ``transforms=``, checked against the dataset's columns before any data is
+    read. Image columns run their compiled :class:`~spark_dl_core.images.ImagePipeline`;
+    ``normalize`` on numeric columns runs on numpy; other ops go through Arrow.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        transforms: Any,
+        columns: list[str] | None,
+        *,
+        seed: int = 0,
+        epoch: int = 0,
+        device: str | None = None,
+        spec: bool = True,
+    ) -> None:
+        from .arrow_bridge import read_transforms
+        from .transforms import parse_transforms
+
+        self.dataset = dataset
+        recorded = read_transforms(dataset) if spec else []
+        self.transforms = recorded + parse_transforms(transforms)
+        self.pipelines: dict[str, Any] = {}
+        self.others: list[Any] = []
+        self.device = device
+        if not self.transforms:
+            return
+        from .images import augment_key, compile_pipelines
+
+        names = columns if columns is not None else list(dataset.layout.names)
+        self.pipelines, self.others = compile_pipelines(
+            self.transforms, {n: dataset.columns.get(n, "?") for n in names}
+        )
+        self.key = augment_key(dataset.fingerprint, seed, epoch)
+
+    def __bool__(self) -> bool:
+        return bool(self.transforms)
+
+    def apply(self, batch: Batch, index: np.ndarray) -> Batch:
+        """Run the ops on one decoded batch whose samples have global indices ``index``."""
+        if not self.transforms:
+            return batch
+        from .transforms import Normalize
+
+        for name, pipeline in self.pipelines.items():
+            raws = [bytes(r) for r in batch[name]]
+
+            def where(i: int, message: str, name: str = name) -> str:
+                return self._where(name, int(index[i]), message)
+
+            plan = pipeline.plan(raws, self.key, index, where)
+            if self.device is not None and self.device != "cpu":
+                batch[name] = EncodedImages(pipeline, raws, plan)
+            else:
+                batch[name] = pipeline.run_cpu(raws, plan, where)
+        arrow_ops: list[Any] = []
+        for op in self.others:
+            if isinstance(op, Normalize) and not arrow_ops:
+                batch[op.column] = _normalize(batch[op.column], op)
+            else:
+                arrow_ops.append(op)
+        if arrow_ops:
+            batch = self._through_arrow(batch, arrow_ops)
+        return batch
+
+    def _where(self, column: str, sample: int, message: str) -> str:
+        ds = self.dataset
+        shard = int(np.searchsorted(ds.shard_offsets, sample, side="right") - 1)
+        local = sample - int(ds.shard_offsets[shard])
+        file = ds.store.display(ds.shards[shard].stored.basename)
+        return f"column {column!r}, shard {file!r}, sample {local} (global {sample}): {message}"
+
+    def _through_arrow(self, batch: Batch, ops: list[Any]) -> Batch:
+        import pyarrow as pa
+
+        from .arrow_bridge import arrow_to_numpy, numpy_to_arrow
+        from .transforms import apply_transforms
+
+        arrays, names = [], []
+        for name, value in batch.items():
+            if isinstance(value, np.ndarray) and value.dtype == object:
+                arrays.append(pa.array(list(value)))
+            else:
+                arrays.append(numpy_to_arrow(value, _arrow_type_of(value)))
+            names.append(name)
+        record = pa.RecordBatch.from_arrays(arrays, names=names)
+        for op in ops:
+            record = apply_transforms(record, [op.model_copy(update={"at": "read"})], "read")
+        return {n: arrow_to_numpy(record.column(n)) for n in record.schema.names}
+
+
+def _arrow_type_of(value: Any) -> Any:
+    import pyarrow as pa
+
+    if isinstance(value, Jagged):
+        return pa.list_(pa.from_numpy_dtype(value.values.dtype))
+    out = pa.from_numpy_dtype(value.dtype)
+    for dim in reversed(value.shape[1:]):
+        out = pa.list_(out, dim)
+    return out
+
+
+def _normalize(value: Any, op: Any) -> Any:
+    """``(x - mean) / std`` as float32 on a numeric column (dense or jagged)."""
+    mean, std = np.float32(op.mean), np.float32(op.std)
+    if isinstance(value, Jagged):
+        return Jagged((value.values.astype(np.float32) - mean) / std, value.offsets)
+    return (np.asarray(value).astype(np.float32) - mean) / std

@@ -22,10 +22,11 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .format.buffers import Jagged
 from .frameworks import register_framework
 from .loader_settings import TF_ONLY, LoaderSettings, reader_extras, settings_from
 from .order import EpochPlan, LoaderState, resolve_window
@@ -36,12 +37,23 @@ if TYPE_CHECKING:
     from .dataset import Dataset
 
 
-def _column_spec(dataset: Dataset, name: str, sample: np.ndarray) -> tuple[Any, str]:
-    """The TypeSpec for one column and how to convert it ("dense", "string", "ragged")."""
+def _column_spec(
+    dataset: Dataset, name: str, sample: Any, transformed: bool = False
+) -> tuple[Any, str]:
+    """The TypeSpec for one column and how to convert it ("dense", "string", "jagged",
+    "ragged"). Follows the column's form (``Dataset.forms``), not the probed batch:
+    token sequences are ``RaggedTensor`` from row splits, equal-shape arrays dense."""
     import tensorflow as tf
 
     encoding = dataset.encoding(name)
-    if sample.dtype.kind in "biufc" and encoding.size is not None:
+    if isinstance(sample, Jagged):
+        spec = tf.RaggedTensorSpec(
+            shape=(None, None), dtype=tf.as_dtype(sample.values.dtype), ragged_rank=1
+        )
+        return spec, "jagged"
+    form = dataset.forms.get(name, ("", None))[0]
+    dense = encoding.size is not None or form == "dense" or transformed
+    if sample.dtype.kind in "biufc" and dense:
         return tf.TensorSpec((None, *sample.shape[1:]), tf.as_dtype(sample.dtype)), "dense"
     if encoding.name in ("str", "bytes") or sample.dtype.kind in "SU":
         return tf.TensorSpec((None,), tf.string), "string"
@@ -171,30 +183,34 @@ def make_tf_dataset(
         first = plan_for(epoch, 0)
     chosen = settings.column_list
     names = chosen if chosen is not None else list(dataset.layout.names)
-    probe = dataset.read(
-        np.zeros(min(1, len(dataset)), dtype=np.int64), names, cast(Any, settings.images)
-    )
-    kinds: dict[str, str] = {}
-    signature: dict[str, Any] = {}
-    ndims: dict[str, int] = {}
-    for name in names:
-        sample = probe[name] if len(dataset) else np.empty(0)
-        signature[name], kinds[name] = _column_spec(dataset, name, sample)
-        if kinds[name] == "ragged":
-            ndims[name] = max(1, np.asarray(sample[0]).ndim)
     read: dict[str, Any] = {
         "columns": names,
         "images": settings.images,
         "verify_hashes": settings.verify_hashes,
         "prefetch_bytes": settings.prefetch_bytes,
+        "seed": settings.seed,
+        "jagged": True,
         **reader_extras(settings),
     }
+    # Checks the transforms against the columns and gives each column's form.
+    one = [np.zeros(min(1, len(dataset)), dtype=np.int64)]
+    probe_reader = BatchReader(dataset, one, epoch=epoch, **read)
+    probe = next(iter(probe_reader)) if len(dataset) else {}
+    transformed = set(probe_reader.ops.pipelines)
+    kinds: dict[str, str] = {}
+    signature: dict[str, Any] = {}
+    ndims: dict[str, int] = {}
+    for name in probe or names:
+        sample = probe[name] if len(dataset) else np.empty(0)
+        signature[name], kinds[name] = _column_spec(dataset, name, sample, name in transformed)
+        if kinds[name] == "ragged":
+            ndims[name] = max(1, np.asarray(sample[0]).ndim)
     passes = _Passes(first, epoch, plan_for)
 
     def generate() -> Iterator[dict[str, Any]]:
         plan = passes.next_plan()
         stats = passes.stats = PassStats(passes.current[1])
-        reader = BatchReader(dataset, plan, **read)
+        reader = BatchReader(dataset, plan, epoch=passes.current[1], **read)
         stats.workers["tf.data"] = reader.times  # updated in place as the reader works
         for batch in reader:
             now = time.perf_counter()
@@ -202,7 +218,13 @@ def make_tf_dataset(
             out: dict[str, Any] = {}
             for name, value in batch.items():
                 kind = kinds[name]
-                if kind == "ragged":
+                if kind == "jagged":
+                    out[name] = tf.RaggedTensor.from_row_splits(
+                        value.values[value.offsets[0] : value.offsets[-1]],
+                        value.offsets - value.offsets[0],
+                        validate=False,
+                    )
+                elif kind == "ragged":
                     out[name] = _ragged(value, ndims[name])
                 elif kind == "string":
                     out[name] = np.asarray(

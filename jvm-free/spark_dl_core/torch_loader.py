@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,10 +18,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from .errors import SpecError
+from .format.buffers import Jagged
 from .frameworks import register_framework
+from .images import ImageList
 from .loader_settings import TORCH_ONLY, LoaderSettings, reader_extras, settings_from
 from .order import EpochPlan, LoaderState
-from .reader import BatchReader
+from .reader import BatchReader, EncodedImages, ReadOps
 from .telemetry import PassStats, Spans
 
 if TYPE_CHECKING:
@@ -42,16 +46,119 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
 
 
 def to_tensors(batch: Batch) -> dict[str, Any]:
-    """numpy → torch without copies where possible; object/str columns stay numpy arrays."""
+    """numpy → torch without copies where possible.
+
+    Dense numeric columns become tensors; token sequences (:class:`Jagged`) become
+    ``torch.nested`` jagged tensors over one values and one offsets buffer (no copy);
+    str/bytes/json columns stay numpy object arrays. The form of each column is fixed by
+    the dataset (``Dataset.forms``), never by which samples a batch holds.
+    """
     out: dict[str, Any] = {}
     for name, value in batch.items():
         if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
-            if not value.flags.writeable:
-                value = value.copy()  # torch wants writable memory (e.g. memory-mapped shards)
-            out[name] = torch.from_numpy(value)
+            out[name] = torch.from_numpy(_writable(value))
+        elif isinstance(value, ImageList):  # images of several sizes: views of one tensor
+            out[name] = ImageTensors(torch.from_numpy(value.flat), value.shapes)
+        elif isinstance(value, Jagged):
+            values = torch.from_numpy(_writable(np.ascontiguousarray(value.values)))
+            offsets = torch.from_numpy(_writable(value.offsets.astype(np.int64, copy=False)))
+            out[name] = torch.nested.nested_tensor_from_jagged(values, offsets)
         else:
             out[name] = value
     return out
+
+
+class ImageTensors:
+    """Images of several sizes crossing from a worker as one tensor; :meth:`images` gives
+    the list of ``[H, W, C]`` tensors (views) the user sees."""
+
+    __slots__ = ("flat", "shapes")
+
+    def __init__(self, flat: torch.Tensor, shapes: np.ndarray) -> None:
+        self.flat, self.shapes = flat, shapes
+
+    def rows(self, start: int, stop: int) -> ImageTensors:
+        sizes = np.prod(self.shapes, axis=1)
+        lo, hi = int(sizes[:start].sum()), int(sizes[:stop].sum())
+        return ImageTensors(self.flat[lo:hi], self.shapes[start:stop])
+
+    def images(self) -> list[torch.Tensor]:
+        sizes = np.prod(self.shapes, axis=1).tolist()
+        parts = torch.split(self.flat, sizes) if sizes else []
+        return [p.view(*shape) for p, shape in zip(parts, self.shapes.tolist())]
+
+
+def _writable(value: np.ndarray) -> np.ndarray:
+    # torch wants writable memory (e.g. memory-mapped shards)
+    return value if value.flags.writeable else value.copy()
+
+
+def _warm_nested() -> None:
+    """The first jagged tensor of a process imports torch.distributed.tensor (seconds):
+    do it when the loader is built, not in the first batch (workers inherit it on fork)."""
+    torch.nested.nested_tensor_from_jagged(torch.zeros(1), torch.tensor([0, 1]))
+
+
+def take_rows(value: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of one column of a worker item (views where possible)."""
+    if isinstance(value, torch.Tensor) and value.is_nested:
+        offsets = value.offsets()  # type: ignore[attr-defined]
+        lo, hi = int(offsets[start]), int(offsets[stop])
+        return torch.nested.nested_tensor_from_jagged(
+            value.values()[lo:hi], offsets[start : stop + 1] - lo
+        )
+    if isinstance(value, (EncodedImages, ImageTensors)):
+        return value.rows(start, stop)
+    return value[start:stop]
+
+
+def to_device(batch: dict[str, Any], device: str | None, non_blocking: bool = False) -> Any:
+    """Finish a batch in the main process: decode shipped images on ``device`` in one
+    batched call per column, and move tensors there."""
+    if device is None:
+        if any(isinstance(v, ImageTensors) for v in batch.values()):
+            return {k: v.images() if isinstance(v, ImageTensors) else v for k, v in batch.items()}
+        return batch
+    out: dict[str, Any] = {}
+    for name, value in batch.items():
+        if isinstance(value, ImageTensors):
+            out[name] = [image.to(device, non_blocking=non_blocking) for image in value.images()]
+        elif isinstance(value, EncodedImages):
+            out[name] = value.to_device(device)
+        elif isinstance(value, torch.Tensor):
+            out[name] = value.to(device, non_blocking=non_blocking)
+        else:
+            out[name] = value
+    return out
+
+
+def check_device(device: str | None, transforms: Any, dataset: Dataset) -> str | None:
+    """Where image decoding runs: ``device`` when it can, else None (DataLoader workers).
+
+    ``device="cuda"`` without CUDA is an error; with CUDA but no GPU JPEG decoder
+    (torchvision) images decode in the workers and batches move to the GPU (a warning says
+    so).
+    """
+    if device is None or str(device) == "cpu":
+        return None
+    device = str(device)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecError(
+            f"device={device!r}, but torch sees no CUDA device (torch {torch.__version__}); "
+            "leave device unset to decode on the CPU in the DataLoader workers"
+        )
+    if not ReadOps(dataset, transforms, None).pipelines:
+        return None
+    from .images import gpu_decoder_available
+
+    if not gpu_decoder_available():
+        warnings.warn(
+            f"device={device!r}: torchvision's decode_jpeg is not importable, so images "
+            "decode on the CPU in the DataLoader workers and batches then move to the GPU",
+            stacklevel=3,
+        )
+        return None
+    return device
 
 
 class _Slabs:
@@ -238,7 +345,7 @@ class _Grouped(Sequence[np.ndarray]):
 def _split(sizes: list[int], batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
     at = 0
     for size in sizes:
-        yield {k: v[at : at + size] for k, v in batch.items()}
+        yield {k: take_rows(v, at, at + size) for k, v in batch.items()}
         at += size
 
 
@@ -297,6 +404,14 @@ class TorchLoader:
             "prefetch_bytes": settings.prefetch_bytes,
         }
         self.read.update(reader_extras(settings))
+        # Read-time ops are checked against the columns now, before any data is read.
+        ops = ReadOps(dataset, self.read.get("transforms"), settings.column_list)
+        self.device = None if settings.device is None else str(settings.device)
+        self.read["device"] = check_device(self.device, self.read.get("transforms"), dataset)
+        if ops.pipelines and settings.group is None:
+            self.group = 1  # a decoded image batch is already a large item
+        if any(kind == "jagged" for kind, _ in dataset.forms.values()):
+            _warm_nested()
         self.loader_kwargs: dict[str, Any] = {
             "pin_memory": settings.pin_memory,
             "multiprocessing_context": settings.multiprocessing_context,
@@ -377,7 +492,8 @@ class TorchLoader:
         stats = self._stats = PassStats(self.epoch, trace=trace_path is not None)
         group = 1 if self.num_workers == 0 else self.group
         slabs = self._slabs(group) if self.num_workers > 0 else None
-        source = _Batches(self.dataset, plan, self.read, group, slabs, trace_path is not None)
+        read = {**self.read, "seed": self.seed, "epoch": self.epoch, "jagged": True}
+        source = _Batches(self.dataset, plan, read, group, slabs, trace_path is not None)
         if self.num_workers == 0:
             items: Any = iter(source)
         else:
@@ -403,6 +519,7 @@ class TorchLoader:
                 for size, batch in zip(
                     sizes, _split(sizes, merged) if len(sizes) > 1 else [merged]
                 ):
+                    batch = to_device(batch, self.device, pin)
                     live.steps += 1
                     now = time.perf_counter()
                     stats.delivered(size, now - resumed, now)

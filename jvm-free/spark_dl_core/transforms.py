@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from .errors import SpecError
 
@@ -75,15 +75,32 @@ class Cast(_Base):
 
 
 class Normalize(_Base):
-    """``(x - mean) / std`` as float32, for numeric columns and numeric arrays."""
+    """``(x - mean) / std`` as float32, for numeric columns and numeric arrays.
+
+    On a decoded image column (read time) values are first scaled to [0, 1] and ``mean`` /
+    ``std`` may list one value per channel, as torchvision's ``Normalize`` after
+    ``ToTensor``.
+    """
 
     op: Literal["normalize"] = "normalize"
     column: str
-    mean: float
-    std: float = Field(gt=0)
+    mean: float | list[float]
+    std: float | list[Annotated[float, Field(gt=0)]] = Field(default=1.0)
+
+    @field_validator("std")
+    @classmethod
+    def _positive(cls, std: float | list[float]) -> float | list[float]:
+        if isinstance(std, float) and std <= 0:
+            raise ValueError("std must be > 0")
+        return std
 
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         _require(batch, [self.column], self.op)
+        if not isinstance(self.mean, float) or not isinstance(self.std, float):
+            raise SpecError(
+                f"normalize on column {self.column!r}: per-channel mean/std apply to decoded "
+                "images at read time only"
+            )
         array = batch.column(self.column)
         leaf = array
         while pa.types.is_list(leaf.type) or pa.types.is_fixed_size_list(leaf.type):
@@ -141,9 +158,129 @@ class PythonTransform(_Base):
         return table.combine_chunks().to_batches()[0]
 
 
+# --------------------------------------------------------------------------- image ops
+#
+# Read-time image ops name one image column each and run in the loader (see
+# :mod:`spark_dl_core.images`): decoded once per sample, geometric ops fused into one
+# crop-and-resize, random ones drawn from (fingerprint, seed, epoch, global sample index).
+
+Size = int | tuple[int, int]
+
+
+class _ImageOp(_Base):
+    op: str
+    at: Literal["read"] = "read"
+    column: str
+
+    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        raise SpecError(f"{self.op} on column {self.column!r} runs in the loader, at read time")
+
+
+class ImageDecode(_ImageOp):
+    """Encoded image bytes (jpeg, png, pil…) to ``uint8`` pixels ``[H, W, C]``."""
+
+    op: Literal["image_decode"] = "image_decode"
+    mode: Literal["RGB", "L"] = "RGB"
+
+
+class Resize(_ImageOp):
+    """``size=int``: the shorter side becomes ``size`` (aspect kept); ``(h, w)``: exact."""
+
+    op: Literal["resize"] = "resize"
+    size: Size = Field(union_mode="left_to_right")
+
+
+class CenterCrop(_ImageOp):
+    """The central ``size`` (``int``: square) of the image."""
+
+    op: Literal["center_crop"] = "center_crop"
+    size: Size = Field(union_mode="left_to_right")
+
+
+class RandomResizedCrop(_ImageOp):
+    """A random area fraction in ``scale`` with aspect ratio in ``ratio``, resized to
+    ``size`` (torchvision's RandomResizedCrop)."""
+
+    op: Literal["random_resized_crop"] = "random_resized_crop"
+    size: Size = Field(union_mode="left_to_right")
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+
+
+class HorizontalFlip(_ImageOp):
+    """Mirror left-right with probability ``p``."""
+
+    op: Literal["horizontal_flip"] = "horizontal_flip"
+    p: float = Field(default=0.5, ge=0, le=1)
+
+
+class ToCHW(_ImageOp):
+    """Batch layout ``[B, C, H, W]`` instead of ``[B, H, W, C]``."""
+
+    op: Literal["to_chw"] = "to_chw"
+
+
+class ReencodeImage(_Base):
+    """Write time: re-encode images larger than ``max_side`` (either side) as JPEG of
+    ``quality``, shrunk to fit, so stored datasets are training-sized. Smaller images are
+    kept as they are (their bytes untouched)."""
+
+    op: Literal["reencode_image"] = "reencode_image"
+    column: str
+    max_side: int = Field(ge=8)
+    quality: int = Field(default=90, ge=1, le=100)
+
+    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        _require(batch, [self.column], self.op)
+        from .images import reencode_array
+
+        array = batch.column(self.column)
+        if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
+            raise SpecError(
+                f"reencode_image on column {self.column!r}: needs image bytes, not {array.type}"
+            )
+        out = reencode_array(array, self.max_side, self.quality, self.column)
+        return _replace(batch, self.column, out)
+
+
+IMAGE_OPS = (ImageDecode, Resize, CenterCrop, RandomResizedCrop, HorizontalFlip, ToCHW)
+
+
 Transform = Annotated[
-    Select | Drop | Rename | Cast | Normalize | PythonTransform, Field(discriminator="op")
+    Select
+    | Drop
+    | Rename
+    | Cast
+    | Normalize
+    | PythonTransform
+    | ImageDecode
+    | Resize
+    | CenterCrop
+    | RandomResizedCrop
+    | HorizontalFlip
+    | ToCHW
+    | ReencodeImage,
+    Field(discriminator="op"),
 ]
+_TRANSFORM = TypeAdapter(Transform)
+
+
+def parse_transforms(transforms: Any) -> list[Any]:
+    """Transform models from models or plain dicts (``{"op": "resize", ...}``)."""
+    if transforms is None:
+        return []
+    if isinstance(transforms, (BaseModel, dict)):
+        transforms = [transforms]
+    out = []
+    for t in transforms:
+        if isinstance(t, BaseModel):
+            out.append(t)
+            continue
+        try:
+            out.append(_TRANSFORM.validate_python(t))
+        except ValidationError as exc:
+            raise SpecError(f"transform {t!r} is not valid: {exc}") from None
+    return out
 
 
 def apply_transforms(

@@ -19,7 +19,7 @@ from .commit import WriteMode, abort_write, finish_write, plan_write, spec_for
 from .errors import EncodingError, SpecError
 from .format.buffers import I64, Pieces
 from .format.compression import parse_compression
-from .format.encodings import get_encoding
+from .format.encodings import get_encoding, merge_shapes, uniform_shape
 from .format.hashing import STORED_HASH, content_hash, digest
 from .format.index import FileInfo, ShardInfo, shard_config, shard_config_bytes
 from .format.shard import Layout, assemble_samples, build_shard
@@ -109,6 +109,7 @@ class ShardWriter:
         self._codec = parse_compression(self.spec.compression)
         self._pending: list[Pieces] = []
         self._pending_count = 0
+        self._pending_shapes: dict[str, list[int] | None] | None = None
         self._layout: Layout | None = None
         if self.plans is not None:
             self._set_plans(self.plans)
@@ -184,6 +185,7 @@ class ShardWriter:
         assert self.plans is not None and self._layout is not None
         n = batch.num_rows
         columns: list[Pieces] = []
+        self._chunk_shapes: dict[str, list[int] | None] = {}
         for plan in self.plans:
             array = batch.column(plan.name)
             if isinstance(array, pa.ChunkedArray):
@@ -202,7 +204,10 @@ class ShardWriter:
                         f"{array.null_count} null value(s), first at row {self.rows + first}; "
                         "MDS has no nulls: fill them, or write with nulls='mask'",
                     )
-            columns.append(get_encoding(plan.encoding).encode(array, plan.name))
+            encoding = get_encoding(plan.encoding)
+            columns.append(encoding.encode(array, plan.name))
+            if encoding.size is None and plan.encoding.startswith("ndarray"):
+                self._chunk_shapes[plan.name] = uniform_shape(array, plan.name)
             if plan.null_mask:
                 flags = mask if mask is not None else np.zeros(n, dtype=np.uint8)
                 columns.append(Pieces(flags, width=1))
@@ -220,6 +225,7 @@ class ShardWriter:
             if fits == 0 and self._pending_count == 0:
                 fits = 1  # a sample bigger than the limit gets a shard of its own
             if fits:
+                self._pending_shapes = merge_shapes(self._pending_shapes, self._chunk_shapes)
                 self._pending.append(_slice(samples, start, start + fits))
                 self._pending_count += fits
                 self._pending_bytes += int(cumulative[fits - 1])
@@ -260,8 +266,10 @@ class ShardWriter:
                 compression=self.spec.compression,
                 hashes=list(self.spec.hashes),
                 size_limit=self.spec.shard_size,
+                shapes=self._pending_shapes,
             )
         )
+        self._pending_shapes = None
         self._pending = []
         self._pending_count = 0
         self._pending_bytes = 8 + len(self._config_bytes)

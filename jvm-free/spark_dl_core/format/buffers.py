@@ -102,3 +102,52 @@ def interleave(parts: list[Pieces], n: int) -> Pieces:
     lengths = np.stack([p.lengths(n) for p in parts], axis=1)
     data, _ = gather(source, starts.reshape(-1), lengths.reshape(-1))
     return Pieces(data, offsets=offsets_from_lengths(lengths.sum(axis=1)))
+
+
+@dataclass(frozen=True)
+class Jagged:
+    """A batch of variable-length 1-D arrays: one values buffer and ``n + 1`` offsets.
+
+    The batch form of token sequences: ``values[offsets[i]:offsets[i + 1]]`` is sample i.
+    It maps without copies onto ``torch.nested`` jagged tensors, ``tf.RaggedTensor`` row
+    splits and Arrow list arrays; numpy users get :meth:`to_objects`.
+    """
+
+    values: np.ndarray
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @classmethod
+    def from_dense(cls, dense: np.ndarray) -> Jagged:
+        """Equal-length rows ``(n, L)`` as a jagged batch (a view, no copy)."""
+        n, length = dense.shape[0], int(np.prod(dense.shape[1:], dtype=np.int64))
+        return cls(dense.reshape(-1), np.arange(n + 1, dtype=I64) * length)
+
+    def take(self, index: np.ndarray) -> Jagged:
+        """Samples at ``index`` in that order, as one new values buffer."""
+        index = np.asarray(index, dtype=I64)
+        itemsize = self.values.dtype.itemsize
+        raw = np.ascontiguousarray(self.values).view(U8)
+        data, offsets = gather(raw, self.offsets[index] * itemsize, self.lengths[index] * itemsize)
+        return Jagged(data.view(self.values.dtype), offsets // itemsize)
+
+    @staticmethod
+    def concat(parts: list[Jagged]) -> Jagged:
+        values = np.concatenate([p.values[p.offsets[0] : p.offsets[-1]] for p in parts])
+        lengths = np.concatenate([p.lengths for p in parts])
+        return Jagged(values, offsets_from_lengths(lengths))
+
+    def to_objects(self) -> np.ndarray:
+        """A numpy object array of per-sample views (the plain-numpy form)."""
+        first = int(self.offsets[0]) if len(self.offsets) else 0
+        pieces = np.split(self.values[first : int(self.offsets[-1])], self.offsets[1:-1] - first)
+        out = np.empty(len(self), dtype=object)
+        for i, piece in enumerate(pieces[: len(self)]):
+            out[i] = piece
+        return out

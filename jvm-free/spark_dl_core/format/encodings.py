@@ -12,8 +12,10 @@ import io
 import json
 import pickle
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import partial
 from typing import Any, Literal
 
 import numpy as np
@@ -21,7 +23,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import EncodingError, UnsafeEncodingError
-from .buffers import I64, U8, Pieces, interleave, offsets_from_lengths
+from .buffers import (
+    I64,
+    U8,
+    Jagged,
+    Pieces,
+    gather,
+    gather_fixed,
+    interleave,
+    offsets_from_lengths,
+)
 
 ImageMode = Literal["bytes", "numpy", "pil"]
 
@@ -301,14 +312,42 @@ class JsonEncoding(Encoding):
         return _pieces_from_bytes(texts)
 
     def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> np.ndarray:
-        texts = _binary_array(pieces, True, column).to_pylist()
+        if n == 0:
+            return np.empty(0, dtype=object)
+        _binary_array(pieces, True, column)  # UTF-8 check
         try:
-            return _object_array([json.loads(s) for s in texts])
-        except json.JSONDecodeError as exc:
-            raise EncodingError(column, f"stored value is not valid JSON: {exc}") from None
+            values = json.loads(_json_list_text(pieces, n))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            values = None
+        if not isinstance(values, list) or len(values) != n:
+            # One value was not a complete JSON text: find it (rare, error path only).
+            texts = _binary_array(pieces, True, column).to_pylist()
+            for row, text in enumerate(texts):
+                try:
+                    json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise EncodingError(
+                        column, f"stored value {row} is not valid JSON: {exc}"
+                    ) from None
+            raise EncodingError(column, "stored values are not one JSON value each")
+        return _object_array(values)
 
     def arrow_type(self) -> pa.DataType:
         return pa.string()
+
+
+def _json_list_text(pieces: Pieces, n: int) -> bytes:
+    """``[v0,v1,...]`` from n JSON texts, by one scatter: one ``json.loads`` per batch."""
+    assert pieces.offsets is not None
+    offsets = pieces.offsets - pieces.offsets[0]
+    total = int(offsets[-1])
+    out = np.full(total + n + 1, ord(","), dtype=U8)
+    out[0], out[-1] = ord("["), ord("]")
+    lengths = np.diff(offsets)
+    shift = np.repeat(np.arange(1, n + 1, dtype=I64), lengths)
+    first = int(pieces.offsets[0])
+    out[np.arange(total, dtype=I64) + shift] = pieces.data[first : first + total]
+    return out.tobytes()
 
 
 class PickleEncoding(Encoding):
@@ -477,25 +516,109 @@ class NDArrayEncoding(Encoding):
 
     # -- decode
 
-    def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> np.ndarray:
+    def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> Any:
+        """Fixed: one view. Variable: dense when the batch shares one shape, a :class:`Jagged`
+        batch for ragged 1-D values, an object array for ragged n-D values. Which of these a
+        reader hands out is fixed per column by the dataset (see ``Dataset.forms``)."""
         if self.size is not None:
             assert self.dtype is not None and self.shape is not None
             flat = pieces.data[: n * self.size].view(self.dtype)
             return flat.reshape((n, *self.shape)).astype(self.dtype.newbyteorder("="), copy=False)
-        assert pieces.offsets is not None
-        data, offsets = pieces.data, pieces.offsets
-        starts, lengths = offsets[:-1], np.diff(offsets)
-        head = 0 if self.dtype is not None else 1
-        if n and lengths.min() < head + 1:
-            raise EncodingError(column, "an ndarray value is shorter than its header")
         if n == 0:
             return np.empty(0, dtype=object)
-        codes = data[starts] if head else None
-        headers = data[starts + head]
-        if (codes is None or np.all(codes == codes[0])) and np.all(headers == headers[0]):
-            uniform = self._decode_uniform(data, starts, lengths, codes, int(headers[0]), column)
-            if uniform is not None:
-                return uniform
+        data = pieces.data
+        starts, lengths = pieces.starts(n), pieces.lengths(n)
+        head = 0 if self.dtype is not None else 1
+        if lengths.min() < head + 1:
+            raise EncodingError(column, "an ndarray value is shorter than its header")
+        if head:
+            codes = data[starts]
+            if not np.all(codes == codes[0]):  # mixed dtypes (other writers): per sample
+                return self._decode_each(data, starts, lengths, column)
+            dtype = self._value_dtype(int(codes[0]), column)
+        else:
+            dtype = self._value_dtype(None, column)
+        uniform = self._decode_rows(data, starts, lengths, head, dtype, column)
+        if uniform is not None:
+            return uniform
+        headers = data[starts + head].astype(I64)
+        ndims = headers >> 2
+        ndim = int(ndims[0])
+        if not np.all(ndims == ndim):
+            return self._decode_each(data, starts, lengths, column)
+        shapes = np.zeros((n, ndim), dtype=I64)
+        widths = np.left_shift(1, headers & 3)
+        for code in np.unique(headers & 3).tolist():  # at most four shape widths
+            rows = np.flatnonzero((headers & 3) == code)
+            width = 1 << code
+            at = starts[rows] + head + 1
+            if np.any(lengths[rows] < head + 1 + ndim * width):
+                raise EncodingError(column, "an ndarray shape header is truncated")
+            raw = gather_fixed(data, at, ndim * width)
+            shapes[rows] = raw.view(_SHAPE_DTYPES[code]).reshape(len(rows), ndim)
+        body = starts + head + 1 + ndim * widths
+        nbytes = lengths - (body - starts)
+        counts = np.prod(shapes, axis=1) if ndim else np.ones(n, dtype=I64)
+        if np.any(counts * dtype.itemsize != nbytes):
+            row = int(np.flatnonzero(counts * dtype.itemsize != nbytes)[0])
+            shape = tuple(shapes[row].tolist())
+            raise EncodingError(column, f"ndarray values do not match their shape {shape}")
+        native = dtype.newbyteorder("=")
+        if np.all(shapes == shapes[0]):
+            shape = tuple(int(d) for d in shapes[0])
+            if int(nbytes[0]) == 0:
+                return np.empty((n, *shape), dtype=native)
+            block = gather_fixed(data, body, int(nbytes[0]))
+            return block.view(dtype).reshape((n, *shape)).astype(native, copy=False)
+        values, _ = gather(data, body, nbytes)
+        flat = values.view(dtype).astype(native, copy=False)
+        jagged = Jagged(flat, offsets_from_lengths(counts))
+        if ndim == 1:
+            return jagged
+        out = jagged.to_objects()
+        for i in range(n):
+            out[i] = out[i].reshape(tuple(shapes[i].tolist()))
+        return out
+
+    def _decode_rows(
+        self,
+        data: np.ndarray,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        head: int,
+        dtype: np.dtype,
+        column: str,
+    ) -> np.ndarray | None:
+        """Back-to-back values of one length and one header (Spark's equal-length arrays):
+        a ``(n, length)`` byte matrix, its value block viewed as a dense array, no gather."""
+        n, length = len(starts), int(lengths[0])
+        first = int(starts[0])
+        if np.any(lengths != length) or np.any(starts != first + length * np.arange(n)):
+            return None
+        rows = data[first : first + n * length].reshape(n, length)
+        header = rows[:, head]
+        if np.any(header != header[0]):
+            return None
+        code, ndim = int(header[0]) & 3, int(header[0]) >> 2
+        width = ndim << code
+        at = head + 1 + width
+        if length < at:
+            raise EncodingError(column, "an ndarray shape header is truncated")
+        shape_bytes = rows[:, head + 1 : at]
+        if np.any(shape_bytes != shape_bytes[0]):
+            return None
+        shape = tuple(int(d) for d in shape_bytes[0].view(_SHAPE_DTYPES[code]))
+        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != length - at:
+            raise EncodingError(column, f"ndarray values do not match their shape {shape}")
+        if length == at:  # empty arrays
+            return np.empty((n, *shape), dtype=dtype.newbyteorder("="))
+        values = np.ascontiguousarray(rows[:, at:]).view(dtype)  # one copy, aligned
+        return values.reshape((n, *shape)).astype(dtype.newbyteorder("="), copy=False)
+
+    def _decode_each(
+        self, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, column: str
+    ) -> np.ndarray:
+        """Samples of mixed dtype or rank (never written by spark-dl): one at a time."""
         return _object_array(
             [self._decode_one(bytes(data[s : s + m]), column) for s, m in zip(starts, lengths)]
         )
@@ -507,49 +630,6 @@ class NDArrayEncoding(Encoding):
         if code not in _CODE_DTYPES:
             raise EncodingError(column, f"unknown ndarray dtype code {code}")
         return _CODE_DTYPES[code].newbyteorder("<")
-
-    def _decode_uniform(
-        self,
-        data: np.ndarray,
-        starts: np.ndarray,
-        lengths: np.ndarray,
-        codes: np.ndarray | None,
-        header: int,
-        column: str,
-    ) -> np.ndarray | None:
-        """Stack a batch whose samples share dtype and shape; None when shapes differ."""
-        dtype = self._value_dtype(None if codes is None else int(codes[0]), column)
-        ndim, width = header >> 2, 1 << (header & 3)
-        at = starts + (0 if codes is None else 1) + 1
-        shape_bytes = ndim * width
-        if lengths.min() < (at - starts).max() + shape_bytes:
-            raise EncodingError(column, "an ndarray shape header is truncated")
-        raw = data[at[:, None] + np.arange(shape_bytes, dtype=I64)] if shape_bytes else None
-        shapes = (
-            raw.view(_SHAPE_DTYPES[header & 3]).reshape(len(starts), ndim).astype(I64)
-            if raw is not None
-            else np.zeros((len(starts), 0), dtype=I64)
-        )
-        if not np.all(shapes == shapes[0]):
-            return None
-        shape = tuple(int(d) for d in shapes[0])
-        body = at + shape_bytes
-        nbytes = lengths - (body - starts)
-        if float(np.prod(np.asarray(shape, dtype=np.float64))) * dtype.itemsize != float(
-            nbytes[0]
-        ) or not np.all(nbytes == nbytes[0]):
-            raise EncodingError(column, f"ndarray values do not match their shape {shape}")
-        size = int(nbytes[0])
-        block = (
-            data[body[:, None] + np.arange(size, dtype=I64)]
-            if size
-            else np.empty((len(starts), 0), dtype=U8)
-        )
-        return (
-            block.view(dtype)
-            .reshape((len(starts), *shape))
-            .astype(dtype.newbyteorder("="), copy=False)
-        )
 
     def _decode_one(self, raw: bytes, column: str) -> np.ndarray:
         at = 0
@@ -729,40 +809,66 @@ _SCALARS = {
     "int": "int64",
     **{name: name for name in _DTYPE_CODES},
 }
-_SIMPLE: dict[str, type[Encoding]] = {
-    "bytes": BytesEncoding,
-    "str": StrEncoding,
-    "json": JsonEncoding,
-    "pkl": PickleEncoding,
-}
+
+
+def _registry() -> dict[str, Callable[[], Encoding]]:
+    """Every encoding name an index may use, mapped to its constructor: the one list.
+
+    ``ndarray:DTYPE[:SHAPE]`` names are parameters of ``ndarray`` and parsed on lookup.
+    """
+    table: dict[str, Callable[[], Encoding]] = {}
+    for name, dtype in _SCALARS.items():
+        table[name] = partial(ScalarEncoding, name, dtype)
+    table.update(bytes=BytesEncoding, str=StrEncoding, json=JsonEncoding, pkl=PickleEncoding)
+    for name in ("str_int", "str_float", "str_decimal"):
+        table[name] = partial(StrNumberEncoding, name)
+    for name in ("jpeg", "png", "pil"):
+        table[name] = partial(ImageEncoding, name)
+    # "jpegarray" is how some Mosaic versions spell "jpeg_array": both are read.
+    for name in ("list[jpeg]", "list[png]", "list[pil]", "jpeg_array", "jpegarray"):
+        table[name] = partial(ImageListEncoding, name)
+    table["ndarray"] = NDArrayEncoding
+    return table
+
+
+_REGISTRY = _registry()
 
 
 def get_encoding(name: str) -> Encoding:
     """The encoding an index names; ValueError for names MDS does not define."""
-    if name in _SCALARS:
-        return ScalarEncoding(name, _SCALARS[name])
-    if name in _SIMPLE:
-        return _SIMPLE[name]()
-    if name in ("str_int", "str_float", "str_decimal"):
-        return StrNumberEncoding(name)
-    if name in ("jpeg", "png", "pil"):
-        return ImageEncoding(name)
-    if name in ("list[jpeg]", "list[png]", "list[pil]", "jpeg_array", "jpegarray"):
-        return ImageListEncoding(name)
-    if name == "ndarray" or name.startswith("ndarray:"):
-        return NDArrayEncoding.parse(name[len("ndarray:") :] if ":" in name else "")
-    raise ValueError(f"unknown MDS encoding {name!r}; known: {sorted(encoding_names())}")
+    make = _REGISTRY.get(name)
+    if make is not None:
+        return make()
+    if name.startswith("ndarray:"):
+        return NDArrayEncoding.parse(name[len("ndarray:") :])
+    raise ValueError(f"unknown MDS encoding {name!r}; known: {encoding_names()}")
 
 
 def encoding_names() -> list[str]:
-    return sorted(
-        [
-            *_SCALARS,
-            *_SIMPLE,
-            *("str_int", "str_float", "str_decimal", "jpeg", "png", "pil"),
-            *("list[jpeg]", "list[png]", "list[pil]", "jpeg_array", "ndarray"),
-        ]
-    )
+    """The names :func:`get_encoding` accepts (``ndarray`` also takes ``:DTYPE[:SHAPE]``)."""
+    return sorted(_REGISTRY)
+
+
+def uniform_shape(array: pa.Array, column: str) -> list[int] | None:
+    """The one shape of every nested-list value in ``array`` (None: they differ).
+
+    ``array`` is null-free (the writer fills nulls before encoding).
+    """
+    if len(array) == 0:
+        return None
+    shapes = _nested_values(array, column)[1]
+    if np.all(shapes == shapes[0]):
+        return [int(d) for d in shapes[0]]
+    return None
+
+
+def merge_shapes(
+    held: dict[str, list[int] | None] | None, new: dict[str, list[int] | None]
+) -> dict[str, list[int] | None]:
+    """Shapes of a shard gaining rows with shapes ``new``: equal stays, else None."""
+    if held is None:
+        return dict(new)
+    return {k: v if v == new.get(k) else None for k, v in held.items()}
 
 
 def _leaf_type(t: pa.DataType) -> tuple[pa.DataType, list[int | None]]:

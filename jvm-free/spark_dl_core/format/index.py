@@ -40,6 +40,9 @@ class ShardInfo:
     compression: str | None = None
     hashes: list[str] = field(default_factory=list)
     size_limit: int | None = None
+    # spark_dl.json only (never index.json): the one shape of each variable ndarray column's
+    # values in this shard, None where they differ; readers choose dense output from it.
+    shapes: dict[str, list[int] | None] | None = field(default=None, compare=False)
 
     def config(self) -> dict[str, Any]:
         """The writer configuration Mosaic embeds in every shard and repeats in the index."""

@@ -70,6 +70,8 @@ class ShardData:
     """A decompressed shard in memory, validated, sliceable by sample indices."""
 
     def __init__(self, raw: np.ndarray, file: str, layout: Layout, samples: int) -> None:
+        # A plain ndarray view: slicing an np.memmap costs Python time per slice.
+        raw = raw.view(np.ndarray) if isinstance(raw, np.memmap) else raw
         self.raw, self.file, self.layout = raw, file, layout
         if len(raw) < 8:
             raise ShardError(file, f"is {len(raw)} bytes, too short to be an MDS shard")
@@ -88,11 +90,53 @@ class ShardData:
         self.offsets = offsets
         self.count = count
         self._rows: np.ndarray | None = None
+        # Byte position and width of each column within a row, when all rows are alike.
+        self._at: list[int] = []
+        self._widths: list[int] = []
         row = layout.row_size
         if row is not None and count:
             if np.any(np.diff(offsets) != row):
                 raise ShardError(file, f"samples are not all {row} bytes as its columns imply")
-            self._rows = raw[int(offsets[0]) : int(offsets[-1])].reshape(count, row)
+            self._set_rows(row, [s or 0 for s in layout.sizes], 0)
+        elif count:
+            self._uniform_variable()
+
+    def _set_rows(self, row: int, widths: list[int], head: int) -> None:
+        offsets = self.offsets
+        self._rows = self.raw[int(offsets[0]) : int(offsets[-1])].reshape(self.count, row)
+        self._widths = widths
+        self._at = (head + np.cumsum([0, *widths[:-1]])).astype(int).tolist()
+
+    def _uniform_variable(self) -> None:
+        """Variable-width columns whose every sample has the same sizes (Spark's equal-length
+        ``array<float>``) make a row matrix too: they take the fixed-width gather."""
+        lengths = np.diff(self.offsets)
+        if np.any(lengths != lengths[0]):
+            return
+        variable = self.layout.variable
+        head = 4 * len(variable)
+        if int(lengths[0]) < head:
+            return  # reported as corrupt when read
+        sizes = gather_fixed(self.raw, self.offsets[:-1], head).view("<u4")
+        if np.any(sizes != sizes[0]):
+            return
+        widths = [s or 0 for s in self.layout.sizes]
+        for j, i in enumerate(variable):
+            widths[i] = int(sizes[0][j])
+        if head + sum(widths) != int(lengths[0]):
+            return
+        self._set_rows(int(lengths[0]), widths, head)
+
+    def gather_rows(self, local: np.ndarray, out: np.ndarray) -> None:
+        """Copy whole rows ``local`` into ``out`` (``(len(local), row)`` bytes): the one
+        fixed-width gather, used by :meth:`columns` and the batch reader."""
+        assert self._rows is not None
+        np.take(self._rows, local, axis=0, out=out)
+
+    @property
+    def row_matrix(self) -> np.ndarray | None:
+        """``(count, row)`` bytes when every row has the same layout, else None."""
+        return self._rows
 
     def columns(self, index: np.ndarray, names: list[str]) -> dict[str, Pieces]:
         """The stored bytes of ``names`` for the samples at ``index``, in that order."""
@@ -101,13 +145,18 @@ class ShardData:
         if len(index) and (index.min() < 0 or index.max() >= self.count):
             raise IndexError(f"sample index out of range for shard {self.file!r}")
         if self._rows is not None:
-            rows = self._rows[index]
+            rows = np.empty((len(index), self._rows.shape[1]), dtype=U8)
+            self.gather_rows(index, rows)
             out: dict[str, Pieces] = {}
-            at = np.cumsum([0, *(s or 0 for s in layout.sizes)])
+            n = len(index)
             for i in wanted:
-                width = layout.sizes[i] or 0
-                block = np.ascontiguousarray(rows[:, at[i] : at[i] + width])
-                out[layout.names[i]] = Pieces(block.reshape(-1), width=width)
+                at, width = self._at[i], self._widths[i]
+                block = np.ascontiguousarray(rows[:, at : at + width]).reshape(-1)
+                if layout.sizes[i] is None:  # variable column, equal sizes in this shard
+                    offsets = np.arange(n + 1, dtype=I64) * width
+                    out[layout.names[i]] = Pieces(block, offsets=offsets)
+                else:
+                    out[layout.names[i]] = Pieces(block, width=width)
             return out
         return self._columns_variable(index, wanted)
 

@@ -1,0 +1,579 @@
+"""The read-time image pipeline: decode once, one fused crop-and-resize, batch ops.
+
+For each image column the loader's transforms (``image_decode``, ``resize``,
+``center_crop``, ``random_resized_crop``, ``horizontal_flip``, ``normalize``, ``to_chw``)
+compile into an :class:`ImagePipeline`. Per batch it
+
+1. reads each image's size from its header (no decode) and *plans* every sample: the box
+   of the source image that ends up in the output, the output size, and the flip
+   (:func:`plan_boxes`). Random draws come from a generator keyed by (dataset fingerprint,
+   seed, epoch, global sample index), so a sample gets the same crop on any world size,
+   worker count and after resume. The same plan drives the CPU and the GPU path;
+2. decodes each image once, at reduced JPEG DCT scale when the output is smaller
+   (simplejpeg's ``min_height``/``min_width``, or PIL's ``draft``), and resamples the box
+   to the output size in one PIL call, straight into the batch array;
+3. applies ``normalize`` (float32) and ``to_chw`` to the whole batch.
+
+simplejpeg decodes JPEGs when installed (measured fastest here, see docs/images.md); PIL
+decodes everything else and is the fallback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import DatasetError, SpecError
+from .transforms import (
+    CenterCrop,
+    HorizontalFlip,
+    ImageDecode,
+    Normalize,
+    RandomResizedCrop,
+    Resize,
+    ToCHW,
+)
+
+try:  # the fast JPEG decoder (the "images" extra); PIL is the fallback
+    import simplejpeg as _simplejpeg
+except ImportError:  # pragma: no cover - depends on the environment
+    _simplejpeg = None
+
+IMAGE_ENCODINGS = ("jpeg", "png", "pil", "bytes")
+_JPEG = b"\xff\xd8"
+_decodes = 0  # images decoded by this process (tests count decodes per sample)
+
+
+def decode_count() -> int:
+    """How many images this process has decoded (for tests and diagnostics)."""
+    return _decodes
+
+
+class ImageError(DatasetError):
+    """An image that does not decode, named by column, shard and sample index."""
+
+    def __init__(self, message: str) -> None:  # one argument: DataLoader re-raises it intact
+        super().__init__(message)
+
+
+def _pil() -> Any:
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - pillow is the images extra
+        raise ImportError("image ops need Pillow: pip install 'spark-dl-core[images]'") from None
+    return Image
+
+
+# --------------------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Per sample: source box ``(x0, y0, x1, y1)`` in original pixels, flip, output size."""
+
+    boxes: np.ndarray  # (n, 4) float64
+    flips: np.ndarray  # (n,) bool
+    out: tuple[int, int] | None  # (h, w) shared by the batch, None: each image's own size
+    sizes: np.ndarray  # (n, 2) output (h, w) of each sample
+    sources: np.ndarray  # (n, 2) original (h, w) of each sample
+
+    def rows(self, start: int, stop: int) -> Plan:
+        return Plan(
+            self.boxes[start:stop],
+            self.flips[start:stop],
+            self.out,
+            self.sizes[start:stop],
+            self.sources[start:stop],
+        )
+
+
+def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
+def sample_rngs(key: bytes, indices: np.ndarray) -> list[np.random.Generator]:
+    """One generator per global sample index, keyed by (fingerprint, seed, epoch)."""
+    words = np.frombuffer(key[:16], dtype=np.uint64)
+    return [
+        np.random.Generator(np.random.Philox(key=np.array([words[0] ^ int(i), words[1]])))
+        for i in np.asarray(indices, dtype=np.uint64).tolist()
+    ]
+
+
+def augment_key(fingerprint: str, seed: int, epoch: int) -> bytes:
+    return hashlib.sha256(f"spark-dl-augment:{fingerprint}:{seed}:{epoch}".encode()).digest()
+
+
+def _random_box(
+    rng: np.random.Generator, w: float, h: float, op: RandomResizedCrop
+) -> tuple[float, float, float, float]:
+    """torchvision's RandomResizedCrop box (x, y, cw, ch) within a ``w x h`` image."""
+    area = w * h
+    log_lo, log_hi = math.log(op.ratio[0]), math.log(op.ratio[1])
+    cw: float
+    ch: float
+    for _ in range(10):
+        target = area * rng.uniform(op.scale[0], op.scale[1])
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        cw = float(round(math.sqrt(target * aspect)))
+        ch = float(round(math.sqrt(target / aspect)))
+        if 0 < cw <= w and 0 < ch <= h:
+            x = float(rng.integers(0, int(w - cw) + 1))
+            y = float(rng.integers(0, int(h - ch) + 1))
+            return x, y, float(cw), float(ch)
+    ratio = w / h  # fallback: central crop at the nearest allowed ratio
+    if ratio < op.ratio[0]:
+        cw, ch = w, float(round(w / op.ratio[0]))
+    elif ratio > op.ratio[1]:
+        ch, cw = h, float(round(h * op.ratio[1]))
+    else:
+        cw, ch = w, h
+    return (w - cw) / 2, (h - ch) / 2, float(cw), float(ch)
+
+
+def plan_boxes(sizes: np.ndarray, ops: list[Any], key: bytes, indices: np.ndarray) -> Plan:
+    """Compose the geometric ops of each sample into one source box, flip and output size.
+
+    ``sizes`` are the original ``(h, w)``. Computed once per batch; the CPU and the GPU
+    path both execute this plan, so they crop identically.
+    """
+    n = len(sizes)
+    boxes = np.zeros((n, 4), dtype=np.float64)
+    flips = np.zeros(n, dtype=bool)
+    outs = np.zeros((n, 2), dtype=np.int64)
+    random = any(isinstance(op, (RandomResizedCrop, HorizontalFlip)) for op in ops)
+    rngs = sample_rngs(key, indices) if random else []
+    for i in range(n):
+        h, w = float(sizes[i][0]), float(sizes[i][1])
+        x0, y0, bw, bh = 0.0, 0.0, w, h  # source box
+        ow, oh = w, h  # current output size
+        flip = False
+        for op in ops:
+            if isinstance(op, Resize):
+                if isinstance(op.size, int):
+                    s = op.size / min(ow, oh)
+                    ow, oh = float(max(1, round(ow * s))), float(max(1, round(oh * s)))
+                else:
+                    oh, ow = map(float, _pair(op.size))
+                continue
+            if isinstance(op, HorizontalFlip):
+                if rngs[i].random() < op.p:
+                    flip = not flip
+                continue
+            cw: float
+            ch: float
+            if isinstance(op, CenterCrop):
+                ch, cw = map(float, _pair(op.size))
+                cw, ch = min(cw, ow), min(ch, oh)
+                cx, cy = float(round((ow - cw) / 2)), float(round((oh - ch) / 2))
+                target = _pair(op.size)
+            elif isinstance(op, RandomResizedCrop):
+                cx, cy, cw, ch = _random_box(rngs[i], ow, oh, op)
+                target = _pair(op.size)
+            else:
+                continue
+            if flip:  # crop coordinates are in the mirrored image
+                cx = ow - cx - cw
+            sx, sy = bw / ow, bh / oh
+            x0, y0, bw, bh = x0 + cx * sx, y0 + cy * sy, cw * sx, ch * sy
+            oh, ow = float(target[0]), float(target[1])
+        boxes[i] = (x0, y0, x0 + bw, y0 + bh)
+        flips[i] = flip
+        outs[i] = (round(oh), round(ow))
+    fixed = bool(n) and bool(np.all(outs == outs[0]))
+    out = (int(outs[0][0]), int(outs[0][1])) if fixed else None
+    return Plan(boxes, flips, out, outs, np.asarray(sizes, dtype=np.int64))
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def image_size(raw: bytes) -> tuple[int, int]:
+    """``(h, w)`` from the header, without decoding the pixels."""
+    if _simplejpeg is not None and raw[:2] == _JPEG:
+        h, w, _, _ = _simplejpeg.decode_jpeg_header(raw)
+        return int(h), int(w)
+    with _pil().open(io.BytesIO(raw)) as image:
+        w, h = image.size
+    return int(h), int(w)
+
+
+@dataclass(frozen=True)
+class ImageList:
+    """Images of different sizes in one buffer: ``flat`` holds them back to back, each
+    ``shapes[i]`` = ``(h, w, c)``. Crosses process boundaries as one buffer; torch users
+    get a list of ``[H, W, C]`` tensors (views of one tensor), numpy users an object array.
+    """
+
+    flat: np.ndarray
+    shapes: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def offsets(self) -> np.ndarray:
+        sizes = np.prod(self.shapes, axis=1) if len(self.shapes) else np.zeros(0, np.int64)
+        return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+    def to_objects(self) -> np.ndarray:
+        offsets = self.offsets()
+        out = np.empty(len(self), dtype=object)
+        for i, shape in enumerate(self.shapes.tolist()):
+            out[i] = self.flat[offsets[i] : offsets[i + 1]].reshape(shape)
+        return out
+
+    def rows(self, start: int, stop: int) -> ImageList:
+        offsets = self.offsets()
+        flat = self.flat[offsets[start] : offsets[stop]]
+        return ImageList(flat, self.shapes[start:stop])
+
+
+def decode_image(
+    raw: bytes,
+    mode: str,
+    at_least: tuple[int, int] | None = None,
+    into: np.ndarray | None = None,
+) -> np.ndarray:
+    """Pixels ``[H, W, C]`` (uint8). ``at_least=(h, w)`` allows a reduced DCT scale that
+    keeps the image at least that large (JPEG only; others decode at full size)."""
+    global _decodes
+    _decodes += 1
+    min_h, min_w = at_least or (0, 0)
+    if _simplejpeg is not None and raw[:2] == _JPEG:
+        colorspace = "RGB" if mode == "RGB" else "GRAY"
+        pixels = _simplejpeg.decode_jpeg(
+            raw,
+            colorspace=colorspace,
+            min_height=int(min_h),
+            min_width=int(min_w),
+            buffer=into,
+        )
+        pixels = np.asarray(pixels)
+        return pixels if pixels.ndim == 3 else pixels[:, :, None]
+    image = _pil().open(io.BytesIO(raw))
+    if at_least is not None and image.format == "JPEG":
+        image.draft(mode, (max(1, int(min_w)), max(1, int(min_h))))
+    image = image.convert(mode)
+    pixels = np.asarray(image)
+    return pixels[:, :, None] if pixels.ndim == 2 else pixels
+
+
+def _resample(
+    pixels: np.ndarray, box: tuple[float, float, float, float], out: tuple[int, int]
+) -> np.ndarray:
+    """The ``box`` of ``pixels`` resampled (bilinear, antialiased) to ``out=(h, w)``."""
+    h, w = pixels.shape[:2]
+    if box == (0.0, 0.0, float(w), float(h)) and out == (h, w):
+        return pixels
+    image_module = _pil()
+    gray = pixels.shape[2] == 1
+    image = image_module.fromarray(pixels[:, :, 0] if gray else pixels)
+    resized = np.asarray(image.resize((out[1], out[0]), image_module.BILINEAR, box=box))
+    return resized[:, :, None] if gray else resized
+
+
+# --------------------------------------------------------------------------- pipeline
+
+
+@dataclass
+class ImagePipeline:
+    """The ops of one image column, compiled: decode mode, geometry, batch ops."""
+
+    column: str
+    mode: str = "RGB"
+    geometry: list[Any] = field(default_factory=list)
+    normalize: Normalize | None = None
+    chw: bool = False
+
+    @property
+    def channels(self) -> int:
+        return 3 if self.mode == "RGB" else 1
+
+    @property
+    def fixed_size(self) -> bool:
+        """Whether every output has one size (a dense batch): the last op that sets the size
+        is a crop or an exact resize. Otherwise batches are lists of images."""
+        for op in reversed(self.geometry):
+            if isinstance(op, (CenterCrop, RandomResizedCrop)):
+                return True
+            if isinstance(op, Resize):
+                return not isinstance(op.size, int)
+        return False
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float32 if self.normalize is not None else np.uint8)
+
+    def plan(self, raws: list[bytes], key: bytes, indices: np.ndarray, where: Any) -> Plan:
+        sizes = np.zeros((len(raws), 2), dtype=np.int64)
+        for i, raw in enumerate(raws):
+            try:
+                sizes[i] = image_size(raw)
+            except Exception as exc:
+                raise ImageError(where(i, f"image header does not read: {exc}")) from None
+        return plan_boxes(sizes, self.geometry, key, indices)
+
+    def run_cpu(self, raws: list[bytes], plan: Plan, where: Any) -> Any:
+        """Decode and transform a batch on the CPU: one array, or a list when sizes differ."""
+        n = len(raws)
+        if not self.geometry and not plan.flips.any():
+            return self._decode_only(raws, plan, where)
+        batch: np.ndarray | None = None
+        if self.fixed_size:
+            assert plan.out is not None
+            batch = np.empty((n, *plan.out, self.channels), dtype=np.uint8)
+        images: list[np.ndarray] = []
+        for i, raw in enumerate(raws):
+            x0, y0, x1, y1 = plan.boxes[i]
+            oh, ow = (int(v) for v in plan.sizes[i])
+            # Reduced-scale decode keeps the box at least as large as the output.
+            box_w, box_h = x1 - x0, y1 - y0
+            full_h, full_w = (int(v) for v in plan.sources[i])
+            at_least = None
+            if self.geometry and box_w > ow and box_h > oh:
+                at_least = (
+                    math.ceil(full_h * oh / box_h),
+                    math.ceil(full_w * ow / box_w),
+                )
+            try:
+                pixels = decode_image(raw, self.mode, at_least)
+            except Exception as exc:
+                raise ImageError(where(i, f"image does not decode: {exc}")) from None
+            if self.geometry:
+                ph, pw = pixels.shape[:2]
+                sx, sy = pw / full_w, ph / full_h
+                box = (x0 * sx, y0 * sy, x1 * sx, y1 * sy)
+                pixels = _resample(pixels, box, (oh, ow))
+            if plan.flips[i]:
+                pixels = pixels[:, ::-1]
+            if batch is not None:
+                batch[i] = pixels
+            else:
+                images.append(np.ascontiguousarray(pixels))
+        if batch is None:
+            shapes = np.array([image.shape for image in images], dtype=np.int64).reshape(n, 3)
+            flat = np.concatenate([image.reshape(-1) for image in images]) if n else images
+            listed = ImageList(np.asarray(flat, dtype=np.uint8), shapes)
+            if self.normalize is not None or self.chw:
+                return self._finish_each(listed)
+            return listed
+        return self._finish(batch)
+
+    def _decode_only(self, raws: list[bytes], plan: Plan, where: Any) -> Any:
+        """Full-size decode straight into one buffer (sizes are known from the headers)."""
+        shapes = np.concatenate(
+            [plan.sources, np.full((len(raws), 1), self.channels, np.int64)], axis=1
+        )
+        images = ImageList(np.empty(int(np.prod(shapes, axis=1).sum()), np.uint8), shapes)
+        offsets = images.offsets()
+        for i, raw in enumerate(raws):
+            target = images.flat[offsets[i] : offsets[i + 1]]
+            try:
+                pixels = decode_image(raw, self.mode, into=target)
+            except Exception as exc:
+                raise ImageError(where(i, f"image does not decode: {exc}")) from None
+            if not np.shares_memory(pixels, target):  # PIL (png…): copy in
+                if pixels.size != target.size:
+                    raise ImageError(where(i, f"decoded to {pixels.shape}, header said more"))
+                target[:] = pixels.reshape(-1)
+        if self.normalize is not None or self.chw:
+            return self._finish_each(images)
+        return images
+
+    def _finish_each(self, images: ImageList) -> np.ndarray:
+        out = images.to_objects()
+        for i, image in enumerate(out):
+            out[i] = self._finish(image[None])[0]
+        return out
+
+    def _finish(self, batch: np.ndarray) -> np.ndarray:
+        """normalize and to_chw on a whole ``[B, H, W, C]`` batch."""
+        if self.normalize is not None:
+            mean = np.asarray(self.normalize.mean, dtype=np.float32) * np.float32(255)
+            std = np.asarray(self.normalize.std, dtype=np.float32) * np.float32(255)
+            batch = (batch.astype(np.float32) - mean) / std
+        if self.chw:
+            batch = np.ascontiguousarray(batch.transpose(0, 3, 1, 2))
+        return batch
+
+    def run_torch(self, raws: list[bytes], plan: Plan, device: str) -> Any:
+        """The same plan on a torch device: one batched ``decode_jpeg`` call, then crops.
+
+        Needs torchvision with its CUDA decoder for ``cuda`` devices.
+        """
+        import torch
+
+        decode_jpeg = _torchvision_decoder()
+        from torchvision.io import ImageReadMode
+
+        data = [torch.frombuffer(bytearray(r), dtype=torch.uint8) for r in raws]
+        read_mode = ImageReadMode.RGB if self.mode == "RGB" else ImageReadMode.GRAY
+        decoded = decode_jpeg(data, mode=read_mode, device=device)
+        global _decodes
+        _decodes += len(decoded)
+        return self.transform_tensors(list(decoded), plan)
+
+    def transform_tensors(self, images: list[Any], plan: Plan) -> Any:
+        """Crop, resize and flip ``[C, H, W]`` uint8 tensors by ``plan`` (any device)."""
+        import torch
+        import torch.nn.functional as functional
+
+        out = []
+        for i, image in enumerate(images):
+            x0, y0, x1, y1 = plan.boxes[i]
+            oh, ow = (int(v) for v in plan.sizes[i])
+            if self.geometry:
+                left, top = math.floor(x0), math.floor(y0)
+                right, bottom = math.ceil(x1), math.ceil(y1)
+                crop = image[:, top:bottom, left:right].float()[None]
+                image = functional.interpolate(
+                    crop, size=(oh, ow), mode="bilinear", antialias=True, align_corners=False
+                )[0]
+                image = image.round().clamp(0, 255).to(torch.uint8)
+            if plan.flips[i]:
+                image = image.flip(-1)
+            out.append(image)
+        batch = torch.stack(out)  # [B, C, H, W]
+        if self.normalize is not None:
+            shape = (1, -1, 1, 1)
+            mean = torch.tensor(self.normalize.mean, device=batch.device).reshape(shape) * 255
+            std = torch.tensor(self.normalize.std, device=batch.device).reshape(shape) * 255
+            batch = (batch.float() - mean) / std
+        return batch if self.chw else batch.permute(0, 2, 3, 1).contiguous()
+
+
+def _torchvision_decoder() -> Any:
+    try:
+        from torchvision.io import decode_jpeg
+    except Exception as exc:  # ImportError, or a build that does not match torch
+        raise ImportError(f"GPU image decode needs torchvision's decode_jpeg: {exc}") from None
+    return decode_jpeg
+
+
+def gpu_decoder_available() -> bool:
+    try:
+        _torchvision_decoder()
+    except ImportError:
+        return False
+    return True
+
+
+def compile_pipelines(
+    transforms: list[Any], columns: dict[str, str]
+) -> tuple[dict[str, ImagePipeline], list[Any]]:
+    """Split loader transforms into per-column image pipelines and the other ops.
+
+    Refuses, before any data is read, an op on a missing column or a column of the wrong
+    kind, naming the op and the column. ``columns`` maps each column to its encoding.
+    """
+    pipelines: dict[str, ImagePipeline] = {}
+    others: list[Any] = []
+    image_ops = (ImageDecode, Resize, CenterCrop, RandomResizedCrop, HorizontalFlip, ToCHW)
+    for op in transforms:
+        column = getattr(op, "column", None)
+        if column is not None and column not in columns:
+            raise SpecError(
+                f"{op.op} names column {column!r}, which the dataset does not have "
+                f"(it has {sorted(columns)})"
+            )
+        if isinstance(op, ImageDecode):
+            if columns[op.column] not in IMAGE_ENCODINGS:
+                raise SpecError(
+                    f"image_decode on column {op.column!r}: it stores "
+                    f"{columns[op.column]!r}, not image bytes ({', '.join(IMAGE_ENCODINGS)})"
+                )
+            if op.column in pipelines:
+                raise SpecError(f"image_decode on column {op.column!r} is listed twice")
+            pipelines[op.column] = ImagePipeline(op.column, op.mode)
+            continue
+        pipeline = pipelines.get(column) if column is not None else None
+        if isinstance(op, image_ops):
+            if pipeline is None:
+                raise SpecError(f"{op.op} on column {column!r} needs an image_decode of it before")
+            late = pipeline.normalize is not None or pipeline.chw
+            if late and not isinstance(op, ToCHW):
+                raise SpecError(f"{op.op} on column {column!r} must come before normalize/to_chw")
+            if isinstance(op, ToCHW):
+                pipeline.chw = True
+            else:
+                pipeline.geometry.append(op)
+            continue
+        if isinstance(op, Normalize):
+            if pipeline is not None:
+                channels = pipeline.channels
+                for name in ("mean", "std"):
+                    value = getattr(op, name)
+                    if isinstance(value, list) and len(value) not in (1, channels):
+                        raise SpecError(
+                            f"normalize on column {column!r}: {name} has {len(value)} values, "
+                            f"the image has {channels} channel(s)"
+                        )
+                pipeline.normalize = op
+                continue
+            encoding = columns[op.column]
+            numeric = encoding.startswith("ndarray") or encoding in _NUMERIC
+            if not numeric:
+                raise SpecError(
+                    f"normalize on column {op.column!r}: it holds {encoding!r} values, "
+                    "not numbers (decode images with image_decode first)"
+                )
+        others.append(op)
+    return pipelines, others
+
+
+_NUMERIC = {
+    "int",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "str_int",
+    "str_float",
+}
+
+
+# --------------------------------------------------------------------------- write side
+
+
+def reencode_array(array: pa.Array, max_side: int, quality: int, column: str) -> pa.Array:
+    """Images larger than ``max_side`` shrunk to fit and re-encoded as JPEG ``quality``."""
+    image_module = _pil()
+    values = array.to_pylist()
+    out: list[bytes | None] = []
+    for row, raw in enumerate(values):
+        if raw is None:
+            out.append(None)
+            continue
+        try:
+            h, w = image_size(raw)
+            if max(h, w) <= max_side:
+                out.append(raw)
+                continue
+            image = image_module.open(io.BytesIO(raw))
+            scale = max_side / max(h, w)
+            size = (max(1, round(w * scale)), max(1, round(h * scale)))
+            if image.format == "JPEG":
+                image.draft("RGB", size)
+            image = image.convert("RGB" if image.mode not in ("L", "RGB") else image.mode)
+            image = image.resize(size, image_module.BILINEAR, reducing_gap=3.0)
+            buffer = io.BytesIO()
+            image.save(buffer, format="JPEG", quality=quality)
+            out.append(buffer.getvalue())
+        except Exception as exc:
+            raise SpecError(
+                f"reencode_image on column {column!r}: row {row} does not decode: {exc}"
+            ) from None
+    return pa.array(out, type=array.type)

@@ -1,0 +1,290 @@
+"""The read-time image pipeline (issue #9): ops, reproducible crops, one decode, errors."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from PIL import Image
+
+from spark_dl_core import DatasetSpec, open_dataset, write_mds
+from spark_dl_core import images as image_module
+from spark_dl_core.errors import SpecError
+from spark_dl_core.images import ImageError, ImagePipeline, decode_image, plan_boxes
+from spark_dl_core.transforms import RandomResizedCrop, parse_transforms
+
+N = 48
+TRAIN = [
+    {"op": "image_decode", "column": "image"},
+    {"op": "random_resized_crop", "column": "image", "size": 32},
+    {"op": "horizontal_flip", "column": "image", "p": 0.5},
+]
+
+
+def _jpeg(w: int, h: int, seed: int, quality: int = 90) -> bytes:
+    rng = np.random.default_rng(seed)
+    # smooth content with a gradient: the pixel values say where a crop came from
+    x = np.linspace(0, 255, w, dtype=np.float32)[None, :, None]
+    y = np.linspace(0, 255, h, dtype=np.float32)[:, None, None]
+    base = np.concatenate([np.broadcast_to(x, (h, w, 1)), np.broadcast_to(y, (h, w, 1))], axis=2)
+    blue = np.full((h, w, 1), float(rng.integers(0, 255)), np.float32)
+    pixels = np.concatenate([base, blue], axis=2).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=quality)
+    return out.getvalue()
+
+
+def _table(n: int = N) -> pa.Table:
+    sizes = [(64 + 8 * (i % 5), 48 + 4 * (i % 7)) for i in range(n)]
+    return pa.table(
+        {
+            "id": np.arange(n, dtype=np.int64),
+            "image": pa.array([_jpeg(w, h, i) for i, (w, h) in enumerate(sizes)], pa.binary()),
+            "caption": pa.array([f"image {i}" for i in range(n)]),
+            "label": np.arange(n, dtype=np.int64) % 3,
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("images") / "ds"
+    write_mds(_table(), str(path), DatasetSpec(columns={"image": "jpeg"}, shard_size="32KiB"))
+    return path
+
+
+def _by_id(batches: Any) -> dict[int, np.ndarray]:
+    out = {}
+    for b in batches:
+        for i, image in zip(b["id"].tolist(), b["image"]):
+            out[i] = np.asarray(image)
+    return out
+
+
+def test_ops_as_dicts_give_one_uint8_batch(written: Path) -> None:
+    ds = open_dataset(written)
+    assert ds.num_shards > 1
+    batches = list(ds.to_torch(batch_size=16, transforms=TRAIN))
+    assert len(batches) == 3
+    for b in batches:
+        assert b["image"].dtype == torch.uint8 and b["image"].shape == (16, 32, 32, 3)
+
+
+def test_normalize_and_to_chw_make_float32_nchw(written: Path) -> None:
+    ops = [
+        {"op": "image_decode", "column": "image"},
+        {"op": "resize", "column": "image", "size": 40},
+        {"op": "center_crop", "column": "image", "size": [24, 30]},
+        {"op": "normalize", "column": "image", "mean": [0.5, 0.5, 0.5], "std": [0.25] * 3},
+        {"op": "to_chw", "column": "image"},
+    ]
+    ds = open_dataset(written)
+    (b, *_) = list(ds.to_torch(batch_size=16, transforms=ops))
+    assert b["image"].dtype == torch.float32 and b["image"].shape == (16, 3, 24, 30)
+    assert float(b["image"].min()) >= -2.01 and float(b["image"].max()) <= 2.01
+
+
+def test_grayscale_and_exact_resize(written: Path) -> None:
+    ops = [
+        {"op": "image_decode", "column": "image", "mode": "L"},
+        {"op": "resize", "column": "image", "size": [20, 10]},
+    ]
+    (b, *_) = list(open_dataset(written).iter_batches(batch_size=8, transforms=ops))
+    assert b["image"].shape == (8, 20, 10, 1) and b["image"].dtype == np.uint8
+
+
+def test_same_crops_on_any_worker_count_world_size_and_resume(written: Path) -> None:
+    ds = open_dataset(written)
+    kw: dict[str, Any] = {"batch_size": 8, "shuffle": True, "seed": 5, "transforms": TRAIN}
+    one = _by_id(ds.to_torch(num_workers=0, **kw))
+    two = _by_id(ds.to_torch(num_workers=2, **kw))
+    ranks: dict[int, np.ndarray] = {}
+    for rank in range(2):
+        ranks.update(_by_id(ds.to_torch(rank=rank, world_size=2, **kw)))
+    assert sorted(one) == list(range(N))
+    for i in range(N):
+        np.testing.assert_array_equal(one[i], two[i])
+        np.testing.assert_array_equal(one[i], ranks[i])
+    loader = ds.to_torch(**kw)
+    it = iter(loader)
+    first = _by_id([next(it), next(it)])
+    state = loader.state_dict()
+    del it
+    resumed = ds.to_torch(**kw)
+    resumed.load_state_dict(state)
+    rest = _by_id(resumed)
+    assert set(first).isdisjoint(rest) and len(first) + len(rest) == N
+    for i, image in {**first, **rest}.items():
+        np.testing.assert_array_equal(image, one[i])
+    other_epoch = ds.to_torch(epoch=1, **kw)
+    assert any(not np.array_equal(one[i], image) for i, image in _by_id(other_epoch).items())
+
+
+def test_each_sample_is_decoded_once(written: Path) -> None:
+    ds = open_dataset(written)
+    before = image_module.decode_count()
+    seen = sum(len(b["id"]) for b in ds.to_torch(batch_size=10, transforms=TRAIN))
+    assert seen == N
+    assert image_module.decode_count() - before == N
+
+
+def test_reduced_scale_decode_when_the_target_is_smaller() -> None:
+    raw = _jpeg(640, 480, 0)
+    assert decode_image(raw, "RGB").shape == (480, 640, 3)
+    small = decode_image(raw, "RGB", at_least=(100, 100))
+    assert small.shape[0] >= 100 and small.shape[1] >= 100 and small.shape[0] <= 240
+    pipeline = ImagePipeline(
+        "image", geometry=parse_transforms([{"op": "resize", "column": "image", "size": [60, 80]}])
+    )
+    plan = pipeline.plan([raw], b"k" * 32, np.array([0]), lambda i, m: m)
+    out = pipeline.run_cpu([raw], plan, lambda i, m: m)
+    full = np.asarray(Image.open(io.BytesIO(raw)).convert("RGB").resize((80, 60), Image.BILINEAR))
+    assert out.shape == (1, 60, 80, 3)
+    assert np.abs(out[0].astype(int) - full.astype(int)).mean() < 4
+
+
+def test_corrupt_image_names_column_shard_and_sample(tmp_path: Path) -> None:
+    table = _table(12)
+    images = table.column("image").to_pylist()
+    images[7] = images[7][:200]  # truncated JPEG
+    table = table.set_column(1, "image", pa.array(images, pa.binary()))
+    write_mds(table, str(tmp_path / "bad"), DatasetSpec(columns={"image": "jpeg"}))
+    ds = open_dataset(tmp_path / "bad")
+    pattern = r"column 'image', shard '.*shard\.00000\.mds', sample 7"
+    with pytest.raises(ImageError, match=pattern):
+        list(ds.to_torch(batch_size=4, transforms=TRAIN))
+    with pytest.raises(ImageError, match=pattern):  # across the worker boundary too
+        list(ds.to_torch(batch_size=4, transforms=TRAIN, num_workers=1))
+
+
+@pytest.mark.parametrize(
+    ("ops", "message"),
+    [
+        ([{"op": "image_decode", "column": "picture"}], "image_decode names column 'picture'"),
+        (
+            [{"op": "normalize", "column": "caption", "mean": 0.5, "std": 0.2}],
+            "normalize on column 'caption': it holds 'str'",
+        ),
+        (
+            [{"op": "image_decode", "column": "caption"}],
+            "image_decode on column 'caption': it stores 'str'",
+        ),
+        (
+            [{"op": "resize", "column": "image", "size": 8}],
+            "resize on column 'image' needs an image_decode",
+        ),
+        ([{"op": "flip", "column": "image"}], "is not valid"),
+    ],
+)
+def test_bad_ops_are_refused_before_any_data_is_read(
+    written: Path, monkeypatch: pytest.MonkeyPatch, ops: list[dict[str, Any]], message: str
+) -> None:
+    ds = open_dataset(written)
+
+    def no_reads(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("data was read")
+
+    monkeypatch.setattr(type(ds), "load_shard", no_reads)
+    with pytest.raises(SpecError, match=message):
+        ds.to_torch(batch_size=4, transforms=ops)
+    with pytest.raises(SpecError, match=message):
+        ds.to_tf(batch_size=4, transforms=ops)
+
+
+def test_tf_gets_the_same_pipeline(written: Path) -> None:
+    ds = open_dataset(written)
+    tfds = ds.to_tf(batch_size=16, columns=["id", "image"], transforms=TRAIN)
+    got = {}
+    for b in tfds:
+        assert b["image"].shape[1:] == (32, 32, 3) and b["image"].dtype.name == "uint8"
+        got.update(zip(b["id"].numpy().tolist(), b["image"].numpy()))
+    ours = _by_id(ds.iter_batches(batch_size=16, transforms=TRAIN))
+    for i in range(N):
+        np.testing.assert_array_equal(got[i], ours[i])
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(written: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(SpecError, match="device='cuda', but torch sees no CUDA device"):
+        open_dataset(written).to_torch(batch_size=4, transforms=TRAIN, device="cuda")
+
+
+def test_cpu_and_device_paths_share_crop_boxes() -> None:
+    """The plan is computed once; the torch (GPU) path executes the same boxes and flips."""
+    raws = [_jpeg(96, 64, i) for i in range(6)]
+    pipeline = ImagePipeline(
+        "image",
+        geometry=[
+            RandomResizedCrop(column="image", size=24, scale=(0.3, 0.9)),
+            *parse_transforms([{"op": "horizontal_flip", "column": "image", "p": 0.5}]),
+        ],
+    )
+    plan = pipeline.plan(raws, b"s" * 32, np.arange(6), lambda i, m: m)
+    again = plan_boxes(plan.sources, pipeline.geometry, b"s" * 32, np.arange(6))
+    np.testing.assert_array_equal(plan.boxes, again.boxes)
+    assert plan.flips.any() and not plan.flips.all()
+    cpu = pipeline.run_cpu(raws, plan, lambda i, m: m)
+    decoded = [
+        torch.from_numpy(np.asarray(Image.open(io.BytesIO(r)).convert("RGB")).copy()).permute(
+            2, 0, 1
+        )
+        for r in raws
+    ]
+    device = pipeline.transform_tensors(decoded, plan).numpy()
+    assert device.shape == cpu.shape == (6, 24, 24, 3)
+    # Same boxes and flips: the gradient images agree up to resampling differences.
+    assert np.abs(device.astype(int) - cpu.astype(int)).mean() < 6
+
+
+def test_write_time_reencode_to_a_maximum_side(tmp_path: Path) -> None:
+    small, big = _jpeg(60, 40, 1), _jpeg(400, 300, 2)
+    table = pa.table({"image": pa.array([small, big], pa.binary())})
+    spec = DatasetSpec(
+        columns={"image": "jpeg"},
+        transforms=[{"op": "reencode_image", "column": "image", "max_side": 100, "quality": 80}],
+    )
+    write_mds(table, str(tmp_path / "w"), spec)
+    (b,) = list(open_dataset(tmp_path / "w").iter_batches(batch_size=2))
+    assert b["image"][0] == small  # already small enough: bytes untouched
+    assert Image.open(io.BytesIO(b["image"][1])).size == (100, 75)
+
+
+def test_spark_write_reencodes_in_the_executors(classic_spark: Any, tmp_path: Path) -> None:
+    import spark_dl
+
+    spark_dl.register(classic_spark)
+    df = classic_spark.createDataFrame(
+        [(i, _jpeg(300 + 10 * i, 200, i)) for i in range(4)], "id long, image binary"
+    )
+    spec = {
+        "columns": {"image": "jpeg"},
+        "transforms": [{"op": "reencode_image", "column": "image", "max_side": 64}],
+    }
+    path = str(tmp_path / "spark")
+    df.write.format("mds").option("spec", json.dumps(spec)).save(path)
+    ds = open_dataset(path)
+    for b in ds.iter_batches(batch_size=4):
+        for raw in b["image"]:
+            assert max(Image.open(io.BytesIO(raw)).size) == 64
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_decode_only_gives_a_list_of_images_in_every_batch(written: Path, workers: int) -> None:
+    """No size-fixing op: always a list of [H, W, C] tensors, whatever sizes a batch holds."""
+    ds = open_dataset(written)
+    want = {i: raw for i, raw in enumerate(_table().column("image").to_pylist())}
+    for b in ds.to_torch(batch_size=5, num_workers=workers, transforms=TRAIN[:1]):
+        assert isinstance(b["image"], list) and len(b["image"]) == len(b["id"])
+        for i, image in zip(b["id"].tolist(), b["image"]):
+            full = np.asarray(Image.open(io.BytesIO(want[i])).convert("RGB"))
+            assert image.dtype == torch.uint8 and tuple(image.shape) == full.shape
+            assert np.abs(image.numpy().astype(int) - full.astype(int)).mean() < 2
+    (numpy_batch, *_) = list(ds.iter_batches(batch_size=5, transforms=TRAIN[:1]))
+    assert numpy_batch["image"].dtype == object and numpy_batch["image"][0].ndim == 3

@@ -1,0 +1,246 @@
+"""Variable-width columns decoded by batch, with one output form per column (issue #9)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from spark_dl_core import DatasetSpec, open_dataset, write_mds
+from spark_dl_core.errors import ShardError
+from spark_dl_core.format.buffers import Jagged
+from spark_dl_core.format.encodings import encoding_names, get_encoding
+
+N = 600
+
+
+def _tokens(n: int, seed: int = 0) -> list[list[int]]:
+    """The first 200 rows all have length 3 (so early batches look dense), then ragged."""
+    rng = np.random.default_rng(seed)
+    return [
+        rng.integers(0, 1000, size=3 if i < 200 else int(rng.integers(0, 9))).tolist()
+        for i in range(n)
+    ]
+
+
+def _table(n: int = N) -> pa.Table:
+    rng = np.random.default_rng(1)
+    return pa.table(
+        {
+            "id": np.arange(n, dtype=np.int64),
+            "tok": pa.array(_tokens(n), pa.list_(pa.int32())),
+            "feat": pa.array(
+                rng.random((n, 4)).astype(np.float32).tolist(), pa.list_(pa.float32())
+            ),
+            "s": pa.array([f"text {i}" for i in range(n)]),
+            "j": pa.array([{"a": i, "b": [i, i + 1]} for i in range(n)]),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("shapes") / "ds"
+    write_mds(_table(), str(path), DatasetSpec(shard_size="4KiB"))
+    return path
+
+
+def test_forms_follow_the_recorded_shapes(written: Path) -> None:
+    ds = open_dataset(written)
+    assert ds.num_shards > 5
+    assert ds.forms == {"tok": ("jagged", None), "feat": ("dense", (4,))}
+    meta = json.loads((written / "spark_dl.json").read_text())
+    assert all(m["shapes"]["feat"] == [4] for m in meta["shards"])
+    assert any(m["shapes"]["tok"] is None for m in meta["shards"])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_torch_forms_never_change_within_an_epoch(written: Path, workers: int) -> None:
+    """A ragged column is a nested jagged tensor in every batch, also the all-length-3 ones
+    (it used to be a [B, 3] tensor first, then an object array)."""
+    ds = open_dataset(written)
+    want = {i: t for i, t in enumerate(_tokens(N))}
+    seen = 0
+    for batch in ds.to_torch(batch_size=64, num_workers=workers):
+        tok, feat = batch["tok"], batch["feat"]
+        assert tok.is_nested and tok.dtype == torch.int32
+        assert isinstance(feat, torch.Tensor) and not feat.is_nested
+        assert feat.shape == (len(batch["id"]), 4) and feat.dtype == torch.float32
+        assert isinstance(batch["s"], np.ndarray) and batch["s"].dtype == object
+        offsets = tok.offsets()
+        values = tok.values()
+        for k, sample in enumerate(batch["id"].tolist()):
+            got = values[offsets[k] : offsets[k + 1]].tolist()
+            assert got == want[sample]
+        seen += len(batch["id"])
+    assert seen == N
+
+
+def test_jagged_tensor_shares_the_values_buffer() -> None:
+    from spark_dl_core.torch_loader import to_tensors
+
+    values = np.arange(10, dtype=np.int32)
+    out = to_tensors({"t": Jagged(values, np.array([0, 4, 4, 10]))})["t"]
+    assert out.is_nested and out.values().data_ptr() == values.ctypes.data
+
+
+def test_shuffled_batches_across_shards_keep_each_sample(written: Path) -> None:
+    ds = open_dataset(written)
+    want = _tokens(N)
+    rows = _table().column("feat").to_pylist()
+    for batch in ds.iter_batches(batch_size=100, shuffle=True, seed=3):
+        assert batch["tok"].dtype == object  # numpy users: one array per sample
+        assert batch["feat"].shape == (len(batch["id"]), 4)
+        for i, tok, feat in zip(batch["id"].tolist(), batch["tok"], batch["feat"]):
+            assert tok.tolist() == want[i]
+            np.testing.assert_allclose(feat, rows[i], rtol=0)
+
+
+def test_tf_ragged_from_row_splits_and_dense(written: Path) -> None:
+    import tensorflow as tf
+
+    ds = open_dataset(written)
+    tfds = ds.to_tf(batch_size=64, columns=["id", "tok", "feat"])
+    want = _tokens(N)
+    for batch in tfds:
+        assert isinstance(batch["tok"], tf.RaggedTensor)
+        assert isinstance(batch["feat"], tf.Tensor) and batch["feat"].shape[1:] == (4,)
+        for i, row in zip(batch["id"].numpy().tolist(), batch["tok"].to_list()):
+            assert row == want[i]
+
+
+def test_to_arrow_round_trips_every_shape(written: Path) -> None:
+    assert open_dataset(written).to_arrow().equals(_table())
+
+
+def test_dense_record_meeting_a_ragged_batch_names_column_and_shard(
+    written: Path, tmp_path: Path
+) -> None:
+    """A column recorded with one shape that holds another is an error, not a new type."""
+    import shutil
+
+    copy = tmp_path / "lying"
+    shutil.copytree(written, copy)
+    meta = json.loads((copy / "spark_dl.json").read_text())
+    for m in meta["shards"]:
+        m["shapes"]["tok"] = [3]
+    (copy / "spark_dl.json").write_text(json.dumps(meta))
+    ds = open_dataset(copy)
+    assert ds.forms["tok"] == ("dense", (3,))
+    with pytest.raises(ShardError, match=r"shard .*shard\.\d+\.mds.*column 'tok'.*\(3,\)"):
+        for _ in ds.iter_batches(batch_size=64):
+            pass
+
+
+def test_all_empty_arrays_read_back(tmp_path: Path) -> None:
+    """Issue #12, 2.2: a shard whose arrays are all empty was written but not readable."""
+    table = pa.table({"id": [1, 2], "a": pa.array([[], []], pa.list_(pa.float64()))})
+    write_mds(table, str(tmp_path / "e"))
+    ds = open_dataset(tmp_path / "e")
+    assert ds.to_arrow().equals(table)
+    (batch,) = list(ds.to_torch(batch_size=4))
+    assert batch["a"].shape == (2, 0)
+
+
+def test_empty_dataset_to_arrow(tmp_path: Path) -> None:
+    table = pa.table({"a": pa.array([[1.0]], pa.list_(pa.float64()))})
+    write_mds(table, str(tmp_path / "one"))
+    assert open_dataset(tmp_path / "one").to_arrow().equals(table)
+
+
+def test_read_transforms_in_the_spec_apply_in_every_reader(tmp_path: Path) -> None:
+    """``"at": "read"`` transforms were ignored by iter_batches, to_torch and to_arrow."""
+    table = pa.table({"x": np.arange(8, dtype=np.float64), "y": np.arange(8)})
+    spec = DatasetSpec(
+        transforms=[
+            {"op": "normalize", "column": "x", "mean": 2.0, "std": 4.0, "at": "read"},
+            {"op": "cast", "column": "y", "to": "int16", "at": "read"},
+        ]
+    )
+    write_mds(table, str(tmp_path / "t"), spec)
+    ds = open_dataset(tmp_path / "t")
+    want = ((np.arange(8) - 2.0) / 4.0).astype(np.float32)
+    (batch,) = list(ds.iter_batches(batch_size=8))
+    np.testing.assert_array_equal(batch["x"], want)
+    assert batch["y"].dtype == np.int16
+    (tb,) = list(ds.to_torch(batch_size=8))
+    assert tb["x"].dtype == torch.float32 and torch.equal(tb["x"], torch.from_numpy(want))
+    arrow = ds.to_arrow()
+    assert arrow.schema.field("x").type == pa.float32()
+    assert arrow.schema.field("y").type == pa.int16()
+    np.testing.assert_array_equal(arrow.column("x").to_numpy(), want)
+
+
+def test_spark_read_applies_read_transforms(classic_spark: Any, tmp_path: Path) -> None:
+    import spark_dl
+
+    spark_dl.register(classic_spark)
+    table = pa.table({"x": np.arange(4, dtype=np.float64)})
+    spec = DatasetSpec(
+        transforms=[{"op": "normalize", "column": "x", "mean": 1.0, "std": 2.0, "at": "read"}]
+    )
+    write_mds(table, str(tmp_path / "t"), spec)
+    rows = classic_spark.read.format("mds").load(str(tmp_path / "t")).collect()
+    assert [r.x for r in rows] == [-0.5, 0.0, 0.5, 1.0]
+
+
+def test_json_decodes_in_one_step_and_bad_values_name_the_row() -> None:
+    from spark_dl_core.errors import EncodingError
+    from spark_dl_core.format.buffers import Pieces, offsets_from_lengths
+    from spark_dl_core.format.encodings import DecodeOptions
+
+    encoding = get_encoding("json")
+    values = [{"a": 1}, [1, 2], "x", None, 3.5]
+    pieces = encoding.encode(pa.array([json.dumps(v) for v in values]).cast(pa.string()), "c")
+    texts = [json.dumps(v).encode() for v in values]
+    pieces = Pieces(
+        np.frombuffer(b"".join(texts), np.uint8),
+        offsets=offsets_from_lengths(np.array([len(t) for t in texts])),
+    )
+    assert list(encoding.decode(pieces, 5, "c", DecodeOptions())) == values
+    bad = [b"1", b"2,3", b"4"]
+    pieces = Pieces(
+        np.frombuffer(b"".join(bad), np.uint8),
+        offsets=offsets_from_lengths(np.array([len(t) for t in bad])),
+    )
+    with pytest.raises(EncodingError, match="column 'c': stored value 1 is not valid JSON"):
+        encoding.decode(pieces, 3, "c", DecodeOptions())
+
+
+def test_one_encoding_registry() -> None:
+    names = encoding_names()
+    assert "jpegarray" in names and "jpeg_array" in names and "ndarray" in names
+    for name in names:
+        assert get_encoding(name).name == name
+    assert get_encoding("ndarray:int32:2,3").size == 24
+    with pytest.raises(ValueError, match="unknown MDS encoding 'nope'"):
+        get_encoding("nope")
+
+
+def test_equal_length_variable_arrays_take_the_row_gather(written: Path) -> None:
+    """Shards whose samples all have one size are row matrices (the fixed-width gather)."""
+    ds = open_dataset(written.parent / "ds")
+    table = pa.table({"f": pa.array(np.ones((50, 8), np.float32).tolist(), pa.list_(pa.float32()))})
+    path = written.parent / "eq"
+    write_mds(table, str(path))
+    ds = open_dataset(path)
+    data = ds.load_shard(0)
+    assert data.row_matrix is not None
+    (batch,) = list(ds.iter_batches(batch_size=64))
+    assert batch["f"].shape == (50, 8) and batch["f"].dtype == np.float32
+
+
+def test_a_batch_across_shards_keeps_the_requested_order(written: Path) -> None:
+    ds = open_dataset(written)
+    wanted = np.array([N - 1, 0, 5, N - 2, 300, 1])
+    batch = ds.read(wanted, jagged=True)
+    assert batch["id"].tolist() == wanted.tolist()
+    want = _tokens(N)
+    tok = batch["tok"]
+    for k, i in enumerate(wanted.tolist()):
+        assert tok.values[tok.offsets[k] : tok.offsets[k + 1]].tolist() == want[i]
