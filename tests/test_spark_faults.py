@@ -71,7 +71,7 @@ def _indexed(path: str) -> set[str]:
 
 def _leftovers(path: str) -> list[str]:
     """Files in the directory that the committed index does not name."""
-    names = set(os.listdir(path)) - {"index.json", "spark_dl.json"}
+    names = set(os.listdir(path)) - {"index.json", "spark_dl.json", "spark_dl.index.arrow"}
     return sorted(names - _indexed(path)) if os.path.exists(f"{path}/index.json") else sorted(names)
 
 
