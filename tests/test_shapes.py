@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from spark_dl_core import DatasetSpec, open_dataset, write_mds
-from spark_dl_core.errors import ShardError
+from spark_dl_core.errors import ShardError, SpecError
 from spark_dl_core.format.buffers import Jagged
 from spark_dl_core.format.encodings import encoding_names, get_encoding
 
@@ -244,3 +244,11 @@ def test_a_batch_across_shards_keeps_the_requested_order(written: Path) -> None:
     tok = batch["tok"]
     for k, i in enumerate(wanted.tolist()):
         assert tok.values[tok.offsets[k] : tok.offsets[k + 1]].tolist() == want[i]
+
+
+def test_write_normalize_on_a_string_column_names_op_and_column(tmp_path: Path) -> None:
+    table = pa.table({"s": ["a", "b"], "x": [1.0, 2.0]})
+    spec = DatasetSpec(transforms=[{"op": "normalize", "column": "s", "mean": 0.0, "std": 1.0}])
+    with pytest.raises(SpecError, match=r"normalize on column 's'.*numbers"):
+        write_mds(table, tmp_path / "d", spec)
+    assert not (tmp_path / "d" / "index.json").exists()

@@ -105,6 +105,11 @@ class Normalize(_Base):
         leaf = array
         while pa.types.is_list(leaf.type) or pa.types.is_fixed_size_list(leaf.type):
             leaf = leaf.flatten()
+        if not (pa.types.is_integer(leaf.type) or pa.types.is_floating(leaf.type)):
+            raise SpecError(
+                f"normalize on column {self.column!r}: needs numbers or arrays of numbers, "
+                f"the column is {array.type}"
+            )
         values = leaf.to_numpy(zero_copy_only=False).astype(np.float32)
         scaled = pa.array((values - np.float32(self.mean)) / np.float32(self.std))
         if leaf is array:
