@@ -336,6 +336,21 @@ class Dataset:
 
     # -- decoding
 
+    def _decode_plan(
+        self, columns: list[str] | None, images: ImageMode
+    ) -> tuple[list[str], DecodeOptions]:
+        """The columns to decode (checked to exist and to be safe to decode) and options."""
+        names = list(columns) if columns is not None else list(self.layout.names)
+        missing = [c for c in names if c not in self.layout.names]
+        if missing:
+            raise KeyError(
+                f"{self.shown} has no column(s) {missing}; it has {list(self.layout.names)}"
+            )
+        options = DecodeOptions(images=images, allow_unsafe=self.allow_unsafe)
+        for name in names:
+            self.encoding(name).check_safe(name, options)
+        return names, options
+
     def decode(
         self,
         shard: ShardData,
@@ -349,15 +364,7 @@ class Dataset:
         Token-sequence columns (form ``jagged``) come back as :class:`Jagged` batches with
         ``jagged=True``, else as object arrays of 1-D arrays.
         """
-        names = list(columns) if columns is not None else list(self.layout.names)
-        missing = [c for c in names if c not in self.layout.names]
-        if missing:
-            raise KeyError(
-                f"{self.shown} has no column(s) {missing}; it has {list(self.layout.names)}"
-            )
-        options = DecodeOptions(images=images, allow_unsafe=self.allow_unsafe)
-        for name in names:
-            self.encoding(name).check_safe(name, options)
+        names, options = self._decode_plan(columns, images)
         pieces = shard.columns(np.asarray(index, dtype=np.int64), names)
         out: Batch = {}
         for name in names:
@@ -416,15 +423,7 @@ class Dataset:
         images: ImageMode,
         jagged: bool,
     ) -> Batch:
-        names = list(columns) if columns is not None else list(self.layout.names)
-        missing = [c for c in names if c not in self.layout.names]
-        if missing:
-            raise KeyError(
-                f"{self.shown} has no column(s) {missing}; it has {list(self.layout.names)}"
-            )
-        options = DecodeOptions(images=images, allow_unsafe=self.allow_unsafe)
-        for name in names:
-            self.encoding(name).check_safe(name, options)
+        names, options = self._decode_plan(columns, images)
         n = len(indices)
         order = np.concatenate([where for where, _ in datas])
         inverse = np.empty(n, dtype=np.int64)
