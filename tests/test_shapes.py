@@ -15,6 +15,7 @@ from spark_dl_core import DatasetSpec, open_dataset, write_mds
 from spark_dl_core.errors import ShardError, SpecError
 from spark_dl_core.format.buffers import Jagged
 from spark_dl_core.format.encodings import encoding_names, get_encoding
+from spark_dl_core.format.shard import ShardData
 
 N = 600
 
@@ -82,11 +83,17 @@ def test_torch_forms_never_change_within_an_epoch(written: Path, workers: int) -
 
 
 def test_jagged_tensor_shares_the_values_buffer() -> None:
-    from spark_dl_core.torch_loader import to_tensors
+    from spark_dl_core.torch_loader import to_device, to_tensors
 
     values = np.arange(10, dtype=np.int32)
-    out = to_tensors({"t": Jagged(values, np.array([0, 4, 4, 10]))})["t"]
+    out = to_device(to_tensors({"t": Jagged(values, np.array([0, 4, 4, 10]))}), None)["t"]
     assert out.is_nested and out.values().data_ptr() == values.ctypes.data
+    public = torch.nested.nested_tensor_from_jagged(
+        torch.from_numpy(values), torch.tensor([0, 4, 4, 10])
+    )
+    assert type(out) is type(public) and out.layout == public.layout
+    assert out.shape[0] == 3 and out.offsets().tolist() == [0, 4, 4, 10]
+    assert [t.tolist() for t in out.unbind()] == [t.tolist() for t in public.unbind()]
 
 
 def test_shuffled_batches_across_shards_keep_each_sample(written: Path) -> None:
@@ -252,3 +259,105 @@ def test_write_normalize_on_a_string_column_names_op_and_column(tmp_path: Path) 
     with pytest.raises(SpecError, match=r"normalize on column 's'.*numbers"):
         write_mds(table, tmp_path / "d", spec)
     assert not (tmp_path / "d" / "index.json").exists()
+
+
+@pytest.mark.parametrize("columns", [None, ["tok"], ["tok", "id"], ["s", "tok", "feat"]])
+def test_token_columns_read_straight_from_the_shards(
+    written: Path, columns: list[str] | None
+) -> None:
+    """Token sequences are copied from the shards' bytes into one values buffer (no
+    intermediate pieces); every column of a batch across shards stays in requested order."""
+    ds = open_dataset(written)
+    table = _table()
+    want = _tokens(N)
+    rng = np.random.default_rng(5)
+    for size in (1, 7, 64, 250):
+        wanted = rng.choice(N, size=size, replace=False)
+        batch = ds.read(wanted, columns, jagged=True)
+        assert list(batch) == (columns or list(table.column_names))
+        tok = batch["tok"]
+        assert isinstance(tok, Jagged) and tok.values.dtype == np.int32
+        for k, i in enumerate(wanted.tolist()):
+            assert tok.values[tok.offsets[k] : tok.offsets[k + 1]].tolist() == want[i]
+        if "id" in batch:
+            assert batch["id"].tolist() == wanted.tolist()
+        if "s" in batch:
+            assert batch["s"].tolist() == [f"text {i}" for i in wanted.tolist()]
+
+
+@pytest.mark.parametrize("group", [None, 1, 3])
+def test_in_process_groups_give_the_same_batches(written: Path, group: int | None) -> None:
+    """In-process loaders decode several batches at once for variable columns; the batches,
+    their order and the resume position are those of one decode per batch."""
+    ds = open_dataset(written)
+    kw: dict[str, Any] = {"batch_size": 7, "shuffle": True, "seed": 3}
+    reference = [
+        (b["id"].tolist(), [t.tolist() for t in b["tok"].unbind()])
+        for b in ds.to_torch(**kw, group=1)
+    ]
+    loader = ds.to_torch(**kw, group=group)
+    got = []
+    for step, batch in enumerate(loader):
+        assert batch["tok"].is_nested and batch["feat"].shape == (len(batch["id"]), 4)
+        got.append((batch["id"].tolist(), [t.tolist() for t in batch["tok"].unbind()]))
+        if step == 10:
+            state = loader.state_dict()
+    assert got == reference
+    rest = ds.to_torch(**kw, group=group)
+    rest.load_state_dict(state)
+    assert [b["id"].tolist() for b in rest] == [ids for ids, _ in reference[11:]]
+
+
+@pytest.fixture(scope="module")
+def mixed_rows(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pa.Table]:
+    """A dense ``array<float>`` column beside a string column whose lengths vary only in
+    later rows: early shards are row matrices, later ones are not."""
+    n = 400
+    rng = np.random.default_rng(2)
+    table = pa.table(
+        {
+            "id": np.arange(n, dtype=np.int64),
+            "x": pa.array(rng.random((n, 4)).astype(np.float32).tolist(), pa.list_(pa.float32())),
+            "s": ["same" if i < 200 else "v" * (i % 7) for i in range(n)],
+        }
+    )
+    path = tmp_path_factory.mktemp("mixed") / "ds"
+    write_mds(table, str(path), DatasetSpec(shard_size="2KiB"))
+    return path, table
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_equal_length_arrays_stay_dense_across_row_and_general_shards(
+    mixed_rows: tuple[Path, pa.Table], workers: int
+) -> None:
+    path, table = mixed_rows
+    ds = open_dataset(path)
+    assert ds.forms == {"x": ("dense", (4,))}
+    kinds = {ds.load_shard(s).row_matrix is not None for s in range(ds.num_shards)}
+    assert kinds == {True, False}
+    x = np.asarray(table.column("x").to_pylist(), dtype=np.float32)
+    seen = 0
+    for columns in (None, ["x", "id"]):
+        loader = ds.to_torch(batch_size=32, shuffle=True, num_workers=workers, columns=columns)
+        for batch in loader:
+            ids = batch["id"].numpy()
+            assert batch["x"].dtype == torch.float32 and batch["x"].shape == (len(ids), 4)
+            np.testing.assert_array_equal(batch["x"].numpy(), x[ids])
+            seen += len(ids)
+    assert seen == 2 * len(x)
+
+
+def test_a_shard_whose_headers_differ_takes_the_general_decode(tmp_path: Path) -> None:
+    """Rows of one size whose ndarray headers differ (another shape in some rows) are not
+    viewed as a dense block: the general decode reports the recorded-shape mismatch."""
+    table = pa.table({"x": pa.array([[1.0, 2.0]] * 20, pa.list_(pa.float32()))})
+    write_mds(table, str(tmp_path / "ds"))
+    ds = open_dataset(tmp_path / "ds")
+    data = ds.load_shard(0)
+    assert data.row_matrix is not None and ds.row_spans(data, ["x"]) is not None
+    at, _ = data.row_span(0)
+    raw = data.raw.copy()
+    row = data.row_matrix.shape[1]
+    raw[int(data.offsets[0]) + 3 * row + at + 1] ^= 0xFF  # a shape byte: no longer (2,)
+    tampered = ShardData(raw, data.file, data.layout, data.count)
+    assert tampered.row_matrix is not None and ds.row_spans(tampered, ["x"]) is None

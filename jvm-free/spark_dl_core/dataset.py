@@ -14,7 +14,14 @@ import pyarrow as pa
 
 from .cache import shard_store
 from .errors import DatasetError, DecompressionError, HashMismatchError, ShardError
-from .format.buffers import Jagged, Pieces, gather, offsets_from_lengths
+from .format.buffers import (
+    Jagged,
+    Pieces,
+    copy_pieces,
+    gather,
+    gather_fixed,
+    offsets_from_lengths,
+)
 from .format.compact import CompactIndex, ShardTable
 from .format.compression import parse_compression
 from .format.encodings import DecodeOptions, Encoding, ImageMode, get_encoding
@@ -405,6 +412,27 @@ class Dataset:
                 if loaded is not None:
                     loaded[shard] = data
             datas.append((where, data))
+        if jagged and self.layout.row_size is None:
+            direct = self._read_direct(indices, shards, datas, columns, images)
+            if direct:
+                names = list(self.layout.names) if columns is None else list(columns)
+                rest = [c for c in names if c not in direct]
+                other = self._read_loaded(indices, shards, datas, rest, images, jagged)
+                return {c: direct[c] if c in direct else other[c] for c in names}
+        return self._read_loaded(indices, shards, datas, columns, images, jagged)
+
+    def _read_loaded(
+        self,
+        indices: np.ndarray,
+        shards: list[int],
+        datas: list[tuple[np.ndarray, ShardData]],
+        columns: list[str] | None,
+        images: ImageMode,
+        jagged: bool,
+    ) -> Batch:
+        """The general decode of samples in loaded shards: per shard, or across shards."""
+        if columns is not None and not columns:
+            return {}
         if len(datas) > 1 and self.layout.row_size is None:
             # A shuffled batch spans several shards: gather each shard's bytes, put them in
             # the requested order, decode once (not once per shard plus a merge).
@@ -414,6 +442,109 @@ class Dataset:
             local = indices[where] - self.shard_offsets[shard]
             parts.append((where, self.decode(data, local, columns, images, jagged)))
         return _merge(parts, len(indices))
+
+    def row_spans(
+        self, data: ShardData, columns: list[str]
+    ) -> tuple[int, list[tuple[int, int, Any]]] | None:
+        """When every row of ``data`` has one layout (fixed-width datasets, and Spark's
+        equal-length arrays in a variable layout): the row size and, per column, where its
+        values lie in a row and how they decode (an encoding, or a ``(dtype, shape)`` past
+        a uniform ndarray header). None otherwise. Costs one pass over the headers."""
+        rows = data.row_matrix
+        if rows is None or not len(rows):
+            return None
+        spans: list[tuple[int, int, Any]] = []
+        for name in columns:
+            i = self.layout.names.index(name)
+            at, width = data.row_span(i)
+            encoding = self.encoding(name)
+            if encoding.size is not None:
+                spans.append((at, width, encoding))
+                continue
+            form = self.forms.get(name)
+            header = getattr(encoding, "dense_header", None)
+            if form is None or form[0] != "dense" or header is None:
+                return None
+            assert form[1] is not None
+            found = header(rows[0, at : at + width], form[1], name)
+            if found is None:
+                return None
+            head, dtype = found
+            if head and np.any(rows[:, at : at + head] != rows[0, at : at + head]):
+                return None
+            spans.append((at + head, width - head, (dtype, form[1])))
+        return rows.shape[1], spans
+
+    def _read_direct(
+        self,
+        indices: np.ndarray,
+        shards: list[int],
+        datas: list[tuple[np.ndarray, ShardData]],
+        columns: list[str] | None,
+        images: ImageMode,
+    ) -> Batch:
+        """Token-sequence (form ``jagged``) and fixed-width columns of a variable layout,
+        read straight from the shards' bytes: each sample's column positions are found once,
+        then each column is copied into its batch buffer in the requested order (one copy
+        per byte, no intermediate pieces). Columns this does not fit (strings, n-D arrays,
+        other dtypes) are left out of the result, for the general decode."""
+        names, options = self._decode_plan(columns, images)
+        wanted = [
+            name
+            for name in names
+            if self.encoding(name).size is not None or self.forms.get(name, ("",))[0] == "jagged"
+        ]
+        if not any(self.encoding(name).size is None for name in wanted):
+            return {}  # nothing jagged: the general path is as direct
+        n = len(indices)
+        located = []
+        for shard, (where, data) in zip(shards, datas):
+            starts, sizes = data.positions(indices[where] - self.shard_offsets[shard])
+            located.append((where, data, starts, sizes))
+        out: Batch = {}
+        for name in wanted:
+            i = self.layout.names.index(name)
+            encoding = self.encoding(name)
+            if encoding.size is not None:
+                block = np.empty((n, encoding.size), dtype=np.uint8)
+                for where, data, starts, _ in located:
+                    block[where] = gather_fixed(data.raw, starts[:, i], encoding.size)
+                pieces = Pieces(block.reshape(-1), width=encoding.size)
+                out[name] = encoding.decode(pieces, n, name, options)
+                continue
+            value = self._jagged_values(name, i, located, n)
+            if value is not None:
+                out[name] = value
+        return out
+
+    def _jagged_values(
+        self, name: str, i: int, located: list[tuple[Any, ...]], n: int
+    ) -> Jagged | None:
+        """One token-sequence column of a batch as a :class:`Jagged` (None: values that are
+        not 1-D of one dtype, left to the general decode)."""
+        spans = getattr(self.encoding(name), "value_spans", None)
+        if spans is None:
+            return None
+        nbytes = np.zeros(n, dtype=np.int64)
+        found, dtype = [], None
+        for where, data, starts, sizes in located:
+            try:
+                got = spans(data.raw, starts[:, i], sizes[:, i], name)
+            except ValueError as exc:
+                raise ShardError(data.file, f"column {name!r}: {exc}") from None
+            if got is None or (dtype is not None and got[2] != dtype):
+                return None
+            dtype = got[2]
+            nbytes[where] = got[1]
+            found.append((where, data.raw, got[0], got[1]))
+        if dtype is None:
+            return None
+        offsets = offsets_from_lengths(nbytes)
+        values = np.empty(int(offsets[-1]), dtype=np.uint8)
+        for where, raw, starts_, lengths in found:
+            copy_pieces(values, offsets[where], raw, starts_, lengths)
+        native = values.view(dtype).astype(dtype.newbyteorder("="), copy=False)
+        return Jagged(native, offsets // dtype.itemsize)
 
     def _decode_across(
         self,

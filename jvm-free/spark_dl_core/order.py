@@ -451,6 +451,19 @@ class EpochPlan(Sequence[np.ndarray]):
         for k in range(len(self)):
             yield self[k]
 
+    def joined(self, batches: range) -> np.ndarray:
+        """The ids of consecutive batches ``batches`` as one array: one lookup in the order
+        when they are adjacent in it (a single rank), else one per batch."""
+        if not len(batches):
+            return np.empty(0, dtype=np.int64)
+        if self.world_size > 1 and len(batches) > 1:
+            return np.concatenate([self[k] for k in batches])
+        n = len(self)
+        if batches[0] < 0 or batches[-1] >= n:
+            raise IndexError(f"batches {batches} are not in 0..{n - 1}")
+        start, stop = self._bounds(batches[0])[0], self._bounds(batches[-1])[1]
+        return self.order.take(start, stop, self.world_size <= DENSE_WORLD)
+
     def consumed_after(self, steps: int) -> int:
         """Global samples consumed once every rank has taken ``steps`` batches of this plan."""
         return min(self.total, self.consumed + steps * self.world_size * self.batch_size)

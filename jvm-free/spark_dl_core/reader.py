@@ -89,6 +89,9 @@ class BatchReader:
         self.stop = False
         self.cond = threading.Condition()
         self.fixed = self._fixed_layout()
+        self.out_widths = self._out_widths()
+        # Per loaded shard: its row layout for the requested columns (Dataset.row_spans).
+        self._row_plans: dict[int, Any] = {}
         # Where fixed-width batch ``j`` of ``n`` bytes is decoded to (None: a fresh buffer);
         # DataLoader workers point it at reusable shared-memory slabs.
         self.out_for: Callable[[int, int], np.ndarray | None] | None = None
@@ -137,6 +140,49 @@ class BatchReader:
             i = layout.names.index(name)
             out.append((name, int(at[i]), int(layout.sizes[i] or 0)))
         return out
+
+    def _out_widths(self) -> list[int] | None:
+        """Decoded bytes per sample of each requested column, when all are fixed-width or
+        dense ndarrays of a known dtype (what a row gather can produce), else None."""
+        ds = self.dataset
+        names = self.columns if self.columns is not None else list(ds.layout.names)
+        widths = []
+        for name in names:
+            if name not in ds.layout.names:
+                return None
+            encoding = ds.encoding(name)
+            if encoding.size is not None:
+                widths.append(encoding.size)
+                continue
+            form, dtype = ds.forms.get(name), getattr(encoding, "dtype", None)
+            if form is None or form[0] != "dense" or form[1] is None or dtype is None:
+                return None
+            widths.append(int(np.prod(form[1], dtype=np.int64)) * np.dtype(dtype).itemsize)
+        return widths
+
+    def _rows_for(self, shards: dict[int, ShardData]) -> tuple[int, list[Any]] | None:
+        """The one row layout of a batch's shards: ``(row size, [(name, at, width, how)])``
+        with ``how`` an encoding or a dense ``(dtype, shape)``; None when the shards are not
+        row matrices of one layout (then the general decode runs)."""
+        if self.out_widths is None:
+            return None
+        ds = self.dataset
+        if self.fixed is not None:
+            row = ds.layout.row_size or 0
+            return row, [(name, at, width, ds.encoding(name)) for name, at, width in self.fixed]
+        names = self.columns if self.columns is not None else list(ds.layout.names)
+        found = None
+        for s, data in shards.items():
+            if s not in self._row_plans:
+                self._row_plans[s] = ds.row_spans(data, names)
+            plan = self._row_plans[s]
+            if plan is None or (found is not None and plan != found):
+                return None
+            found = plan
+        if found is None:
+            return None
+        row, spans = found
+        return row, [(name, *span) for name, span in zip(names, spans)]
 
     def _size(self, shard: int) -> int:
         return int(self.dataset.shards.raw_bytes[shard])
@@ -207,7 +253,7 @@ class BatchReader:
                         raise self.error
                     shards = {s: self.loaded[s] for s in needs}
                 out = None
-                if self.out_for is not None and self.fixed is not None:
+                if self.out_for is not None and self.out_widths is not None:
                     out = self.out_for(j, self.fixed_bytes(len(index)) or 0)
                 started = time.perf_counter()
                 decoded = self.ops.apply(self._decode(j, index, shards, out), index)
@@ -227,6 +273,7 @@ class BatchReader:
                         if not self.refs[s]:  # no planned batch needs it: drop it
                             del self.refs[s]
                             del self.loaded[s]
+                            self._row_plans.pop(s, None)
                             self.pending.discard(s)
                             self.held -= self._size(s)
                             self._wake()
@@ -238,9 +285,9 @@ class BatchReader:
 
     def fixed_bytes(self, n: int) -> int | None:
         """Bytes :meth:`_decode` needs in an ``out`` buffer for ``n`` rows (None: not fixed)."""
-        if self.fixed is None:
+        if self.out_widths is None:
             return None
-        return n * sum(width for _, _, width in self.fixed)
+        return n * sum(self.out_widths)
 
     def _decode(
         self,
@@ -249,21 +296,24 @@ class BatchReader:
         shards: dict[int, ShardData],
         out: np.ndarray | None = None,
     ) -> Batch:
-        """Decode batch ``j``. Fixed-width columns are gathered straight into column blocks of
+        """Decode batch ``j``. When its shards are row matrices of one layout (fixed-width
+        datasets, equal-length arrays) columns are gathered straight into column blocks of
         ``out`` (or a fresh buffer): one copy per byte, the decoded arrays are views of it.
         """
         ds = self.dataset
-        if self.fixed is None:
+        rows_plan = self._rows_for(shards)
+        if rows_plan is None:
             return ds.read(
                 index, self.columns, self.images, self.verify, loaded=dict(shards), jagged=True
             )
         from .format.buffers import Pieces
         from .format.encodings import DecodeOptions
 
-        n, row = len(index), ds.layout.row_size or 0
-        need = self.fixed_bytes(n) or 0
+        row, spans = rows_plan
+        n = len(index)
+        need = n * sum(width for _, _, width, _ in spans)
         buffer = np.empty(need, dtype=np.uint8) if out is None else out[:need]
-        single_column = len(self.fixed) == 1 and self.fixed[0][2] == row
+        single_column = len(spans) == 1 and spans[0][2] == row
         if single_column:  # the rows are the column: gather straight into the output
             rows = buffer.reshape(n, row)
         else:  # gather whole rows (fast, contiguous) into reused scratch, then split
@@ -282,16 +332,21 @@ class BatchReader:
                 rows[where] = part
         if not single_column:
             at_out = 0
-            for _name, at, width in self.fixed:  # column-major: each column contiguous
+            for _name, at, width, _how in spans:  # column-major: each column contiguous
                 block = buffer[at_out : at_out + n * width].reshape(n, width)
                 np.copyto(block, rows[:, at : at + width])
                 at_out += n * width
         options = DecodeOptions(images=self.images, allow_unsafe=ds.allow_unsafe)
         decoded: Batch = {}
         at_out = 0
-        for name, _at, width in self.fixed:
-            piece = Pieces(buffer[at_out : at_out + n * width], width=width)
-            decoded[name] = ds.encoding(name).decode(piece, n, name, options)
+        for name, _at, width, how in spans:
+            block = buffer[at_out : at_out + n * width]
+            if isinstance(how, tuple):  # equal-length ndarray values past their header
+                dtype, shape = how
+                native = dtype.newbyteorder("=")
+                decoded[name] = block.view(dtype).reshape((n, *shape)).astype(native, copy=False)
+            else:
+                decoded[name] = how.decode(Pieces(block, width=width), n, name, options)
             at_out += n * width
         return decoded
 

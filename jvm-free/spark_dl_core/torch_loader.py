@@ -8,6 +8,7 @@ defined in :mod:`spark_dl_core.order`.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import warnings
@@ -61,11 +62,59 @@ def to_tensors(batch: Batch) -> dict[str, Any]:
             out[name] = ImageTensors(torch.from_numpy(value.flat), value.shapes)
         elif isinstance(value, Jagged):
             values = torch.from_numpy(_writable(np.ascontiguousarray(value.values)))
-            offsets = torch.from_numpy(_writable(value.offsets.astype(np.int64, copy=False)))
-            out[name] = torch.nested.nested_tensor_from_jagged(values, offsets)
+            out[name] = JaggedTensors(values, value.offsets.astype(np.int64, copy=False))
         else:
             out[name] = value
     return out
+
+
+def nested_jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """A ``torch.nested`` jagged tensor over ``values`` split at ``offsets`` (no copy).
+
+    The public ``nested_tensor_from_jagged`` also records an autograd view relation, which
+    costs about 0.1 ms: at 16 documents a batch that is most of a batch's budget, and a
+    loader's batches never need it. Where torch's jagged class is importable it is built
+    directly (the same tensor type, layout and metadata); else the public function.
+    """
+    direct = _nested_class()
+    if direct is not None:
+        return direct(values, offsets)
+    return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+
+@functools.cache
+def _nested_class() -> Any:
+    try:
+        from torch.nested._internal.nested_tensor import NestedTensor
+
+        probe = NestedTensor(torch.zeros(3), torch.tensor([0, 1, 3]))
+        public = torch.nested.nested_tensor_from_jagged(torch.zeros(3), torch.tensor([0, 1, 3]))
+        if type(probe) is not type(public) or probe.layout != public.layout:
+            return None
+    except Exception:  # another torch: the public function
+        return None
+    return NestedTensor
+
+
+class JaggedTensors:
+    """A token-sequence column between decode and delivery: one values tensor and numpy
+    offsets. It crosses process boundaries as a plain tensor, splits into batches by
+    slicing, and becomes a ``torch.nested`` jagged tensor once, when delivered."""
+
+    __slots__ = ("offsets", "values")
+
+    def __init__(self, values: torch.Tensor, offsets: np.ndarray) -> None:
+        self.values, self.offsets = values, offsets
+
+    def rows(self, start: int, stop: int) -> JaggedTensors:
+        lo, hi = int(self.offsets[start]), int(self.offsets[stop])
+        return JaggedTensors(self.values[lo:hi], self.offsets[start : stop + 1] - lo)
+
+    def nested(self) -> torch.Tensor:
+        first = int(self.offsets[0])
+        values = self.values[first : int(self.offsets[-1])] if first else self.values
+        offsets = self.offsets - first if first else self.offsets
+        return nested_jagged(values, torch.from_numpy(offsets))
 
 
 class ImageTensors:
@@ -96,7 +145,7 @@ def _writable(value: np.ndarray) -> np.ndarray:
 def _warm_nested() -> None:
     """The first jagged tensor of a process imports torch.distributed.tensor (seconds):
     do it when the loader is built, not in the first batch (workers inherit it on fork)."""
-    torch.nested.nested_tensor_from_jagged(torch.zeros(1), torch.tensor([0, 1]))
+    nested_jagged(torch.zeros(1), torch.tensor([0, 1]))
 
 
 def take_rows(value: Any, start: int, stop: int) -> Any:
@@ -107,7 +156,7 @@ def take_rows(value: Any, start: int, stop: int) -> Any:
         return torch.nested.nested_tensor_from_jagged(
             value.values()[lo:hi], offsets[start : stop + 1] - lo
         )
-    if isinstance(value, (EncodedImages, ImageTensors)):
+    if isinstance(value, (EncodedImages, ImageTensors, JaggedTensors)):
         return value.rows(start, stop)
     return value[start:stop]
 
@@ -116,12 +165,17 @@ def to_device(batch: dict[str, Any], device: str | None, non_blocking: bool = Fa
     """Finish a batch in the main process: decode shipped images on ``device`` in one
     batched call per column, and move tensors there."""
     if device is None:
-        if any(isinstance(v, ImageTensors) for v in batch.values()):
-            return {k: v.images() if isinstance(v, ImageTensors) else v for k, v in batch.items()}
+        for name, value in batch.items():
+            if isinstance(value, JaggedTensors):
+                batch[name] = value.nested()
+            elif isinstance(value, ImageTensors):
+                batch[name] = value.images()
         return batch
     out: dict[str, Any] = {}
     for name, value in batch.items():
-        if isinstance(value, ImageTensors):
+        if isinstance(value, JaggedTensors):
+            out[name] = value.nested().to(device, non_blocking=non_blocking)
+        elif isinstance(value, ImageTensors):
             out[name] = [image.to(device, non_blocking=non_blocking) for image in value.images()]
         elif isinstance(value, EncodedImages):
             out[name] = value.to_device(device)
@@ -230,6 +284,12 @@ def _in_slab(value: Any, slab: np.ndarray) -> int | None:
     return offset if offset >= 0 and offset + value.nbytes <= slab.nbytes else None
 
 
+def _mean_sample_bytes(dataset: Dataset) -> int:
+    """Average stored (uncompressed) bytes of one sample: the row size of variable data."""
+    samples = max(1, len(dataset))
+    return max(1, int(dataset.shards.raw_bytes.sum()) // samples)
+
+
 def _identity(item: Any) -> Any:
     """DataLoader ``collate_fn`` for ``batch_size=None``: workers already made tensors."""
     return item
@@ -289,12 +349,12 @@ class _Batches(IterableDataset):
             if slabs is not None and used and used[-1] >= 0:
                 k = used[-1]
                 columns, others = {}, {}
-                for name, value in batch.items():
+                for column, value in batch.items():
                     offset = _in_slab(value, ring[k])
                     if offset is None:
-                        others[name] = value
+                        others[column] = value
                     else:
-                        columns[name] = (offset, value.dtype.str, tuple(value.shape))
+                        columns[column] = (offset, value.dtype.str, tuple(value.shape))
                 yield sizes, _SlabItem(worker, k, columns, to_tensors(others)), tag()
             elif slabs is not None and slabs.stop.is_set():
                 return  # the consumer left mid-epoch
@@ -336,10 +396,7 @@ class _Grouped(Sequence[np.ndarray]):
             yield self.span(self.worker + i * self.workers)
 
     def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
-        g = self.span(self.worker + i * self.workers)
-        if len(g) == 1:
-            return self.plan[g[0]]
-        return np.concatenate([self.plan[j] for j in g])
+        return self.plan.joined(self.span(self.worker + i * self.workers))
 
 
 def _split(sizes: list[int], batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -391,11 +448,17 @@ class TorchLoader:
         )
         self.shuffle_window = settings.shuffle_window
         self.num_workers = settings.num_workers
-        # Batches per worker item: ~8 MiB of fixed-width rows, at least one batch.
-        row = dataset.layout.row_size or 0
-        self.group = int(
-            settings.group or max(1, min(16, (8 << 20) // max(1, row * self.batch_size)))
-        )
+        # Batches decoded together, then split into views. Each decode has a fixed cost
+        # (planning, a gather call per shard, Python): workers send a group as one item
+        # (~8 MiB of rows: IPC costs per item). In-process, row gathers (fixed width, equal
+        # length arrays) are fastest at ~1 MiB a group (it stays in cache); other variable
+        # columns (16 token documents a batch) need up to 64 batches to amortize a decode.
+        row = dataset.layout.row_size or _mean_sample_bytes(dataset)
+        batch_bytes = max(1, row * self.batch_size)
+        self.group = int(settings.group or max(1, min(16, (8 << 20) // batch_bytes)))
+        rows = BatchReader(dataset, [], columns=settings.column_list).out_widths is not None
+        local = min(16, (1 << 20) // batch_bytes) if rows else min(64, (8 << 20) // batch_bytes)
+        self.local_group = int(settings.group or max(1, local))
         self.rank, self.world_size = resolve_rank(settings.rank, settings.world_size)
         self.read: dict[str, Any] = {
             "columns": settings.column_list,
@@ -409,7 +472,7 @@ class TorchLoader:
         self.device = None if settings.device is None else str(settings.device)
         self.read["device"] = check_device(self.device, self.read.get("transforms"), dataset)
         if ops.pipelines and settings.group is None:
-            self.group = 1  # a decoded image batch is already a large item
+            self.group = self.local_group = 1  # a decoded image batch is already large
         if any(kind == "jagged" for kind, _ in dataset.forms.values()):
             _warm_nested()
         self.loader_kwargs: dict[str, Any] = {
@@ -490,7 +553,7 @@ class TorchLoader:
         self._live = live
         trace_path = self.settings.trace_path
         stats = self._stats = PassStats(self.epoch, trace=trace_path is not None)
-        group = 1 if self.num_workers == 0 else self.group
+        group = self.local_group if self.num_workers == 0 else self.group
         slabs = self._slabs(group) if self.num_workers > 0 else None
         read = {**self.read, "seed": self.seed, "epoch": self.epoch, "jagged": True}
         source = _Batches(self.dataset, plan, read, group, slabs, trace_path is not None)

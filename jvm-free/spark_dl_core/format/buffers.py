@@ -66,15 +66,36 @@ def gather(
     total = int(offsets[-1])
     if total == 0:
         return np.empty(0, dtype=U8), offsets
-    if len(lengths) and lengths.min() >= 256:
-        # Long pieces: slice copies beat building a per-byte index.
-        out = np.empty(total, dtype=U8)
-        for start, length, at in zip(starts.tolist(), lengths.tolist(), offsets[:-1].tolist()):
-            out[at : at + length] = buf[start : start + length]
-        return out, offsets
-    index = np.arange(total, dtype=I64)
-    index += np.repeat(starts.astype(I64, copy=False) - offsets[:-1], lengths)
-    return buf[index], offsets
+    out = np.empty(total, dtype=U8)
+    copy_pieces(out, offsets[:-1], buf, starts, lengths)
+    return out, offsets
+
+
+def copy_pieces(
+    out: np.ndarray,
+    at: np.ndarray,
+    buf: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+) -> None:
+    """``out[at[i]:at[i]+lengths[i]] = buf[starts[i]:starts[i]+lengths[i]]`` for every i.
+
+    Lets a reader put pieces of several sources (shards) straight where they belong in one
+    output, one copy per byte.
+    """
+    lengths = lengths.astype(I64, copy=False)
+    if not len(lengths):
+        return
+    if lengths.min() >= 256:  # long pieces: slice copies beat building a per-byte index
+        for src, length, dst in zip(starts.tolist(), lengths.tolist(), at.tolist()):
+            out[dst : dst + length] = buf[src : src + length]
+        return
+    total = int(lengths.sum())
+    firsts = offsets_from_lengths(lengths)[:-1]
+    inner = np.arange(total, dtype=I64) - np.repeat(firsts, lengths)
+    out[np.repeat(at.astype(I64, copy=False), lengths) + inner] = buf[
+        np.repeat(starts.astype(I64, copy=False), lengths) + inner
+    ]
 
 
 def gather_fixed(buf: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:

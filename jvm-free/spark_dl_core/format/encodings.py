@@ -580,6 +580,62 @@ class NDArrayEncoding(Encoding):
             out[i] = out[i].reshape(tuple(shapes[i].tolist()))
         return out
 
+    def dense_header(
+        self, value: np.ndarray, shape: tuple[int, ...], column: str
+    ) -> tuple[int, np.dtype] | None:
+        """For one stored value (bytes, header included) of the given ``shape``: the header's
+        length and the values' dtype, so equal values in a row matrix can be viewed as a
+        dense block past the header. None when the value is not of that shape."""
+        head = 0 if self.dtype is not None else 1
+        if self.size is not None or len(value) < head + 1:
+            return None
+        dtype = self._value_dtype(int(value[0]) if head else None, column)
+        code, ndim = int(value[head]) & 3, int(value[head]) >> 2
+        at = head + 1 + (ndim << code)
+        if ndim != len(shape) or len(value) < at:
+            return None
+        stored = tuple(int(d) for d in value[head + 1 : at].view(_SHAPE_DTYPES[code]))
+        if stored != tuple(shape) or len(value) - at != int(np.prod(shape)) * dtype.itemsize:
+            return None
+        return at, dtype
+
+    def value_spans(
+        self, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, column: str
+    ) -> tuple[np.ndarray, np.ndarray, np.dtype] | None:
+        """For 1-D values of one dtype (token sequences): where each sample's values lie in
+        ``data`` (byte starts and byte lengths, headers skipped) and their dtype, so a reader
+        copies them straight into a batch. None for anything else (fixed width, n-D values,
+        mixed dtypes): those take :meth:`decode`."""
+        n = len(starts)
+        if self.size is not None or n == 0:
+            return None
+        head = 0 if self.dtype is not None else 1
+        if lengths.min() < head + 1:
+            raise EncodingError(column, "an ndarray value is shorter than its header")
+        if head:
+            codes = data[starts]
+            if not np.all(codes == codes[0]):
+                return None
+            dtype = self._value_dtype(int(codes[0]), column)
+        else:
+            dtype = self._value_dtype(None, column)
+        headers = data[starts + head].astype(I64)
+        if np.any(headers >> 2 != 1):
+            return None
+        codes = headers & 3
+        widths = np.left_shift(1, codes)
+        if np.any(lengths < head + 1 + widths):
+            raise EncodingError(column, "an ndarray shape header is truncated")
+        counts = np.empty(n, dtype=I64)
+        for code in np.unique(codes).tolist():
+            rows = np.flatnonzero(codes == code)
+            shape = gather_fixed(data, starts[rows] + head + 1, 1 << code)
+            counts[rows] = shape.view(_SHAPE_DTYPES[code]).reshape(-1)
+        nbytes = lengths - (head + 1 + widths)
+        if np.any(counts * dtype.itemsize != nbytes):
+            raise EncodingError(column, "ndarray values do not match their shape")
+        return starts + head + 1 + widths, nbytes, dtype
+
     def _decode_rows(
         self,
         data: np.ndarray,

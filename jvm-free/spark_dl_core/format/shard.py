@@ -133,6 +133,10 @@ class ShardData:
         assert self._rows is not None
         np.take(self._rows, local, axis=0, out=out)
 
+    def row_span(self, i: int) -> tuple[int, int]:
+        """Byte position and width of column ``i`` within a row (needs :attr:`row_matrix`)."""
+        return self._at[i], self._widths[i]
+
     @property
     def row_matrix(self) -> np.ndarray | None:
         """``(count, row)`` bytes when every row has the same layout, else None."""
@@ -160,8 +164,12 @@ class ShardData:
             return out
         return self._columns_variable(index, wanted)
 
-    def _columns_variable(self, index: np.ndarray, wanted: list[int]) -> dict[str, Pieces]:
+    def positions(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where each column's bytes lie in :attr:`raw` for the samples at ``index``:
+        ``(starts, sizes)``, each ``(len(index), columns)``. Nothing is copied."""
         layout, raw = self.layout, self.raw
+        if len(index) and (index.min() < 0 or index.max() >= self.count):
+            raise IndexError(f"sample index out of range for shard {self.file!r}")
         starts = self.offsets[index]
         ends = self.offsets[index + 1]
         variable = layout.variable
@@ -178,6 +186,11 @@ class ShardData:
         positions = starts[:, None] + head + np.cumsum(sizes, axis=1) - sizes
         if np.any(positions[:, -1] + sizes[:, -1] != ends) if len(index) else False:
             raise ShardError(self.file, "a sample's column sizes do not add up to its length")
+        return positions, sizes
+
+    def _columns_variable(self, index: np.ndarray, wanted: list[int]) -> dict[str, Pieces]:
+        layout, raw = self.layout, self.raw
+        positions, sizes = self.positions(index)
         out: dict[str, Pieces] = {}
         for i in wanted:
             size = layout.sizes[i]
