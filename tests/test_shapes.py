@@ -361,3 +361,31 @@ def test_a_shard_whose_headers_differ_takes_the_general_decode(tmp_path: Path) -
     raw[int(data.offsets[0]) + 3 * row + at + 1] ^= 0xFF  # a shape byte: no longer (2,)
     tampered = ShardData(raw, data.file, data.layout, data.count)
     assert tampered.row_matrix is not None and ds.row_spans(tampered, ["x"]) is None
+
+
+def test_in_process_decoding_ahead_stops_with_the_pass(written: Path) -> None:
+    """The in-process loader decodes one group ahead in a thread: leaving a pass early
+    stops it and its prefetch thread; an error while decoding reaches the training loop."""
+    import threading
+
+    ds = open_dataset(written)
+    loader = ds.to_torch(batch_size=5, shuffle=True)
+    for step, _ in enumerate(loader):
+        if step == 3:
+            break
+    alive = {t.name for t in threading.enumerate()}
+    assert not alive & {"spark-dl-decode", "spark-dl-prefetch"}
+
+    import shutil
+
+    broken = written.parent / "broken-late-shard"
+    if not broken.exists():
+        shutil.copytree(written, broken)
+        last = sorted(broken.glob("shard.*.mds"))[-1]
+        last.write_bytes(last.read_bytes()[:-7])  # truncated: found when it is loaded
+    loader = open_dataset(broken).to_torch(batch_size=5, verify_hashes=False)
+    delivered = 0
+    with pytest.raises(ShardError, match=r"shard\.\d+\.mds"):
+        for batch in loader:
+            delivered += len(batch["id"])
+    assert 0 < delivered < N

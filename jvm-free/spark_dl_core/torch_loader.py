@@ -284,6 +284,69 @@ def _in_slab(value: Any, slab: np.ndarray) -> int | None:
     return offset if offset >= 0 and offset + value.nbytes <= slab.nbytes else None
 
 
+class _Ahead:
+    """Runs an in-process loader's decoding one group ahead, in a thread.
+
+    Copies and gathers release the GIL, so decoding the next group overlaps the training
+    loop's use of the current one (on the small machines this matters on, the second core
+    is otherwise idle without DataLoader workers). At most ``depth`` decoded groups wait.
+    Errors are re-raised in the consumer; :meth:`close` stops the thread, which then closes
+    the decoding generator in its own thread (releasing its shards).
+    """
+
+    _DONE = object()
+
+    def __init__(self, items: Iterator[Any], depth: int = 2) -> None:
+        import queue
+        import threading
+
+        self.queue: Any = queue.Queue(maxsize=depth)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, args=(items,), name="spark-dl-decode", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, items: Iterator[Any]) -> None:
+        try:
+            for item in items:
+                if not self._put((True, item)):
+                    return
+            self._put((True, self._DONE))
+        except BaseException as exc:  # handed to the consumer
+            self._put((False, exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    def _put(self, entry: tuple[bool, Any]) -> bool:
+        import queue
+
+        while not self.stopping.is_set():
+            try:
+                self.queue.put(entry, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        ok, item = self.queue.get()
+        if not ok:
+            raise item
+        if item is self._DONE:
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+
+
 def _mean_sample_bytes(dataset: Dataset) -> int:
     """Average stored (uncompressed) bytes of one sample: the row size of variable data."""
     samples = max(1, len(dataset))
@@ -558,7 +621,7 @@ class TorchLoader:
         read = {**self.read, "seed": self.seed, "epoch": self.epoch, "jagged": True}
         source = _Batches(self.dataset, plan, read, group, slabs, trace_path is not None)
         if self.num_workers == 0:
-            items: Any = iter(source)
+            items: Any = _Ahead(iter(source))
         else:
             items = iter(
                 DataLoader(
@@ -602,6 +665,8 @@ class TorchLoader:
                 bar.close()
             if trace_path is not None:
                 stats.write_trace(trace_path)
+            if isinstance(items, _Ahead):
+                items.close()
             del items
         if self._live is live:  # the pass ran to its end: the saved position moves on
             self._set_position(live.epoch, plan.total)
