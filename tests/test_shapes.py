@@ -389,3 +389,19 @@ def test_in_process_decoding_ahead_stops_with_the_pass(written: Path) -> None:
         for batch in loader:
             delivered += len(batch["id"])
     assert 0 < delivered < N
+
+
+def test_an_append_keeps_the_recorded_shapes(tmp_path: Path) -> None:
+    """Appending keeps each earlier shard's shape record: an equal-length column stays
+    dense (it used to turn jagged once the dataset had been appended to)."""
+    rows = np.arange(200, dtype=np.float32).reshape(50, 4)
+    table = pa.table({"x": pa.array(rows.tolist(), pa.list_(pa.float32()))})
+    path = str(tmp_path / "ds")
+    write_mds(table, path)
+    write_mds(table, path, mode="append")
+    ds = open_dataset(path)
+    assert ds.forms == {"x": ("dense", (4,))}
+    meta = json.loads((tmp_path / "ds" / "spark_dl.json").read_text())
+    assert [m["shapes"] for m in meta["shards"]] == [{"x": [4]}, {"x": [4]}]
+    (batch,) = list(ds.iter_batches(batch_size=100))
+    np.testing.assert_array_equal(batch["x"], np.concatenate([rows, rows]))

@@ -10,6 +10,7 @@ after a commit torn between its metadata writes (see :mod:`spark_dl_core.commit`
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as _dt
 import functools
 import hashlib
@@ -134,10 +135,14 @@ class ShardRecords:
 
     @classmethod
     def from_meta(cls, shards: list[ShardInfo], meta: dict[str, Any]) -> ShardRecords:
-        """A committed dataset's records (``meta`` must describe ``shards``)."""
+        """A committed dataset's records (``meta`` must describe ``shards``), with each
+        shard's recorded shapes, so an append keeps them (and dense columns stay dense)."""
         entries = meta["shards"]
         return cls(
-            list(shards),
+            [
+                dataclasses.replace(info, shapes=m["shapes"]) if m.get("shapes") else info
+                for info, m in zip(shards, entries)
+            ],
             [str(m["content_hash"]) for m in entries],
             [dict(m.get("stored_hashes") or {}) for m in entries],
         )
