@@ -1,0 +1,41 @@
+"""Region decoding of JPEGs at a reduced DCT scale (optional C extension, csrc/jpeg_region.c)."""
+
+from typing import TypeVar, overload
+
+from typing_extensions import Buffer
+
+_Out = TypeVar("_Out", bound=Buffer)
+
+LIBJPEG_VERSION: int
+
+def header(data: Buffer, /) -> tuple[int, int, int]:
+    """``(height, width, components)`` from the JPEG header."""
+
+@overload
+def decode(
+    data: Buffer,
+    scale: int = 8,
+    x: int = 0,
+    y: int = 0,
+    width: int = 0,
+    height: int = 0,
+    gray: bool = False,
+    out: None = None,
+) -> tuple[bytearray, int, int, int, int]:
+    """Rows ``y..y+height`` and at least columns ``x..x+width`` at ``scale``/8 (scaled
+    pixels; 0 means to the edge), as RGB or luma rows, into a new bytearray. Returns
+    ``(buffer, left, top, width, height)`` of the region actually decoded."""
+
+@overload
+def decode(
+    data: Buffer,
+    scale: int = 8,
+    x: int = 0,
+    y: int = 0,
+    width: int = 0,
+    height: int = 0,
+    gray: bool = False,
+    *,
+    out: _Out,
+) -> tuple[_Out, int, int, int, int]:
+    """The same, written into ``out`` (writable, C-contiguous, large enough)."""
