@@ -14,7 +14,7 @@ setup(
             "spark_dl_core._jpeg",
             sources=["csrc/jpeg_region.c"],
             libraries=["jpeg"],
-            extra_compile_args=["-O2"],
+            extra_compile_args=["-O3"],
             optional=True,
         )
     ]

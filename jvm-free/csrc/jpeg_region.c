@@ -263,7 +263,80 @@ python_error:
     return NULL;
 }
 
+static void interleave3(const unsigned char *restrict in, unsigned char *restrict out,
+                        Py_ssize_t h, Py_ssize_t w, int flip)
+{
+    const Py_ssize_t plane = h * w;
+    Py_ssize_t y, x;
+    for (y = 0; y < h; y++) {
+        const unsigned char *r = in + y * w, *g = r + plane, *b = g + plane;
+        unsigned char *row = out + y * w * 3;
+        if (flip) {
+            for (x = 0; x < w; x++) {
+                unsigned char *px = row + (w - 1 - x) * 3;
+                px[0] = r[x];
+                px[1] = g[x];
+                px[2] = b[x];
+            }
+        } else {
+            for (x = 0; x < w; x++) {
+                row[3 * x] = r[x];
+                row[3 * x + 1] = g[x];
+                row[3 * x + 2] = b[x];
+            }
+        }
+    }
+}
+
+PyDoc_STRVAR(interleave_doc,
+             "interleave(planes, out, channels, height, width, flip=False)\n\n"
+             "Copy planar pixels (channels x height x width bytes, C-contiguous) into out as\n"
+             "interleaved rows (height x width x channels), mirrored left-right with flip.");
+
+static PyObject *interleave(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"planes", "out", "channels", "height", "width", "flip", NULL};
+    Py_buffer src, dst;
+    Py_ssize_t c, h, w, y, x, k, plane;
+    int flip = 0;
+    (void)self;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*w*nnn|p:interleave", keywords, &src, &dst,
+                                     &c, &h, &w, &flip))
+        return NULL;
+    plane = h * w;
+    if (c < 1 || h < 0 || w < 0 || src.len < c * plane || dst.len < c * plane ||
+        !PyBuffer_IsContiguous(&src, 'C') || !PyBuffer_IsContiguous(&dst, 'C')) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        PyErr_SetString(PyExc_ValueError, "interleave: buffers too small or not contiguous");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    {
+        const unsigned char *in = (const unsigned char *)src.buf;
+        unsigned char *out = (unsigned char *)dst.buf;
+        if (c == 3)
+            interleave3(in, out, h, w, flip);
+        else
+            for (y = 0; y < h; y++) {
+                unsigned char *row = out + y * w * c;
+                for (k = 0; k < c; k++) {
+                    const unsigned char *line = in + k * plane + y * w;
+                    for (x = 0; x < w; x++)
+                        row[(flip ? w - 1 - x : x) * c + k] = line[x];
+                }
+            }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"interleave", (PyCFunction)(void (*)(void))interleave, METH_VARARGS | METH_KEYWORDS,
+     interleave_doc},
     {"header", (PyCFunction)header, METH_VARARGS, header_doc},
     {"decode", (PyCFunction)(void (*)(void))decode, METH_VARARGS | METH_KEYWORDS, decode_doc},
     {NULL, NULL, 0, NULL},

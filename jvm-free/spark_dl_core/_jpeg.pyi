@@ -1,19 +1,21 @@
 """Region decoding of JPEGs at a reduced DCT scale (optional C extension, csrc/jpeg_region.c)."""
 
-from typing import TypeVar, overload
+from typing import Any, TypeAlias, TypeVar, overload
 
+import numpy as np
 from typing_extensions import Buffer
 
-_Out = TypeVar("_Out", bound=Buffer)
+_Bytes: TypeAlias = Buffer | np.ndarray[Any, Any]  # numpy arrays export the buffer protocol
+_Out = TypeVar("_Out", bound=_Bytes)
 
 LIBJPEG_VERSION: int
 
-def header(data: Buffer, /) -> tuple[int, int, int]:
+def header(data: _Bytes, /) -> tuple[int, int, int]:
     """``(height, width, components)`` from the JPEG header."""
 
 @overload
 def decode(
-    data: Buffer,
+    data: _Bytes,
     scale: int = 8,
     x: int = 0,
     y: int = 0,
@@ -28,7 +30,7 @@ def decode(
 
 @overload
 def decode(
-    data: Buffer,
+    data: _Bytes,
     scale: int = 8,
     x: int = 0,
     y: int = 0,
@@ -39,3 +41,8 @@ def decode(
     out: _Out,
 ) -> tuple[_Out, int, int, int, int]:
     """The same, written into ``out`` (writable, C-contiguous, large enough)."""
+
+def interleave(
+    planes: _Bytes, out: _Bytes, channels: int, height: int, width: int, flip: bool = False
+) -> None:
+    """Planar ``[C, H, W]`` bytes into ``out`` as ``[H, W, C]``, mirrored with ``flip``."""

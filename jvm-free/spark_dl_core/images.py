@@ -341,32 +341,48 @@ def _margin(box: tuple[float, float, float, float], out: tuple[int, int]) -> int
 
 
 def _resample(
-    pixels: np.ndarray, box: tuple[float, float, float, float], out: tuple[int, int]
+    pixels: np.ndarray,
+    box: tuple[float, float, float, float],
+    out: tuple[int, int],
+    flip: bool = False,
+    into: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The ``box`` of ``pixels`` resampled (bilinear, antialiased) to ``out=(h, w)``."""
-    h, w = pixels.shape[:2]
+    """The ``box`` of ``pixels`` resampled (bilinear, antialiased) to ``out=(h, w)`` and
+    mirrored with ``flip``: ``[H, W, C]``, written into ``into`` when given."""
+    h, w, channels = pixels.shape
     interpolate = _resampler()
+    if into is None:
+        into = np.empty((*out, channels), dtype=np.uint8)
     if interpolate is not None:
-        left, top, right, bottom = pixel_box(box, h, w)
-        crop = pixels[top:bottom, left:right]
-        if crop.shape[:2] == out:
-            return crop
         import torch
 
-        tensor = torch.from_numpy(crop).permute(2, 0, 1)[None]
+        left, top, right, bottom = pixel_box(box, h, w)
+        crop = torch.from_numpy(pixels[top:bottom, left:right])  # [H, W, C]
+        target = torch.from_numpy(into)
+        if tuple(crop.shape[:2]) == out:
+            target.copy_(crop.flip(1) if flip else crop)  # (numpy's mirrored copy is slow)
+            return into
+        tensor = crop.permute(2, 0, 1)[None]
         if not tensor.is_contiguous(memory_format=torch.channels_last):
             tensor = tensor.contiguous(memory_format=torch.channels_last)
         resized = interpolate(
             tensor, size=out, mode="bilinear", antialias=True, align_corners=False
-        )
-        return resized[0].permute(1, 2, 0).numpy()
-    if box == (0.0, 0.0, float(w), float(h)) and out == (h, w):
-        return pixels
+        )[0]
+        hwc = resized.permute(1, 2, 0)
+        if not hwc.is_contiguous() and _jpeg is not None and into.flags.c_contiguous:
+            # torch left [C, H, W] planes: interleave (and mirror) them in one pass
+            _jpeg.interleave(resized.contiguous().numpy(), into, channels, *out, flip)
+        else:
+            target.copy_(hwc.flip(1) if flip else hwc)
+        return into
     image_module = _pil()
-    gray = pixels.shape[2] == 1
-    image = image_module.fromarray(pixels[:, :, 0] if gray else pixels)
-    resized = np.asarray(image.resize((out[1], out[0]), image_module.BILINEAR, box=box))
-    return resized[:, :, None] if gray else resized
+    image = image_module.fromarray(pixels[:, :, 0] if channels == 1 else pixels)
+    if box != (0.0, 0.0, float(w), float(h)) or out != (h, w):
+        image = image.resize((out[1], out[0]), image_module.BILINEAR, box=box)
+    if flip:
+        image = image.transpose(image_module.Transpose.FLIP_LEFT_RIGHT)
+    into[...] = np.asarray(image).reshape(*out, channels)
+    return into
 
 
 def _region_resample(
@@ -375,9 +391,11 @@ def _region_resample(
     box: tuple[float, float, float, float],
     source: tuple[int, int],
     out: tuple[int, int],
+    flip: bool = False,
+    into: np.ndarray | None = None,
 ) -> np.ndarray:
     """Decode only the part of a JPEG that ``box`` (source pixels) needs, at the smallest
-    DCT scale that keeps it at least ``out``, and resample it to ``out``."""
+    DCT scale that keeps it at least ``out``, and resample it to ``out`` (see _resample)."""
     assert _jpeg is not None
     scale = region_scale(box, source, out)
     full_h, full_w = source
@@ -395,7 +413,7 @@ def _region_resample(
     pixels = np.frombuffer(buffer, np.uint8, count=height * width * channels)
     pixels = pixels.reshape(height, width, channels)
     shifted = (scaled[0] - x, scaled[1] - y, scaled[2] - x, scaled[3] - y)
-    return _resample(pixels, shifted, out)
+    return _resample(pixels, shifted, out, flip, into)
 
 
 # --------------------------------------------------------------------------- pipeline
@@ -453,15 +471,20 @@ class ImagePipeline:
         for i, raw in enumerate(raws):
             x0, y0, x1, y1 = plan.boxes[i]
             oh, ow = (int(v) for v in plan.sizes[i])
+            flip = bool(plan.flips[i])
+            into = batch[i] if batch is not None else None
             region_error: str | None = None
             if self.geometry and _jpeg is not None and raw[:2] == _JPEG:
+                box = (float(x0), float(y0), float(x1), float(y1))
+                source = (int(plan.sources[i][0]), int(plan.sources[i][1]))
                 try:
-                    pixels = self._region(raw, plan, i)
+                    pixels = _region_resample(raw, self.mode, box, source, (oh, ow), flip, into)
                 except ValueError as exc:  # e.g. CMYK: the whole-image path may still read it
                     region_error = str(exc)
                 else:
                     _decodes += 1
-                    self._place(pixels, bool(plan.flips[i]), batch, i, images)
+                    if batch is None:
+                        images.append(pixels)
                     continue
             # Reduced-scale decode keeps the box at least as large as the output.
             box_w, box_h = x1 - x0, y1 - y0
@@ -481,8 +504,13 @@ class ImagePipeline:
                 ph, pw = pixels.shape[:2]
                 sx, sy = pw / full_w, ph / full_h
                 box = (x0 * sx, y0 * sy, x1 * sx, y1 * sy)
-                pixels = _resample(pixels, box, (oh, ow))
-            self._place(pixels, bool(plan.flips[i]), batch, i, images)
+                pixels = _resample(pixels, box, (oh, ow), flip, into)
+            elif into is not None:
+                into[...] = pixels[:, ::-1] if flip else pixels
+            else:
+                pixels = np.ascontiguousarray(pixels[:, ::-1] if flip else pixels)
+            if batch is None:
+                images.append(pixels)
         if batch is None:
             shapes = np.array([image.shape for image in images], dtype=np.int64).reshape(n, 3)
             flat = np.concatenate([image.reshape(-1) for image in images]) if n else images
@@ -491,25 +519,6 @@ class ImagePipeline:
                 return self._finish_each(listed)
             return listed
         return self._finish(batch)
-
-    def _region(self, raw: bytes, plan: Plan, i: int) -> np.ndarray:
-        """Sample ``i``'s output by region decoding (a JPEG, with the extension built).
-        Raises ValueError with libjpeg's message where it does not decode."""
-        x0, y0, x1, y1 = (float(v) for v in plan.boxes[i])
-        oh, ow = (int(v) for v in plan.sizes[i])
-        full_h, full_w = (int(v) for v in plan.sources[i])
-        return _region_resample(raw, self.mode, (x0, y0, x1, y1), (full_h, full_w), (oh, ow))
-
-    @staticmethod
-    def _place(
-        pixels: np.ndarray, flip: bool, batch: np.ndarray | None, i: int, images: list[np.ndarray]
-    ) -> None:
-        if flip:
-            pixels = pixels[:, ::-1]
-        if batch is not None:
-            batch[i] = pixels
-        else:
-            images.append(np.ascontiguousarray(pixels))
 
     def _decode_only(self, raws: list[bytes], plan: Plan, where: Any) -> Any:
         """Full-size decode straight into one buffer (sizes are known from the headers)."""
