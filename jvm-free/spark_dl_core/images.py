@@ -326,8 +326,10 @@ def _resampler() -> Any:
     if _torch_resize is False:
         _torch_resize = None
         if importlib.util.find_spec("torch") is not None:
-            import torch.nn.functional as functional
-
+            try:
+                import torch.nn.functional as functional
+            except Exception:  # pragma: no cover - a broken torch install: PIL resamples
+                return None
             _torch_resize = functional.interpolate
     return _torch_resize
 
