@@ -15,7 +15,6 @@ from spark_dl_core import DatasetSpec, open_dataset, write_mds
 from spark_dl_core.errors import ShardError, SpecError
 from spark_dl_core.format.buffers import Jagged
 from spark_dl_core.format.encodings import encoding_names, get_encoding
-from spark_dl_core.format.shard import ShardData
 
 N = 600
 
@@ -348,7 +347,7 @@ def test_equal_length_arrays_stay_dense_across_row_and_general_shards(
 
 
 def test_a_shard_whose_headers_differ_takes_the_general_decode(tmp_path: Path) -> None:
-    """Rows of one size whose ndarray headers differ (another shape in some rows) are not
+    """Rows of one size whose ndarray headers differ (another shape in some row) are not
     viewed as a dense block: the general decode reports the recorded-shape mismatch."""
     table = pa.table({"x": pa.array([[1.0, 2.0]] * 20, pa.list_(pa.float32()))})
     write_mds(table, str(tmp_path / "ds"))
@@ -356,16 +355,21 @@ def test_a_shard_whose_headers_differ_takes_the_general_decode(tmp_path: Path) -
     data = ds.load_shard(0)
     assert data.row_matrix is not None and ds.row_spans(data, ["x"]) is not None
     at, _ = data.row_span(0)
-    raw = data.raw.copy()
-    row = data.row_matrix.shape[1]
-    raw[int(data.offsets[0]) + 3 * row + at + 1] ^= 0xFF  # a shape byte: no longer (2,)
-    tampered = ShardData(raw, data.file, data.layout, data.count)
-    assert tampered.row_matrix is not None and ds.row_spans(tampered, ["x"]) is None
+    where = int(data.offsets[0]) + 3 * data.row_matrix.shape[1] + at + 1
+    (shard,) = (tmp_path / "ds").glob("shard.*.mds")
+    raw = bytearray(shard.read_bytes())
+    raw[where] = 1  # row 3's shape byte: (1,) instead of (2,), same row size
+    shard.write_bytes(bytes(raw))
+    tampered = open_dataset(tmp_path / "ds")
+    with pytest.raises(ShardError, match=r"column 'x'"):
+        list(tampered.iter_batches(batch_size=8, verify_hashes=False))
 
 
-def test_in_process_decoding_ahead_stops_with_the_pass(written: Path) -> None:
-    """The in-process loader decodes one group ahead in a thread: leaving a pass early
-    stops it and its prefetch thread; an error while decoding reaches the training loop."""
+def test_leaving_an_in_process_pass_stops_reading_and_errors_reach_the_loop(
+    written: Path,
+) -> None:
+    """In-process loaders decode groups of batches: leaving a pass early stops the
+    prefetch thread; an error in a later shard reaches the training loop, naming it."""
     import threading
 
     ds = open_dataset(written)
@@ -374,7 +378,7 @@ def test_in_process_decoding_ahead_stops_with_the_pass(written: Path) -> None:
         if step == 3:
             break
     alive = {t.name for t in threading.enumerate()}
-    assert not alive & {"spark-dl-decode", "spark-dl-prefetch"}
+    assert "spark-dl-prefetch" not in alive
 
     import shutil
 

@@ -448,8 +448,9 @@ class Dataset:
     ) -> tuple[int, list[tuple[int, int, Any]]] | None:
         """When every row of ``data`` has one layout (fixed-width datasets, and Spark's
         equal-length arrays in a variable layout): the row size and, per column, where its
-        values lie in a row and how they decode (an encoding, or a ``(dtype, shape)`` past
-        a uniform ndarray header). None otherwise. Costs one pass over the headers."""
+        values lie in a row and how they decode: an encoding, or for a dense ndarray column
+        ``(dtype, shape, header)``, the header bytes every row must carry before its values
+        (the reader checks them in the rows it gathers). None otherwise."""
         rows = data.row_matrix
         if rows is None or not len(rows):
             return None
@@ -470,9 +471,7 @@ class Dataset:
             if found is None:
                 return None
             head, dtype = found
-            if head and np.any(rows[:, at : at + head] != rows[0, at : at + head]):
-                return None
-            spans.append((at + head, width - head, (dtype, form[1])))
+            spans.append((at + head, width - head, (dtype, form[1], rows[0, at : at + head])))
         return rows.shape[1], spans
 
     def _read_direct(

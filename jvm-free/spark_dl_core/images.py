@@ -459,16 +459,20 @@ class ImagePipeline:
                 raise ImageError(where(i, f"image header does not read: {exc}")) from None
         return plan_boxes(sizes, self.geometry, key, indices)
 
-    def run_cpu(self, raws: list[bytes], plan: Plan, where: Any) -> Any:
-        """Decode and transform a batch on the CPU: one array, or a list when sizes differ."""
+    def run_cpu(self, raws: list[bytes], plan: Plan, where: Any, alloc: Any = np.empty) -> Any:
+        """Decode and transform a batch on the CPU: one array, or a list when sizes differ.
+
+        ``alloc(shape)`` makes the uint8 output (DataLoader workers allocate shared memory,
+        so a decoded batch crosses to the main process without another copy).
+        """
         global _decodes
         n = len(raws)
         if not self.geometry and not plan.flips.any():
-            return self._decode_only(raws, plan, where)
+            return self._decode_only(raws, plan, where, alloc)
         batch: np.ndarray | None = None
         if self.fixed_size:
             assert plan.out is not None
-            batch = np.empty((n, *plan.out, self.channels), dtype=np.uint8)
+            batch = alloc((n, *plan.out, self.channels))
         images: list[np.ndarray] = []
         for i, raw in enumerate(raws):
             x0, y0, x1, y1 = plan.boxes[i]
@@ -522,12 +526,12 @@ class ImagePipeline:
             return listed
         return self._finish(batch)
 
-    def _decode_only(self, raws: list[bytes], plan: Plan, where: Any) -> Any:
+    def _decode_only(self, raws: list[bytes], plan: Plan, where: Any, alloc: Any = np.empty) -> Any:
         """Full-size decode straight into one buffer (sizes are known from the headers)."""
         shapes = np.concatenate(
             [plan.sources, np.full((len(raws), 1), self.channels, np.int64)], axis=1
         )
-        images = ImageList(np.empty(int(np.prod(shapes, axis=1).sum()), np.uint8), shapes)
+        images = ImageList(alloc((int(np.prod(shapes, axis=1).sum()),)), shapes)
         offsets = images.offsets()
         for i, raw in enumerate(raws):
             target = images.flat[offsets[i] : offsets[i + 1]]

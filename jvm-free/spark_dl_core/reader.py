@@ -176,7 +176,7 @@ class BatchReader:
             if s not in self._row_plans:
                 self._row_plans[s] = ds.row_spans(data, names)
             plan = self._row_plans[s]
-            if plan is None or (found is not None and plan != found):
+            if plan is None or (found is not None and not _same_rows(plan, found)):
                 return None
             found = plan
         if found is None:
@@ -330,6 +330,13 @@ class BatchReader:
                 part = np.empty((len(where), row), dtype=np.uint8)
                 data.gather_rows(local[where], part)
                 rows[where] = part
+        for _name, at, _width, how in spans:
+            if isinstance(how, tuple) and len(how[2]):  # every row repeats the header?
+                header = rows[:, at - len(how[2]) : at]
+                if not np.array_equal(header, np.broadcast_to(how[2], header.shape)):
+                    return ds.read(  # another shape in some row: the general decode says so
+                        index, self.columns, self.images, self.verify, dict(shards), True
+                    )
         if not single_column:
             at_out = 0
             for _name, at, width, _how in spans:  # column-major: each column contiguous
@@ -342,7 +349,7 @@ class BatchReader:
         for name, _at, width, how in spans:
             block = buffer[at_out : at_out + n * width]
             if isinstance(how, tuple):  # equal-length ndarray values past their header
-                dtype, shape = how
+                dtype, shape, _header = how
                 native = dtype.newbyteorder("=")
                 decoded[name] = block.view(dtype).reshape((n, *shape)).astype(native, copy=False)
             else:
@@ -400,6 +407,9 @@ class ReadOps:
         self.pipelines: dict[str, Any] = {}
         self.others: list[Any] = []
         self.device = device
+        # Makes decoded image batches (uint8, by shape); DataLoader workers allocate them in
+        # shared memory (see torch_loader), so they reach the main process uncopied.
+        self.alloc: Callable[[tuple[int, ...]], np.ndarray] = _empty_bytes
         if not self.transforms:
             return
         from .images import augment_key, compile_pipelines
@@ -429,7 +439,7 @@ class ReadOps:
             if self.device is not None and self.device != "cpu":
                 batch[name] = EncodedImages(pipeline, raws, plan)
             else:
-                batch[name] = pipeline.run_cpu(raws, plan, where)
+                batch[name] = pipeline.run_cpu(raws, plan, where, self.alloc)
         arrow_ops: list[Any] = []
         for op in self.others:
             if isinstance(op, Normalize) and not arrow_ops:
@@ -464,6 +474,25 @@ class ReadOps:
         for op in ops:
             record = apply_transforms(record, [op.model_copy(update={"at": "read"})], "read")
         return {n: arrow_to_numpy(record.column(n)) for n in record.schema.names}
+
+
+def _same_rows(a: tuple[int, list[Any]], b: tuple[int, list[Any]]) -> bool:
+    """Whether two shards' row layouts (``Dataset.row_spans``) are the same."""
+    if a[0] != b[0] or len(a[1]) != len(b[1]):
+        return False
+    for (at, width, how), (at2, width2, how2) in zip(a[1], b[1]):
+        if (at, width) != (at2, width2) or isinstance(how, tuple) != isinstance(how2, tuple):
+            return False
+        if isinstance(how, tuple):
+            if how[:2] != how2[:2] or not np.array_equal(how[2], how2[2]):
+                return False
+        elif how is not how2:
+            return False
+    return True
+
+
+def _empty_bytes(shape: tuple[int, ...]) -> np.ndarray:
+    return np.empty(shape, dtype=np.uint8)
 
 
 def _arrow_type_of(value: Any) -> Any:

@@ -57,9 +57,9 @@ def to_tensors(batch: Batch) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in batch.items():
         if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
-            out[name] = torch.from_numpy(_writable(value))
+            out[name] = _as_tensor(value)
         elif isinstance(value, ImageList):  # images of several sizes: views of one tensor
-            out[name] = ImageTensors(torch.from_numpy(value.flat), value.shapes)
+            out[name] = ImageTensors(_as_tensor(value.flat), value.shapes)
         elif isinstance(value, Jagged):
             values = torch.from_numpy(_writable(np.ascontiguousarray(value.values)))
             out[name] = JaggedTensors(values, value.offsets.astype(np.int64, copy=False))
@@ -135,6 +135,25 @@ class ImageTensors:
         sizes = np.prod(self.shapes, axis=1).tolist()
         parts = torch.split(self.flat, sizes) if sizes else []
         return [p.view(*shape) for p, shape in zip(parts, self.shapes.tolist())]
+
+
+def _shared_bytes(shape: tuple[int, ...]) -> np.ndarray:
+    """A uint8 array in shared memory (a worker's decoded images): sending its tensor to
+    the main process passes a file descriptor instead of copying the pixels again."""
+    return torch.empty(shape, dtype=torch.uint8).share_memory_().numpy()
+
+
+def _as_tensor(value: np.ndarray) -> torch.Tensor:
+    """The shared-memory tensor a :func:`_shared_bytes` array is, else a tensor over it."""
+    base = value.base
+    if (
+        isinstance(base, torch.Tensor)
+        and base.is_shared()
+        and base.data_ptr() == value.ctypes.data
+        and tuple(base.shape) == value.shape
+    ):
+        return base
+    return torch.from_numpy(_writable(value))
 
 
 def _writable(value: np.ndarray) -> np.ndarray:
@@ -284,69 +303,6 @@ def _in_slab(value: Any, slab: np.ndarray) -> int | None:
     return offset if offset >= 0 and offset + value.nbytes <= slab.nbytes else None
 
 
-class _Ahead:
-    """Runs an in-process loader's decoding one group ahead, in a thread.
-
-    Copies and gathers release the GIL, so decoding the next group overlaps the training
-    loop's use of the current one (on the small machines this matters on, the second core
-    is otherwise idle without DataLoader workers). At most ``depth`` decoded groups wait.
-    Errors are re-raised in the consumer; :meth:`close` stops the thread, which then closes
-    the decoding generator in its own thread (releasing its shards).
-    """
-
-    _DONE = object()
-
-    def __init__(self, items: Iterator[Any], depth: int = 2) -> None:
-        import queue
-        import threading
-
-        self.queue: Any = queue.Queue(maxsize=depth)
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(
-            target=self._run, args=(items,), name="spark-dl-decode", daemon=True
-        )
-        self.thread.start()
-
-    def _run(self, items: Iterator[Any]) -> None:
-        try:
-            for item in items:
-                if not self._put((True, item)):
-                    return
-            self._put((True, self._DONE))
-        except BaseException as exc:  # handed to the consumer
-            self._put((False, exc))
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
-
-    def _put(self, entry: tuple[bool, Any]) -> bool:
-        import queue
-
-        while not self.stopping.is_set():
-            try:
-                self.queue.put(entry, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        ok, item = self.queue.get()
-        if not ok:
-            raise item
-        if item is self._DONE:
-            raise StopIteration
-        return item
-
-    def close(self) -> None:
-        self.stopping.set()
-        self.thread.join()
-
-
 def _mean_sample_bytes(dataset: Dataset) -> int:
     """Average stored (uncompressed) bytes of one sample: the row size of variable data."""
     samples = max(1, len(dataset))
@@ -386,6 +342,8 @@ class _Batches(IterableDataset):
         # (the order DataLoader returns them in): small first groups, fast first batches.
         merged = _Grouped(self.plan, self.group, worker, workers)  # lazy index arrays
         reader = BatchReader(self.dataset, merged, **self.read)
+        if info is not None:
+            reader.ops.alloc = _shared_bytes
         name = f"worker {worker}" if info is not None else "main"
         if self.trace:
             reader.spans = Spans()
@@ -621,7 +579,7 @@ class TorchLoader:
         read = {**self.read, "seed": self.seed, "epoch": self.epoch, "jagged": True}
         source = _Batches(self.dataset, plan, read, group, slabs, trace_path is not None)
         if self.num_workers == 0:
-            items: Any = _Ahead(iter(source))
+            items: Any = iter(source)
         else:
             items = iter(
                 DataLoader(
@@ -665,8 +623,6 @@ class TorchLoader:
                 bar.close()
             if trace_path is not None:
                 stats.write_trace(trace_path)
-            if isinstance(items, _Ahead):
-                items.close()
             del items
         if self._live is live:  # the pass ran to its end: the saved position moves on
             self._set_position(live.epoch, plan.total)
