@@ -16,7 +16,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml jvm-free/pyproject.toml jvm-free/setup.py jvm-free/csrc/jpeg_region.c constraints.txt
+$(VENV)/.installed: pyproject.toml jvm-free/pyproject.toml jvm-free/setup.py $(wildcard jvm-free/csrc/*.c) constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=24"
 	$(PY) -m pip install -q -c constraints.txt -e "./jvm-free[all]" -e ".[dev]"

@@ -1,9 +1,10 @@
-"""Build of the optional C extension; everything else is in pyproject.toml.
+"""Build of the optional C extensions; everything else is in pyproject.toml.
 
 ``spark_dl_core._jpeg`` decodes a region of a JPEG at a reduced DCT scale over the system
 libjpeg-turbo (Debian/Ubuntu: ``apt-get install libjpeg62-turbo-dev`` or
-``libjpeg-turbo8-dev``). It is optional: without a compiler, the headers or the library the
-build prints a warning and goes on, and images decode with simplejpeg or Pillow instead.
+``libjpeg-turbo8-dev``). ``spark_dl_core._buffers`` copies a batch's byte ranges (token
+documents) in one call. Both are optional: without a compiler, headers or library the build
+prints a warning and goes on, and the pure numpy / simplejpeg / Pillow paths run instead.
 """
 
 from setuptools import Extension, setup
@@ -16,6 +17,12 @@ setup(
             libraries=["jpeg"],
             extra_compile_args=["-O3"],
             optional=True,
-        )
+        ),
+        Extension(
+            "spark_dl_core._buffers",
+            sources=["csrc/buffers.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
     ]
 )

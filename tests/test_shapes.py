@@ -409,3 +409,31 @@ def test_an_append_keeps_the_recorded_shapes(tmp_path: Path) -> None:
     assert [m["shapes"] for m in meta["shards"]] == [{"x": [4]}, {"x": [4]}]
     (batch,) = list(ds.iter_batches(batch_size=100))
     np.testing.assert_array_equal(batch["x"], np.concatenate([rows, rows]))
+
+
+@pytest.mark.parametrize("length", [3, 300])
+def test_range_copies_match_numpy_slicing(length: int) -> None:
+    """copy_pieces (the C extension where built, numpy slicing otherwise) puts every range
+    where it belongs, for short and long ranges, and refuses ranges outside a buffer."""
+    from spark_dl_core.format import buffers
+
+    rng = np.random.default_rng(length)
+    src = rng.integers(0, 256, 100_000, dtype=np.uint8)
+    lengths = rng.integers(0, length, 500).astype(np.int64)
+    starts = rng.integers(0, len(src) - length, 500).astype(np.int64)
+    at = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    want = np.concatenate([src[s : s + n] for s, n in zip(starts, lengths)])
+    for module in {buffers._buffers, None}:
+        saved, buffers._buffers = buffers._buffers, module
+        try:
+            out = np.zeros(int(lengths.sum()), np.uint8)
+            buffers.copy_pieces(out, at, src, starts, lengths)
+            np.testing.assert_array_equal(out, want)
+        finally:
+            buffers._buffers = saved
+    if buffers._buffers is None:
+        pytest.skip("spark_dl_core._buffers was not built (no C compiler at install)")
+    with pytest.raises(ValueError, match="outside a buffer"):
+        buffers._buffers.copy_ranges(
+            np.zeros(4, np.uint8), np.array([2]), src, np.array([0]), np.array([3])
+        )

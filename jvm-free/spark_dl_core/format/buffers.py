@@ -10,6 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+try:  # the optional C extension: many range copies in one call, GIL released
+    from .. import _buffers
+except ImportError:  # pragma: no cover - built where a compiler is (see jvm-free/setup.py)
+    _buffers = None  # type: ignore[assignment]
+
 U8 = np.dtype(np.uint8)
 I64 = np.dtype(np.int64)
 
@@ -85,6 +90,15 @@ def copy_pieces(
     """
     lengths = lengths.astype(I64, copy=False)
     if not len(lengths):
+        return
+    if _buffers is not None and out.flags.c_contiguous and buf.flags.c_contiguous:
+        _buffers.copy_ranges(
+            out,
+            np.ascontiguousarray(at, dtype=I64),
+            buf,
+            np.ascontiguousarray(starts, dtype=I64),
+            np.ascontiguousarray(lengths),
+        )
         return
     if lengths.min() >= 256:  # long pieces: slice copies beat building a per-byte index
         for src, length, dst in zip(starts.tolist(), lengths.tolist(), at.tolist()):
