@@ -437,3 +437,20 @@ def test_range_copies_match_numpy_slicing(length: int) -> None:
         buffers._buffers.copy_ranges(
             np.zeros(4, np.uint8), np.array([2]), src, np.array([0]), np.array([3])
         )
+
+
+def test_unknown_columns_and_indices_are_typed_errors(written: Path) -> None:
+    """Asking for a column or sample a dataset does not have is a spark-dl error naming
+    the dataset (and still a KeyError / IndexError, as for a dict or a list)."""
+    from spark_dl_core.errors import ColumnNotFoundError, SampleIndexError, SparkDLError
+
+    ds = open_dataset(written)
+    with pytest.raises(ColumnNotFoundError) as found:
+        ds.read(np.array([0]), ["tok", "nope"])
+    assert isinstance(found.value, (KeyError, SparkDLError))
+    assert str(found.value).startswith(str(written)) and "'nope'" in str(found.value)
+    with pytest.raises(SampleIndexError, match=rf"{N} samples") as index:
+        ds.read(np.array([N]))
+    assert isinstance(index.value, IndexError)
+    with pytest.raises(ColumnNotFoundError):
+        ds.to_arrow(columns=["nope"])

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .errors import ColumnNotFoundError
 from .format.buffers import Jagged
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def stored_schema(dataset: Dataset, columns: list[str] | None = None) -> pa.Sche
         by_name = {f.name: f for f in fields}
         missing = [c for c in columns if c not in by_name]
         if missing:
-            raise KeyError(f"{dataset.path} has no column(s) {missing}")
+            raise ColumnNotFoundError(f"{dataset.shown} has no column(s) {missing}")
         fields = [by_name[c] for c in columns]
     return pa.schema(fields)
 

@@ -13,7 +13,14 @@ import numpy as np
 import pyarrow as pa
 
 from .cache import shard_store
-from .errors import DatasetError, DecompressionError, HashMismatchError, ShardError
+from .errors import (
+    ColumnNotFoundError,
+    DatasetError,
+    DecompressionError,
+    HashMismatchError,
+    SampleIndexError,
+    ShardError,
+)
 from .format.buffers import (
     Jagged,
     Pieces,
@@ -350,7 +357,7 @@ class Dataset:
         names = list(columns) if columns is not None else list(self.layout.names)
         missing = [c for c in names if c not in self.layout.names]
         if missing:
-            raise KeyError(
+            raise ColumnNotFoundError(
                 f"{self.shown} has no column(s) {missing}; it has {list(self.layout.names)}"
             )
         options = DecodeOptions(images=images, allow_unsafe=self.allow_unsafe)
@@ -400,7 +407,9 @@ class Dataset:
         """
         indices = np.asarray(indices, dtype=np.int64)
         if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
-            raise IndexError(f"sample index out of range for a dataset of {len(self)}")
+            raise SampleIndexError(
+                f"{self.shown}: sample index out of range for a dataset of {len(self)} samples"
+            )
         shard_of = np.searchsorted(self.shard_offsets, indices, side="right") - 1
         shards = np.unique(shard_of).tolist()
         datas: list[tuple[np.ndarray, ShardData]] = []

@@ -83,3 +83,14 @@ class HashMismatchError(ShardError):
 
 class UnsafeEncodingError(DatasetError):
     """A column uses an encoding that executes code on read (pickle) and was not allowed."""
+
+
+class ColumnNotFoundError(DatasetError, KeyError):
+    """A column a caller named is not in the dataset (a ``KeyError`` too, as a dict's)."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class SampleIndexError(DatasetError, IndexError):
+    """A sample index outside the dataset or shard (an ``IndexError`` too, as a list's)."""

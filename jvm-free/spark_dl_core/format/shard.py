@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ShardError
+from ..errors import SampleIndexError, ShardError
 from .buffers import I64, U8, Pieces, gather, gather_fixed, interleave, offsets_from_lengths
 from .encodings import Encoding
 
@@ -147,7 +147,7 @@ class ShardData:
         layout = self.layout
         wanted = [layout.names.index(n) for n in names]
         if len(index) and (index.min() < 0 or index.max() >= self.count):
-            raise IndexError(f"sample index out of range for shard {self.file!r}")
+            raise SampleIndexError(f"sample index out of range for shard {self.file!r}")
         if self._rows is not None:
             rows = np.empty((len(index), self._rows.shape[1]), dtype=U8)
             self.gather_rows(index, rows)
@@ -169,7 +169,7 @@ class ShardData:
         ``(starts, sizes)``, each ``(len(index), columns)``. Nothing is copied."""
         layout, raw = self.layout, self.raw
         if len(index) and (index.min() < 0 or index.max() >= self.count):
-            raise IndexError(f"sample index out of range for shard {self.file!r}")
+            raise SampleIndexError(f"sample index out of range for shard {self.file!r}")
         starts = self.offsets[index]
         ends = self.offsets[index + 1]
         variable = layout.variable
