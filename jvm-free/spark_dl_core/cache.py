@@ -45,7 +45,7 @@ import numpy as np
 from .errors import HashMismatchError, ShardError
 from .format.hashing import digest, fastest
 from .format.index import ShardInfo
-from .storage import Store, map_file
+from .storage import Store
 
 DEFAULT_LIMIT = 32 << 30
 DEFAULT_RETRIES = 5
@@ -135,7 +135,9 @@ class ShardCache:
                         self._download(basename, path, nbytes)
                 finally:
                     os.close(dl)
-            data: np.ndarray = map_file(path)
+            data: np.ndarray = (
+                np.memmap(path, dtype=np.uint8, mode="r") if nbytes else np.empty(0, dtype=np.uint8)
+            )
         except BaseException:
             os.close(use)
             raise

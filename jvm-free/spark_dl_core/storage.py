@@ -6,7 +6,6 @@ single PUTs on object stores, which S3-compatible stores apply atomically.
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 import uuid
@@ -62,20 +61,6 @@ def _local_path(url: str) -> str:
     if url.startswith("file://"):
         return url[len("file://") :]
     return os.path.expanduser(url)
-
-
-def map_file(path: str) -> np.ndarray:
-    """A local file's bytes as a read-only uint8 array, memory-mapped with its pages
-    mapped up front (``MAP_POPULATE`` where the OS has it): a shard is loaded by the
-    prefetch thread, so the page faults of its first reads are taken there, with the GIL
-    released, not one by one in the decoding thread."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return np.empty(0, dtype=np.uint8)
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        mapped = mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
-    return np.frombuffer(mapped, dtype=np.uint8)
 
 
 class Store:
@@ -144,7 +129,9 @@ class Store:
             return np.frombuffer(self.read_bytes(name), dtype=np.uint8)
         path = self._inside(name)
         try:
-            return map_file(path)
+            if os.path.getsize(path) == 0:
+                return np.empty(0, dtype=np.uint8)
+            return np.memmap(path, dtype=np.uint8, mode="r")
         except FileNotFoundError:
             raise DatasetError(f"{path} does not exist") from None
 
