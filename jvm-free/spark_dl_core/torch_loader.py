@@ -169,12 +169,6 @@ def _warm_nested() -> None:
 
 def take_rows(value: Any, start: int, stop: int) -> Any:
     """Rows ``start:stop`` of one column of a worker item (views where possible)."""
-    if isinstance(value, torch.Tensor) and value.is_nested:
-        offsets = value.offsets()  # type: ignore[attr-defined]
-        lo, hi = int(offsets[start]), int(offsets[stop])
-        return torch.nested.nested_tensor_from_jagged(
-            value.values()[lo:hi], offsets[start : stop + 1] - lo
-        )
     if isinstance(value, (EncodedImages, ImageTensors, JaggedTensors)):
         return value.rows(start, stop)
     return value[start:stop]
