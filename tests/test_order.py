@@ -126,11 +126,14 @@ def test_prefetch_respects_budget(fixed_ds: str) -> None:
     )
     shard_bytes = max(s.raw_data.bytes for s in ds.shards)
     reader = BatchReader(ds, plan.batches, prefetch_bytes=3 * shard_bytes)
-    peak = 0
+    peak = ahead = 0
     for _ in reader:
         peak = max(peak, len(reader.loaded))
-    assert peak <= 4  # window (2) + budgeted prefetch; never the whole dataset
-    assert ds.num_shards > 3 * peak
+        with reader.cond:
+            ahead = max(ahead, reader._ahead_bytes())
+    assert peak <= 2 + 3  # the window in use + three shards read ahead; never the dataset
+    assert 0 < ahead <= 3 * shard_bytes  # the next window is read ahead, within the budget
+    assert ds.num_shards > 2 * peak
     assert reader.held == 0 and not reader.loaded  # every shard released after its last use
 
 

@@ -35,9 +35,12 @@ class BatchReader:
     ``batches`` is anything with ``len()`` and ``[j]`` → int64 global sample ids (a lazy
     :class:`~spark_dl_core.order.EpochPlan` included); batches are planned a bounded
     lookahead at a time. A background thread loads (reads, downloads, decompresses) shards in
-    order of first planned use, ahead of the decoder, while the bytes held stay under
-    ``prefetch_bytes`` (it may exceed the budget only by the shards the current batch itself
-    needs). A shard is dropped once no planned batch still needs it. Fixed-width datasets
+    order of first planned use, ahead of the decoder: shards the current batch needs (its
+    shuffle window) always, and shards first needed later while their bytes stay within
+    ``prefetch_bytes``, so the next window is ready when the decoder crosses into it. A
+    consumer waiting for shards loads the next one itself rather than sleep (two loads at
+    once on the first window). A shard is dropped once no planned batch still needs it.
+    Fixed-width datasets
     are decoded with one row gather per shard into a single ``(batch, row)`` byte matrix,
     then one view/copy per column.
     """
@@ -83,7 +86,8 @@ class BatchReader:
         self.planning_done = False
         self.prefetch_waits = False  # the prefetch thread sleeps on ``cond``
         self.loaded: dict[int, ShardData] = {}
-        self.held = 0
+        self.held = 0  # bytes of shards loaded or loading
+        self.first_use: dict[int, int] = {}  # shard (loaded or loading) -> first planned batch
         self.current = 0
         self.error: BaseException | None = None
         self.stop = False
@@ -200,6 +204,35 @@ class BatchReader:
         finally:
             self.prefetch_waits = False
 
+    def _ahead_bytes(self) -> int:
+        """Bytes of shards loaded (or loading) that no batch up to the current one needs."""
+        return sum(self._size(s) for s, use in self.first_use.items() if use > self.current)
+
+    def _may_load(self, first_use: int) -> bool:
+        """Whether a shard first used by batch ``first_use`` may be loaded now (caller
+        holds ``cond``): always for the current batch's shards, else within the budget."""
+        if first_use <= self.current:
+            return True
+        size = self._size(self.queue[0][0])
+        return self._ahead_bytes() + size <= self.budget
+
+    def _take(self) -> tuple[int, int]:
+        """Claim the next queued shard for loading (caller holds ``cond``)."""
+        shard, first_use = self.queue.popleft()
+        self.held += self._size(shard)
+        self.first_use[shard] = first_use
+        return shard, first_use
+
+    def _load(self, shard: int, who: str) -> None:
+        """Load a claimed shard (without ``cond``) and publish it."""
+        started = time.perf_counter()
+        data = self.dataset.load_shard(shard, self.verify, self.times)
+        if self.spans is not None:
+            self.spans.add("load shard", started, time.perf_counter(), who, shard=shard)
+        with self.cond:
+            self.loaded[shard] = data
+            self.cond.notify_all()
+
     def _prefetch(self) -> None:
         try:
             while True:
@@ -208,31 +241,34 @@ class BatchReader:
                         self._wait_prefetch()
                     if self.stop or not self.queue:
                         return
-                    shard, first_use = self.queue[0]
-                    size = self._size(shard)
-                    while not self.stop and not (
-                        self.held == 0
-                        or self.held + size <= self.budget
-                        or first_use <= self.current
-                    ):
+                    while not self.stop and self.queue and not self._may_load(self.queue[0][1]):
                         self._wait_prefetch()
                     if self.stop:
                         return
-                    self.queue.popleft()
-                    self.held += size
-                started = time.perf_counter()
-                data = self.dataset.load_shard(shard, self.verify, self.times)
-                if self.spans is not None:
-                    self.spans.add(
-                        "load shard", started, time.perf_counter(), "prefetch", shard=shard
-                    )
-                with self.cond:
-                    self.loaded[shard] = data
-                    self.cond.notify_all()
+                    if not self.queue:  # the consumer took it meanwhile
+                        continue
+                    shard, _ = self._take()
+                self._load(shard, "prefetch")
         except BaseException as exc:  # handed to the consumer, re-raised there
             with self.cond:
                 self.error = exc
                 self.cond.notify_all()
+
+    def _await_shards(self, needs: list[int]) -> None:
+        """Block until every shard in ``needs`` is loaded (caller holds ``cond``). Rather
+        than sleep, the consumer loads the next shard the current batch needs itself."""
+        while self.error is None and not all(s in self.loaded for s in needs):
+            if self.queue and self.queue[0][1] <= self.current:
+                shard, _ = self._take()
+                self.cond.release()
+                try:
+                    self._load(shard, "decode")
+                finally:
+                    self.cond.acquire()
+                continue
+            self.cond.wait()
+        if self.error is not None:
+            raise self.error
 
     def __iter__(self) -> Iterator[Batch]:
         if not len(self.batches):
@@ -247,10 +283,7 @@ class BatchReader:
                     self.current = j
                     self._wake()
                     index, _, needs = self.planned[j]
-                    while self.error is None and not all(s in self.loaded for s in needs):
-                        self.cond.wait()
-                    if self.error is not None:
-                        raise self.error
+                    self._await_shards(needs)
                     shards = {s: self.loaded[s] for s in needs}
                 out = None
                 if self.out_for is not None and self.out_widths is not None:
@@ -273,6 +306,7 @@ class BatchReader:
                         if not self.refs[s]:  # no planned batch needs it: drop it
                             del self.refs[s]
                             del self.loaded[s]
+                            del self.first_use[s]
                             self._row_plans.pop(s, None)
                             self.pending.discard(s)
                             self.held -= self._size(s)
@@ -281,6 +315,7 @@ class BatchReader:
             with self.cond:
                 self.stop = True
                 self.loaded.clear()
+                self.first_use.clear()
                 self.cond.notify_all()
 
     def fixed_bytes(self, n: int) -> int | None:
