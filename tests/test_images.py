@@ -288,3 +288,36 @@ def test_decode_only_gives_a_list_of_images_in_every_batch(written: Path, worker
             assert np.abs(image.numpy().astype(int) - full.astype(int)).mean() < 2
     (numpy_batch, *_) = list(ds.iter_batches(batch_size=5, transforms=TRAIN[:1]))
     assert numpy_batch["image"].dtype == object and numpy_batch["image"][0].ndim == 3
+
+
+def _segment(tensor: torch.Tensor) -> int:
+    """The shared-memory segment (inode) a worker's tensor lies in, seen from here."""
+    import os
+
+    fd, _ = tensor.untyped_storage()._share_fd_cpu_()
+    return os.fstat(fd).st_ino
+
+
+@pytest.mark.parametrize("ops", [TRAIN, TRAIN[:1]], ids=["crop", "decode-only"])
+def test_worker_buffers_are_reused_only_once_dropped(written: Path, ops: Any) -> None:
+    """Workers decode into shared memory they reuse once the main process has freed every
+    tensor over it: batches the user keeps are never overwritten."""
+    ds = open_dataset(written)
+    kw: dict[str, Any] = {"batch_size": 4, "shuffle": True, "seed": 3, "transforms": ops}
+    want = _by_id(ds.to_torch(num_workers=0, **kw))
+
+    def flat(batch: dict[str, Any]) -> torch.Tensor:
+        image = batch["image"]
+        return image if isinstance(image, torch.Tensor) else image[0]
+
+    kept = list(ds.to_torch(num_workers=2, **kw))  # every batch held: nothing reused
+    assert len({_segment(flat(b)) for b in kept}) == len(kept) == N // 4
+    got = _by_id(kept)
+    seen = set()
+    for b in ds.to_torch(num_workers=2, **kw):  # each batch dropped after use
+        seen.add(_segment(flat(b)))
+        got.update({i: image.copy() for i, image in _by_id([b]).items()})
+        del b
+    assert len(seen) < N // 4  # segments came back and were decoded into again
+    for i in range(N):
+        np.testing.assert_array_equal(got[i], want[i])
