@@ -95,6 +95,20 @@ def test_jagged_tensor_shares_the_values_buffer() -> None:
     assert [t.tolist() for t in out.unbind()] == [t.tolist() for t in public.unbind()]
 
 
+def test_fast_jagged_maker_is_checked_against_the_public_function() -> None:
+    from spark_dl_core.torch_loader import _jagged_maker, _same_jagged
+
+    public = torch.nested.nested_tensor_from_jagged
+    maker = _jagged_maker()
+    assert maker.__name__ == "direct"  # the pinned torch gets the fast path
+    assert _same_jagged(maker, public)
+
+    def wrong_rows(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return maker(values, torch.cat([offsets[:1], offsets[1:] - 1]))
+
+    assert not _same_jagged(wrong_rows, public)  # a maker that differs is refused
+
+
 def test_shuffled_batches_across_shards_keep_each_sample(written: Path) -> None:
     ds = open_dataset(written)
     want = _tokens(N)
