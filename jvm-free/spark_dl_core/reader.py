@@ -40,9 +40,8 @@ class BatchReader:
     ``prefetch_bytes``, so the next window is ready when the decoder crosses into it. A
     consumer waiting for shards loads the next one itself rather than sleep (two loads at
     once on the first window). A shard is dropped once no planned batch still needs it.
-    Fixed-width datasets
-    are decoded with one row gather per shard into a single ``(batch, row)`` byte matrix,
-    then one view/copy per column.
+    Fixed-width datasets are decoded with one row gather per shard into a single
+    ``(batch, row)`` byte matrix, then one view/copy per column.
     """
 
     def __init__(
@@ -86,7 +85,6 @@ class BatchReader:
         self.planning_done = False
         self.prefetch_waits = False  # the prefetch thread sleeps on ``cond``
         self.loaded: dict[int, ShardData] = {}
-        self.held = 0  # bytes of shards loaded or loading
         self.first_use: dict[int, int] = {}  # shard (loaded or loading) -> first planned batch
         self.current = 0
         self.error: BaseException | None = None
@@ -204,24 +202,28 @@ class BatchReader:
         finally:
             self.prefetch_waits = False
 
+    @property
+    def held(self) -> int:
+        """Bytes of shards loaded or loading."""
+        return sum(self._size(s) for s in self.first_use)
+
     def _ahead_bytes(self) -> int:
         """Bytes of shards loaded (or loading) that no batch up to the current one needs."""
         return sum(self._size(s) for s, use in self.first_use.items() if use > self.current)
 
-    def _may_load(self, first_use: int) -> bool:
-        """Whether a shard first used by batch ``first_use`` may be loaded now (caller
-        holds ``cond``): always for the current batch's shards, else within the budget."""
+    def _may_load_next(self) -> bool:
+        """Whether the next queued shard may be loaded now (caller holds ``cond``):
+        always when the current batch needs it, else within the read-ahead budget."""
+        shard, first_use = self.queue[0]
         if first_use <= self.current:
             return True
-        size = self._size(self.queue[0][0])
-        return self._ahead_bytes() + size <= self.budget
+        return self._ahead_bytes() + self._size(shard) <= self.budget
 
-    def _take(self) -> tuple[int, int]:
+    def _take(self) -> int:
         """Claim the next queued shard for loading (caller holds ``cond``)."""
         shard, first_use = self.queue.popleft()
-        self.held += self._size(shard)
         self.first_use[shard] = first_use
-        return shard, first_use
+        return shard
 
     def _load(self, shard: int, who: str) -> None:
         """Load a claimed shard (without ``cond``) and publish it."""
@@ -241,13 +243,13 @@ class BatchReader:
                         self._wait_prefetch()
                     if self.stop or not self.queue:
                         return
-                    while not self.stop and self.queue and not self._may_load(self.queue[0][1]):
+                    while not self.stop and self.queue and not self._may_load_next():
                         self._wait_prefetch()
                     if self.stop:
                         return
                     if not self.queue:  # the consumer took it meanwhile
                         continue
-                    shard, _ = self._take()
+                    shard = self._take()
                 self._load(shard, "prefetch")
         except BaseException as exc:  # handed to the consumer, re-raised there
             with self.cond:
@@ -259,7 +261,7 @@ class BatchReader:
         than sleep, the consumer loads the next shard the current batch needs itself."""
         while self.error is None and not all(s in self.loaded for s in needs):
             if self.queue and self.queue[0][1] <= self.current:
-                shard, _ = self._take()
+                shard = self._take()
                 self.cond.release()
                 try:
                     self._load(shard, "decode")
@@ -309,7 +311,6 @@ class BatchReader:
                             del self.first_use[s]
                             self._row_plans.pop(s, None)
                             self.pending.discard(s)
-                            self.held -= self._size(s)
                             self._wake()
         finally:
             with self.cond:

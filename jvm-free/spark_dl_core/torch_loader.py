@@ -166,10 +166,6 @@ class JaggedTensors:
         self.values, self.offsets = values, offsets
         self.ready = ready  # the offsets as a tensor from 0, when already made
 
-    def rows(self, start: int, stop: int) -> JaggedTensors:
-        lo, hi = int(self.offsets[start]), int(self.offsets[stop])
-        return JaggedTensors(self.values[lo:hi], self.offsets[start : stop + 1] - lo)
-
     def split(self, sizes: list[int]) -> list[JaggedTensors]:
         """Consecutive batches of ``sizes`` rows, their offsets made in one step (one
         tensor, a view per batch) rather than per batch."""
@@ -353,7 +349,7 @@ def _warm_nested() -> None:
 
 def take_rows(value: Any, start: int, stop: int) -> Any:
     """Rows ``start:stop`` of one column of a worker item (views where possible)."""
-    if isinstance(value, (EncodedImages, ImageTensors, JaggedTensors)):
+    if isinstance(value, (EncodedImages, ImageTensors)):
         return value.rows(start, stop)
     return value[start:stop]
 
@@ -514,7 +510,9 @@ class _Batches(IterableDataset):
         self.dataset, self.plan, self.read, self.group = dataset, plan, read, group
         self.slabs, self.trace, self.leases = slabs, trace, leases
 
-    def __iter__(self) -> Iterator[tuple[list[int], Any, tuple[str, Any, Any], list[int]]]:
+    def __iter__(
+        self,
+    ) -> Iterator[tuple[list[int], Any, tuple[str, Any, Any], tuple[int, list[int]]]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         # Groups k = 0, 1, ... of 1, 2, 4, ... up to ``group`` batches go to worker k % workers
@@ -558,12 +556,12 @@ class _Batches(IterableDataset):
                         others[column] = value
                     else:
                         columns[column] = (offset, value.dtype.str, tuple(value.shape))
-                yield sizes, _SlabItem(worker, k, columns, to_tensors(others)), tag(), []
+                yield sizes, _SlabItem(worker, k, columns, to_tensors(others)), tag(), (worker, [])
             elif slabs is not None and slabs.stop.is_set():
                 return  # the consumer left mid-epoch
             else:
                 lent = leases.take_lent() if leases is not None else []
-                yield sizes, to_tensors(batch), tag(), lent
+                yield sizes, to_tensors(batch), tag(), (worker, lent)
 
 
 class _Grouped(Sequence[np.ndarray]):
@@ -791,10 +789,10 @@ class TorchLoader:
         shown = 0.0
         resumed = time.perf_counter()  # the training loop waits for data from here on
         try:
-            for sizes, item, (worker, times, events), lent in items:
+            for sizes, item, (worker, times, events), (worker_id, lent) in items:
                 merged = item.take(slabs, pin) if isinstance(item, _SlabItem) and slabs else item
                 if leases is not None:
-                    leases.watch(int(worker.rsplit(" ", 1)[-1]), lent, merged)
+                    leases.watch(worker_id, lent, merged)
                 stats.workers[worker] = times
                 if events:
                     stats.worker_events.extend(events)
