@@ -312,14 +312,25 @@ def _fsync_dir(directory: str) -> None:
 
 
 _CACHES: dict[tuple[int, str], ShardCache] = {}
+_CACHES_LOCK = threading.Lock()
+
+
+def _fresh_lock_after_fork() -> None:  # a thread of the parent may have held it
+    global _CACHES_LOCK
+    _CACHES_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_after_fork)
 
 
 def _cache_for(store: Store, directory: str, hashes: Mapping[str, Mapping[str, str]]) -> ShardCache:
-    """The one cache of ``directory`` in this process (created on first use, after fork too)."""
+    """The one cache of ``directory`` in this process (created on first use, after fork too;
+    under a lock, as a reader's threads load shards at the same time)."""
     key = (os.getpid(), directory)
-    cache = _CACHES.get(key)
-    if cache is None:
-        cache = _CACHES[key] = ShardCache(store, directory, hashes=hashes)
+    with _CACHES_LOCK:
+        cache = _CACHES.get(key)
+        if cache is None:
+            cache = _CACHES[key] = ShardCache(store, directory, hashes=hashes)
     return cache
 
 

@@ -318,6 +318,9 @@ class BatchReader:
                 self.loaded.clear()
                 self.first_use.clear()
                 self.cond.notify_all()
+                idle = self.prefetch_waits
+            if idle:  # it ends as soon as it wakes: then nothing holds the dataset any more
+                thread.join()
 
     def fixed_bytes(self, n: int) -> int | None:
         """Bytes :meth:`_decode` needs in an ``out`` buffer for ``n`` rows (None: not fixed)."""
