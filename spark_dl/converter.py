@@ -42,6 +42,7 @@ from pyspark.sql.types import (
 )
 
 from spark_dl_core import DatasetSpec, open_dataset
+from spark_dl_core.spec import planned_spec
 from spark_dl_core.storage import Store
 
 from .datasource import FORMAT, _is_vector
@@ -255,6 +256,7 @@ class Converter:
 def make_converter(df: Any, spec: DatasetSpec, cache_dir: str | None = None) -> Converter:
     """Reuse the cached dataset for ``(df's plan, spec)`` or write it (overwrite, atomic)."""
     base = (cache_dir or default_cache_dir(df.sparkSession)).rstrip("/")
+    spec = planned_spec(spec)  # a tokenizer file's content is part of the key
     path = f"{base}/{cache_key(df, spec)}"
     if Store(path).exists("index.json"):
         with _lock:

@@ -32,7 +32,7 @@ from .meta import (
     plans_from_meta,
     read_meta,
 )
-from .spec import DatasetSpec
+from .spec import DatasetSpec, planned_spec
 from .storage import Store
 from .transforms import apply_transforms
 
@@ -176,15 +176,16 @@ def plan_write(
     existing = read_meta(store)
     shown = store.display()
     given = spec if spec is not None else DatasetSpec()
-    if existing is None:
-        return WritePlan(store, chosen, given, None, fresh=not store.listdir())
-    if chosen == "error":
+    if existing is not None and chosen == "error":
         raise DatasetExistsError(
             f"an MDS dataset already exists at {shown}; "
             "write with mode 'overwrite' (replace it) or 'append'"
         )
-    if chosen == "ignore":
+    if existing is not None and chosen == "ignore":
         return WritePlan(store, chosen, given, existing, skip=True)
+    given = planned_spec(given, schema)
+    if existing is None:
+        return WritePlan(store, chosen, given, None, fresh=not store.listdir())
     if chosen == "overwrite":
         return WritePlan(store, chosen, given, existing)
     if existing.meta is None:

@@ -94,3 +94,22 @@ class ColumnNotFoundError(DatasetError, KeyError):
 
 class SampleIndexError(DatasetError, IndexError):
     """A sample index outside the dataset or shard (an ``IndexError`` too, as a list's)."""
+
+
+class TokenizeError(SpecError):
+    """A ``tokenize`` op that cannot run: its tokenizer file, a special token or its column
+    (``column`` and ``value`` name them)."""
+
+    def __init__(self, message: str, column: str, value: object = None) -> None:
+        super().__init__(message)
+        self.column = column
+        self.value = value
+
+
+class PackError(SpecError):
+    """Packing settings, a pack column or a saved pack position that cannot be used
+    (``field`` names the setting)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field

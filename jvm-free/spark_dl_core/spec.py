@@ -17,7 +17,7 @@ from .errors import SpecError, SpecValidationError
 from .format.compression import parse_compression
 from .format.encodings import get_encoding
 from .format.hashing import check_hash_name
-from .transforms import Transform
+from .transforms import Transform, resolve_write_ops
 
 DEFAULT_SHARD_SIZE = 1 << 26  # Mosaic's default size_limit: 64 MiB
 MAX_SHARD_SIZE = (1 << 32) - 1  # sample offsets are uint32
@@ -130,6 +130,15 @@ class DatasetSpec(BaseModel):
 
 
 NULL_SUFFIX = "__isnull"
+
+
+def planned_spec(spec: DatasetSpec, schema: Any = None) -> DatasetSpec:
+    """``spec`` with what its write ops record once a write is planned (a ``tokenize`` op's
+    tokenizer digest and vocabulary facts), checked against the input Arrow ``schema`` when
+    known. Specs without such ops come back as they are."""
+    if not any(getattr(t, "op", None) == "tokenize" for t in spec.transforms):
+        return spec
+    return spec.model_copy(update={"transforms": resolve_write_ops(list(spec.transforms), schema)})
 
 
 def spec_error(exc: ValidationError) -> SpecValidationError:

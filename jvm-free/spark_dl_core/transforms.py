@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from .errors import SpecError
+from .errors import SpecError, TokenizeError
+from .text import encode_texts, load_tokenizer, token_type, tokenizer_facts
 
 
 class _Base(BaseModel):
@@ -248,6 +249,106 @@ class ReencodeImage(_Base):
         return _replace(batch, self.column, out)
 
 
+class Tokenize(_Base):
+    """Write time: a text column to token ids with a Hugging Face ``tokenizers`` file.
+
+    ``output`` receives the ids (``list<uint16>`` when the vocabulary has at most 65,536
+    tokens, else ``list<int32>``; stored as ``ndarray:uint16`` / ``ndarray:int32``); the
+    text column is kept (add a ``drop`` op after this one to leave it out). ``bos_token`` /
+    ``eos_token`` are added around each document, ``max_length`` cuts documents (specials
+    included). ``digest``, ``vocab_size``, ``eos_id`` and ``bos_id`` are filled in when the
+    write is planned (:func:`resolve_write_ops`): the file's sha256 is part of the spec.
+    """
+
+    op: Literal["tokenize"] = "tokenize"
+    column: str
+    tokenizer: str
+    output: str = "tokens"
+    eos_token: str | None = None
+    bos_token: str | None = None
+    max_length: int | None = Field(default=None, ge=1)
+    digest: str | None = None
+    vocab_size: int | None = None
+    eos_id: int | None = None
+    bos_id: int | None = None
+
+    def resolved(self) -> Tokenize:
+        """This op with the tokenizer file's digest and facts recorded (reads the file)."""
+        facts = tokenizer_facts(self.tokenizer, self.column, self.eos_token, self.bos_token)
+        if self.digest is not None and self.digest != facts["digest"]:
+            raise TokenizeError(
+                f"tokenize on column {self.column!r}: tokenizer {self.tokenizer!r} has sha256 "
+                f"{facts['digest'][:16]}…, the spec records {self.digest[:16]}…",
+                column=self.column,
+                value=self.tokenizer,
+            )
+        return self.model_copy(update=facts)
+
+    def check_input(self, schema: pa.Schema) -> None:
+        """Refuse, naming op, column and type, a column that is missing or not text."""
+        if self.column not in schema.names:
+            raise TokenizeError(
+                f"tokenize names missing column {self.column!r} (columns: {schema.names})",
+                column=self.column,
+            )
+        t = schema.field(self.column).type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            raise TokenizeError(
+                f"tokenize on column {self.column!r}: needs a string column, it is {t}",
+                column=self.column,
+                value=str(t),
+            )
+
+    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        self.check_input(batch.schema)
+        op = self if self.vocab_size is not None else self.resolved()
+        assert op.vocab_size is not None
+        array = batch.column(self.column)
+        if batch.num_rows == 0:
+            out = pa.array([], type=token_type(op.vocab_size))
+        else:
+            if array.null_count:
+                first = int(np.flatnonzero(pc.is_null(array).to_numpy(zero_copy_only=False))[0])
+                raise TokenizeError(
+                    f"tokenize on column {self.column!r}: null text at row {first}; fill or "
+                    "filter nulls before tokenizing",
+                    column=self.column,
+                    value=None,
+                )
+            tokenizer = load_tokenizer(op.tokenizer, op.digest, self.column)
+            out = encode_texts(
+                tokenizer,
+                array.to_pylist(),
+                vocab_size=op.vocab_size,
+                eos_id=op.eos_id,
+                bos_id=op.bos_id,
+                max_length=self.max_length,
+            )
+        if self.output in batch.schema.names:
+            return _replace(batch, self.output, out)
+        return pa.RecordBatch.from_arrays(
+            [*batch.columns, out], names=[*batch.schema.names, self.output]
+        )
+
+
+def resolve_write_ops(transforms: list[Any], schema: pa.Schema | None) -> list[Any]:
+    """The write transforms with each ``tokenize`` op's tokenizer facts recorded, checked
+    against the input ``schema`` (when known) as the earlier ops leave it: run when a write
+    is planned, so a missing file, an unknown special token or a non-text column is refused
+    before any task starts."""
+    out: list[Any] = []
+    current = pa.RecordBatch.from_pylist([], schema=schema) if schema is not None else None
+    for t in transforms:
+        if isinstance(t, Tokenize) and t.at == "write":
+            if current is not None:
+                t.check_input(current.schema)
+            t = t.resolved()
+        out.append(t)
+        if current is not None and t.at == "write":
+            current = t.apply(current)
+    return out
+
+
 IMAGE_OPS = (ImageDecode, Resize, CenterCrop, RandomResizedCrop, HorizontalFlip, ToCHW)
 
 
@@ -264,7 +365,8 @@ Transform = Annotated[
     | RandomResizedCrop
     | HorizontalFlip
     | ToCHW
-    | ReencodeImage,
+    | ReencodeImage
+    | Tokenize,
     Field(discriminator="op"),
 ]
 _TRANSFORM = TypeAdapter(Transform)

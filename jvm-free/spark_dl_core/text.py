@@ -1,0 +1,163 @@
+"""Tokenizing text at write time with Hugging Face ``tokenizers`` (the ``text`` extra).
+
+The ``tokenize`` op (:class:`~spark_dl_core.transforms.Tokenize`) names a ``tokenizer.json``
+by path or fsspec URL. When a write is planned the file is read once: its sha256 goes into
+the spec (so into the dataset's fingerprint) with the facts readers need (vocabulary size,
+eos/bos ids); each writing process then loads the tokenizer once and checks the digest, so
+executors never tokenize with another file than the one the driver planned with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import MissingDependencyError, TokenizeError
+
+# Token ids fit uint16 up to this vocabulary size, else they are stored as int32.
+UINT16_VOCAB = 1 << 16
+
+_LOCK = threading.Lock()
+_LOADED: dict[tuple[str, str], Any] = {}  # (path, digest) -> Tokenizer, once per process
+
+
+def _tokenizer_class() -> Any:
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise MissingDependencyError(
+            "the tokenize op needs Hugging Face tokenizers: pip install 'spark-dl-core[text]'"
+        ) from None
+    return Tokenizer
+
+
+def read_tokenizer_file(path: str, column: str) -> bytes:
+    """The bytes of ``path`` (local or an fsspec URL); a missing file names op and column."""
+    try:
+        if "://" in path:
+            import fsspec
+
+            with fsspec.open(path, "rb") as f:
+                data: bytes = f.read()
+                return data
+        with open(path, "rb") as f:
+            return f.read()
+    except (OSError, ImportError) as exc:
+        raise TokenizeError(
+            f"tokenize on column {column!r}: cannot read tokenizer {path!r}: {exc}",
+            column=column,
+            value=path,
+        ) from None
+
+
+def tokenizer_facts(path: str, column: str, eos: str | None, bos: str | None) -> dict[str, Any]:
+    """What the spec records of a tokenizer file: its digest, vocabulary size and the ids
+    of ``eos`` / ``bos`` (each refused, naming it, when not in the vocabulary)."""
+    data = read_tokenizer_file(path, column)
+    digest = hashlib.sha256(data).hexdigest()
+    tokenizer = _parse(data, path, column)
+    facts: dict[str, Any] = {
+        "digest": digest,
+        "vocab_size": int(tokenizer.get_vocab_size(with_added_tokens=True)),
+    }
+    for name, token in (("eos", eos), ("bos", bos)):
+        if token is None:
+            facts[f"{name}_id"] = None
+            continue
+        found = tokenizer.token_to_id(token)
+        if found is None:
+            raise TokenizeError(
+                f"tokenize on column {column!r}: {name}_token {token!r} is not in the "
+                f"vocabulary of {path!r}",
+                column=column,
+                value=token,
+            )
+        facts[f"{name}_id"] = int(found)
+    with _LOCK:
+        _LOADED.setdefault((path, digest), tokenizer)
+    return facts
+
+
+def _parse(data: bytes, path: str, column: str) -> Any:
+    try:
+        return _tokenizer_class().from_str(data.decode("utf-8"))
+    except (UnicodeDecodeError, Exception) as exc:
+        if isinstance(exc, MissingDependencyError):
+            raise
+        raise TokenizeError(
+            f"tokenize on column {column!r}: {path!r} is not a tokenizers JSON file: {exc}",
+            column=column,
+            value=path,
+        ) from None
+
+
+def load_tokenizer(path: str, digest: str | None, column: str) -> Any:
+    """The tokenizer at ``path``, loaded once per process; its content must hash to
+    ``digest`` (what the write was planned with)."""
+    key = (path, digest or "")
+    with _LOCK:
+        found = _LOADED.get(key)
+    if found is not None:
+        return found
+    data = read_tokenizer_file(path, column)
+    got = hashlib.sha256(data).hexdigest()
+    if digest is not None and got != digest:
+        raise TokenizeError(
+            f"tokenize on column {column!r}: tokenizer {path!r} has sha256 {got[:16]}…, the "
+            f"write was planned with {digest[:16]}… (the file changed); plan the write again",
+            column=column,
+            value=path,
+        )
+    tokenizer = _parse(data, path, column)
+    with _LOCK:
+        return _LOADED.setdefault((path, got if digest is None else digest), tokenizer)
+
+
+def token_type(vocab_size: int) -> pa.DataType:
+    """Arrow type of a token column: uint16 ids when the vocabulary fits, else int32."""
+    return pa.list_(pa.uint16() if vocab_size <= UINT16_VOCAB else pa.int32())
+
+
+def encode_texts(
+    tokenizer: Any,
+    texts: list[str],
+    *,
+    vocab_size: int,
+    eos_id: int | None,
+    bos_id: int | None,
+    max_length: int | None,
+) -> pa.Array:
+    """``texts`` as a list array of token ids: one batched ``encode_batch`` call, then
+    ``bos`` / ``eos`` added and each document cut to ``max_length`` ids (specials included)."""
+    dtype = np.uint16 if vocab_size <= UINT16_VOCAB else np.int32
+    encoded = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+    lengths = np.fromiter((len(e.ids) for e in encoded), dtype=np.int64, count=len(encoded))
+    flat = np.fromiter(
+        (i for e in encoded for i in e.ids), dtype=np.int64, count=int(lengths.sum())
+    )
+    extra = (eos_id is not None) + (bos_id is not None)
+    keep = lengths if max_length is None else np.minimum(lengths, max(0, max_length - extra))
+    out_len = keep + extra
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(out_len, out=offsets[1:])
+    values = np.empty(int(offsets[-1]), dtype=dtype)
+    src = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=src[1:])
+    # Each document's kept ids, placed after its bos (one vectorized gather).
+    within = np.arange(int(keep.sum()), dtype=np.int64)
+    doc = np.repeat(np.arange(len(texts)), keep)
+    kept_offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(keep, out=kept_offsets[1:])
+    within -= kept_offsets[doc]
+    head = 1 if bos_id is not None else 0
+    values[offsets[doc] + head + within] = flat[src[doc] + within]
+    if bos_id is not None:
+        values[offsets[:-1]] = bos_id
+    if eos_id is not None:
+        values[offsets[1:] - 1] = eos_id
+    leaf = pa.uint16() if dtype is np.uint16 else pa.int32()
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, leaf))
