@@ -155,7 +155,7 @@ def spec_from_options(options: dict[str, str], schema_names: Sequence[str] = ())
     matched to ``schema_names`` case-insensitively, since Spark lowercases option keys.
     """
     opts = {k.lower(): v for k, v in options.items()}
-    fields: dict[str, Any] = json.loads(opts["spec"]) if opts.get("spec") else {}
+    fields: dict[str, Any] = _json_option(opts, "spec", dict) or {}
     for key in ("compression", "shard_size", "nulls"):
         if key in opts:
             fields[key] = opts[key] or None if key == "compression" else opts[key]
@@ -164,7 +164,9 @@ def spec_from_options(options: dict[str, str], schema_names: Sequence[str] = ())
     if "hashes" in opts:
         text = opts["hashes"].strip()
         fields["hashes"] = (
-            json.loads(text) if text.startswith("[") else [h.strip() for h in text.split(",") if h]
+            _json_option(opts, "hashes", list)
+            if text.startswith("[")
+            else [h.strip() for h in text.split(",") if h]
         )
     columns = dict(fields.get("columns") or {})
     if opts.get("columns"):
@@ -353,7 +355,9 @@ class MDSWriter(DataSourceArrowWriter):
             return MDSCommitMessage(partition)
         prefix = f"shard-{self.token}-p{partition:05}-a{attempt}-{uuid.uuid4().hex[:6]}"
         store = Store(self.path, self.storage_options)
-        writer = ShardWriter(store, self.spec, prefix=prefix, plans=self.append_plans)
+        writer = ShardWriter(
+            store, self.spec, prefix=prefix, plans=self.append_plans, where=f"partition {partition}"
+        )
         files: list[str] = []  # source file of each shard written so far (ordered writes)
         current: str | None = None
         try:

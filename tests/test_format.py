@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -370,3 +371,75 @@ def test_core_imports_without_pyspark(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "2"
+
+
+MAP_CASES = [
+    (pa.string(), pa.int64(), [[("a", 1)], [], None, [("b", None), ("a", 3)]]),
+    (pa.int32(), pa.string(), [[(1, "x"), (-2, "y")], [], [(0, None)]]),
+    (pa.int64(), pa.float64(), [[(2**62, 0.5)], []]),
+    (pa.bool_(), pa.int8(), [[(True, 1), (False, 0)], []]),
+    (pa.float64(), pa.string(), [[(1.5, "a"), (-0.0, "b")]]),
+    (pa.date32(), pa.int32(), [[(dt.date(2020, 1, 2), 1)], []]),
+    (pa.decimal128(6, 2), pa.int32(), [[(decimal.Decimal("1.50"), 1)]]),
+    (pa.binary(), pa.int32(), [[(b"\xff\x00", 1)]]),
+    (pa.timestamp("us", "UTC"), pa.int32(), [[(dt.datetime(2024, 5, 1, 3, tzinfo=dt.UTC), 1)]]),
+]
+
+
+@pytest.mark.parametrize("case", MAP_CASES, ids=lambda c: f"{c[0]}->{c[1]}")
+def test_maps_round_trip_exactly(tmp_path: Path, case: tuple[Any, Any, list[Any]]) -> None:
+    key, item, rows = case
+    table = pa.table({"m": pa.array(rows, pa.map_(key, item))})
+    write_mds(table, str(tmp_path), DatasetSpec(nulls="mask"))
+    ds = open_dataset(tmp_path)
+    assert ds.to_arrow().equals(table)
+    (batch,) = ds.iter_batches(batch_size=16)
+    want = table.column("m").to_pylist(maps_as_pydicts="strict")
+    assert list(batch["m"]) == want  # dicts with keys of the map's key type, {} when empty
+    assert [type(k) for m in batch["m"] if m for k in m] == [type(k) for m in want if m for k in m]
+
+
+def test_maps_nested_in_structs_and_lists_round_trip(tmp_path: Path) -> None:
+    t = pa.struct(
+        [("m", pa.map_(pa.int16(), pa.string())), ("ms", pa.list_(pa.map_(pa.int8(), pa.int8())))]
+    )
+    table = pa.table(
+        {"s": pa.array([{"m": [(1, "a")], "ms": [[], [(3, 4)]]}, {"m": [], "ms": []}], t)}
+    )
+    write_mds(table, str(tmp_path))
+    ds = open_dataset(tmp_path)
+    assert ds.to_arrow().equals(table)
+    (batch,) = ds.iter_batches(batch_size=4)
+    assert list(batch["s"]) == [{"m": {1: "a"}, "ms": [{}, {3: 4}]}, {"m": {}, "ms": []}]
+
+
+def test_map_with_a_duplicate_key_is_refused_naming_column_and_row(tmp_path: Path) -> None:
+    m = pa.array([[("a", 1)], [("b", 1), ("b", 2)]], pa.map_(pa.string(), pa.int64()))
+    with pytest.raises(EncodingError, match=r"column 'tags'.*key 'b' twice.*row 1 of the data"):
+        write_mds(pa.table({"tags": m}), str(tmp_path))
+    assert not (tmp_path / "index.json").exists()
+
+
+def test_maps_written_before_keys_were_typed_still_read() -> None:
+    """Older datasets stored an empty map as ``[]`` and int keys as text."""
+    from spark_dl_core.arrow_bridge import numpy_to_arrow
+
+    stored = np.empty(2, dtype=object)
+    stored[:] = [{"1": "a"}, []]
+    t = pa.map_(pa.int32(), pa.string())
+    assert numpy_to_arrow(stored, t).to_pylist() == [[(1, "a")], []]
+
+
+def test_booleans_read_as_numpy_bool(tmp_path: Path) -> None:
+    table = pa.table(
+        {
+            "flag": [True, False],
+            "flags": pa.array([[True, False], [False, False]], pa.list_(pa.bool_(), 2)),
+            "ragged": pa.array([[True], []]),
+        }
+    )
+    write_mds(table, str(tmp_path))
+    (batch,) = open_dataset(tmp_path).iter_batches(batch_size=2)
+    assert batch["flag"].dtype == np.bool_ and batch["flag"].tolist() == [True, False]
+    assert batch["flags"].dtype == np.bool_ and batch["flags"].shape == (2, 2)
+    assert [v.dtype for v in batch["ragged"]] == [np.bool_, np.bool_]

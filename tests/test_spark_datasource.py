@@ -527,3 +527,49 @@ def test_reads_a_dataset_written_by_mosaic(spark: Any, tmp_path: Any) -> None:
     assert len(rows) == 200
     assert rows[7].x == 3.5 and rows[7].name == "n7" and rows[7].u == 7
     assert rows[7].v == [7.0, 8.0, 9.0]
+
+
+def test_spec_option_that_is_not_json_names_the_option() -> None:
+    from spark_dl.datasource import spec_from_options
+    from spark_dl_core import SpecError
+
+    with pytest.raises(SpecError, match="option 'spec' must be JSON"):
+        spec_from_options({"spec": "{compression: zstd}"})
+    with pytest.raises(SpecError, match="option 'spec' must be a JSON dict"):
+        spec_from_options({"spec": "[1]"})
+
+
+def test_maps_round_trip_through_spark(classic_spark: Any, tmp_path: Any) -> None:
+    spark = classic_spark
+    df = spark.sql(
+        "SELECT id, IF(id % 3 = 0, map(), map(CAST(id AS INT), 'v', -1, NULL)) AS by_int, "
+        "IF(id % 4 = 0, map(), map('k', id)) AS by_str FROM range(12)"
+    )
+    path = str(tmp_path / "spark")
+    df.write.format("mds").option("nulls", "mask").save(path)
+    want = {r.id: (r.by_int, r.by_str) for r in df.collect()}
+    back = spark.read.format("mds").load(path)
+    assert back.schema["by_int"].dataType.simpleString() == "map<int,string>"
+    assert {r.id: (r.by_int, r.by_str) for r in back.collect()} == want
+    (batch,) = open_dataset(path).iter_batches(batch_size=16)
+    assert {int(i): m for i, m in zip(batch["id"], batch["by_int"])} == {
+        i: v[0] for i, v in want.items()
+    }
+    core = str(tmp_path / "core")  # written by the core, read by Spark
+    write_mds(open_dataset(path).to_arrow(), core)
+    assert {
+        r.id: (r.by_int, r.by_str) for r in spark.read.format("mds").load(core).collect()
+    } == want
+
+
+def test_write_errors_name_the_partition_and_row(classic_spark: Any, tmp_path: Any) -> None:
+    df = (
+        classic_spark.sql("SELECT id, IF(id = 13, NULL, id) AS v FROM range(20)")
+        .repartition(2, "id")
+        .sortWithinPartitions("id")
+    )
+    parts = df.rdd.glom().map(lambda rows: [r.id for r in rows]).collect()
+    part = next(p for p, ids in enumerate(parts) if 13 in ids)
+    row = parts[part].index(13)
+    with pytest.raises(Exception, match=rf"'v'.*first at row {row} of partition {part}\b"):
+        df.write.format("mds").save(str(tmp_path / "x"))

@@ -137,3 +137,12 @@ def test_stats(ds_path: str) -> None:
     assert stats["samples"] == N and stats["batches"] == -(-N // 50)
     assert stats["data_starved_pct"] is None and stats["samples_per_s"] > 0
     assert stats["workers"]["tf.data"]["read"] > 0
+
+
+def test_booleans_are_tf_bool(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    table = pa.table({"flag": [True, False, True], "flags": pa.array([[True], [], [False, True]])})
+    write_mds(table, str(tmp_path))
+    (batch,) = open_dataset(tmp_path).to_tf(batch_size=3)
+    assert batch["flag"].dtype == tf.bool
+    assert batch["flag"].numpy().tolist() == [True, False, True]
+    assert batch["flags"].dtype == tf.bool

@@ -351,3 +351,22 @@ def test_progress_bar_shows_rate_and_starved(
     list(loader)
     err = capsys.readouterr().err
     assert "samples/s" in err and "starved" in err
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_booleans_are_torch_bool_and_maps_dicts(tmp_path: Path, workers: int) -> None:
+    table = pa.table(
+        {
+            "flag": [True, False, True],
+            "flags": pa.array([[True, False]] * 3, pa.list_(pa.bool_(), 2)),
+            "ragged": pa.array([[True], [], [False, True]]),
+            "m": pa.array([[(1, "a")], [], [(2, "b")]], pa.map_(pa.int32(), pa.string())),
+        }
+    )
+    write_mds(table, str(tmp_path))
+    (batch,) = open_dataset(tmp_path).to_torch(batch_size=3, num_workers=workers)
+    assert batch["flag"].dtype == torch.bool
+    assert batch["flag"].tolist() == [True, False, True]
+    assert batch["flags"].dtype == torch.bool and batch["flags"].shape == (3, 2)
+    assert batch["ragged"].dtype == torch.bool
+    assert list(batch["m"]) == [{1: "a"}, {}, {2: "b"}]

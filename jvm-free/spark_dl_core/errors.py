@@ -36,9 +36,12 @@ class SchemaDriftError(SpecError):
 class EncodingError(SparkDLError, ValueError):
     """A column's values do not fit the encoding chosen for them."""
 
-    def __init__(self, column: str, message: str) -> None:
-        super().__init__(f"column {column!r}: {message}")
+    def __init__(self, column: str, message: str, row: int | None = None) -> None:
+        at = "" if row is None else f", row {row}"
+        super().__init__(f"column {column!r}{at}: {message}")
         self.column = column
+        self.detail = message
+        self.row = row  # within the values encoded, when one row is to blame
 
 
 class MissingDependencyError(SparkDLError, ImportError):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .arrow_bridge import python_types
 from .errors import SpecError
 from .format.buffers import Jagged
 from .images import ImageList
@@ -291,7 +292,8 @@ class BatchReader:
                 if self.out_for is not None and self.out_widths is not None:
                     out = self.out_for(j, self.fixed_bytes(len(index)) or 0)
                 started = time.perf_counter()
-                decoded = self.ops.apply(self._decode(j, index, shards, out), index)
+                decoded = python_types(self.dataset, self._decode(j, index, shards, out))
+                decoded = self.ops.apply(decoded, index)
                 if not self.jagged:  # plain numpy: token sequences, images as object arrays
                     for name, value in decoded.items():
                         if isinstance(value, (Jagged, ImageList)):

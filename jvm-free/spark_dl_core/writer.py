@@ -104,6 +104,7 @@ class ShardWriter:
     content_hashes: list[str] = field(default_factory=list)
     stored_hashes: list[dict[str, str]] = field(default_factory=list)
     rows: int = 0
+    where: str = ""  # where the rows come from, for errors ("partition 3"); "" for a whole write
 
     def __post_init__(self) -> None:
         self._codec = parse_compression(self.spec.compression)
@@ -201,11 +202,19 @@ class ShardWriter:
                     first = int(np.flatnonzero(pc.is_null(array).to_numpy(zero_copy_only=False))[0])
                     raise EncodingError(
                         plan.name,
-                        f"{array.null_count} null value(s), first at row {self.rows + first}; "
-                        "MDS has no nulls: fill them, or write with nulls='mask'",
+                        f"{array.null_count} null value(s) in this batch, first at "
+                        f"{self._row_at(first)}; MDS has no nulls: fill them, or write with "
+                        "nulls='mask'",
                     )
             encoding = get_encoding(plan.encoding)
-            columns.append(encoding.encode(array, plan.name))
+            try:
+                columns.append(encoding.encode(array, plan.name))
+            except EncodingError as exc:
+                if exc.row is None:
+                    raise
+                raise EncodingError(
+                    plan.name, f"{exc.detail} (at {self._row_at(exc.row)})"
+                ) from None
             if encoding.size is None and plan.encoding.startswith("ndarray"):
                 self._chunk_shapes[plan.name] = uniform_shape(array, plan.name)
             if plan.null_mask:
@@ -214,6 +223,11 @@ class ShardWriter:
         samples = assemble_samples(self._layout, columns, n)
         self._add(samples, n)
         self.rows += n
+
+    def _row_at(self, row: int) -> str:
+        """Where row ``row`` of the chunk being written lies in this writer's input."""
+        row += self.rows
+        return f"row {row} of {self.where}" if self.where else f"row {row} of the data written"
 
     def _add(self, samples: Pieces, n: int) -> None:
         limit = self.spec.shard_size

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,8 +75,9 @@ def _cast_checked(values: np.ndarray, dtype: np.dtype, column: str) -> np.ndarra
             lo, hi = values.min(), values.max()
             if lo < info.min or hi > info.max:
                 bad = lo if lo < info.min else hi
+                row = int(np.flatnonzero(values == bad)[0]) if values.ndim == 1 else None
                 raise EncodingError(
-                    column, f"value {bad} does not fit {dtype} ({info.min}..{info.max})"
+                    column, f"value {bad} does not fit {dtype} ({info.min}..{info.max})", row
                 )
     elif dtype.kind == "f" and values.dtype.kind not in "iubf":
         raise EncodingError(column, f"{values.dtype} values cannot be stored as {dtype}")
@@ -285,12 +287,11 @@ class StrNumberEncoding(Encoding):
 
 
 def _jsonable(value: Any) -> Any:
-    """Arrow's Python values made JSON-ready: maps to dicts, decimals/dates to text."""
+    """Arrow's Python values made JSON-ready: maps (already dicts) keyed by text, decimals
+    and dates as text."""
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {json_key_text(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list):
-        if value and all(isinstance(x, tuple) and len(x) == 2 for x in value):
-            return {str(k): _jsonable(v) for k, v in value}
         return [_jsonable(v) for v in value]
     if isinstance(value, Decimal):
         return str(value)
@@ -301,14 +302,73 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def json_key_text(key: Any) -> str:
+    """A map key as a JSON object key: strings as they are, other keys as their JSON text
+    (``1``, ``true``, dates and decimals as text); :func:`map_key_from_text` inverts it with
+    the map's recorded key type."""
+    if isinstance(key, str):
+        return key
+    value = _jsonable(key)
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def map_key_from_text(text: Any, key_type: pa.DataType) -> Any:
+    """The Python value of a map key stored by :func:`json_key_text` (as Arrow's
+    ``as_py`` gives it); keys already typed pass through."""
+    if (
+        not isinstance(text, str)
+        or pa.types.is_string(key_type)
+        or pa.types.is_large_string(key_type)
+    ):
+        return text
+    if pa.types.is_binary(key_type) or pa.types.is_large_binary(key_type):
+        return text.encode("latin-1")
+    if (
+        pa.types.is_integer(key_type)
+        or pa.types.is_floating(key_type)
+        or pa.types.is_boolean(key_type)
+    ):
+        return json.loads(text)
+    if (
+        pa.types.is_struct(key_type)
+        or pa.types.is_list(key_type)
+        or pa.types.is_large_list(key_type)
+    ):
+        return json.loads(text)
+    return pa.array([text]).cast(key_type)[0].as_py()  # dates, timestamps, decimals
+
+
+def _map_rows(array: pa.Array, column: str) -> list[Any]:
+    """Python values with maps as dicts; a map with a key twice is refused (a JSON object,
+    and every reader's dict, would keep only the last value)."""
+    try:
+        return array.to_pylist(maps_as_pydicts="strict")
+    except KeyError:
+        for row in range(len(array)):
+            try:
+                array[row].as_py(maps_as_pydicts="strict")
+            except KeyError as exc:
+                found = re.search(r"duplicate key was (.*)\)", str(exc.args[0]))
+                key = found.group(1) if found else "a key"
+                raise EncodingError(
+                    column,
+                    f"a map holds the key {key} twice; a map is stored as a JSON "
+                    "object (one value per key): make its keys unique",
+                    row,
+                ) from None
+        raise
+
+
 class JsonEncoding(Encoding):
     name = "json"
 
     def encode(self, array: pa.Array, column: str) -> Pieces:
-        try:
-            texts = [json.dumps(_jsonable(v), allow_nan=False).encode() for v in array.to_pylist()]
-        except (TypeError, ValueError) as exc:
-            raise EncodingError(column, f"value is not JSON-serializable: {exc}") from None
+        texts = []
+        for row, value in enumerate(_map_rows(array, column)):
+            try:
+                texts.append(json.dumps(_jsonable(value), allow_nan=False).encode())
+            except (TypeError, ValueError) as exc:
+                raise EncodingError(column, f"value is not JSON-serializable: {exc}", row) from None
         return _pieces_from_bytes(texts)
 
     def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> np.ndarray:
@@ -799,7 +859,8 @@ def _check_signatures(kind: str, pieces: Pieces, column: str) -> None:
     head = pieces.data[starts[ok][:, None] + np.arange(len(signature))]
     bad = np.flatnonzero(np.any(head != np.frombuffer(signature, dtype=U8), axis=1))
     if len(bad):
-        raise EncodingError(column, f"row {int(bad[0])} is not a {kind} file (bad signature)")
+        row = int(np.flatnonzero(ok)[bad[0]])
+        raise EncodingError(column, f"not a {kind} file (bad signature)", row)
 
 
 class ImageListEncoding(Encoding):
