@@ -69,6 +69,8 @@ class DLAccessor:
         world_size: int | None = None,
         epoch: int | None = None,
         drop_last: bool = False,
+        even_batches: bool | None = None,
+        pad_mask: bool | None = None,
         columns: Sequence[str] | None = None,
         shuffle_window: int | None = None,
         images: str | None = None,
@@ -94,6 +96,9 @@ class DLAccessor:
             rank, world_size: this process's share (default: from ``torch.distributed``).
             epoch: the epoch to start at (each pass then advances it).
             drop_last: drop the last, short batch.
+            even_batches: over several ranks, every rank the same number of batches (the
+                default), by repeating the epoch's first samples; False: each sample once.
+            pad_mask: add a bool ``pad_mask`` column marking those repeats.
             columns: the columns to load (default: all).
             shuffle_window: shards mixed at a time by the shuffle (memory bound).
             images: how image columns come out (``"bytes"``, ``"uint8"``…).
@@ -107,6 +112,8 @@ class DLAccessor:
             rank=rank,
             world_size=world_size,
             epoch=epoch,
+            even_batches=even_batches,
+            pad_mask=pad_mask,
             columns=list(columns) if columns is not None else None,
             shuffle_window=shuffle_window,
             images=images,
@@ -140,6 +147,8 @@ class DLAccessor:
         world_size: int | None = None,
         epoch: int | None = None,
         drop_last: bool = False,
+        even_batches: bool | None = None,
+        pad_mask: bool | None = None,
         columns: Sequence[str] | None = None,
         shuffle_window: int | None = None,
         images: str | None = None,
@@ -157,6 +166,8 @@ class DLAccessor:
             rank=rank,
             world_size=world_size,
             epoch=epoch,
+            even_batches=even_batches,
+            pad_mask=pad_mask,
             columns=list(columns) if columns is not None else None,
             shuffle_window=shuffle_window,
             images=images,

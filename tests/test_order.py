@@ -201,9 +201,24 @@ def lazy_key(order: GlobalOrder, w: int) -> np.uint64:
 
 
 def _reference_batches(
-    order: np.ndarray, batch: int, rank: int, world: int, drop_last: bool, consumed: int
+    order: np.ndarray,
+    batch: int,
+    rank: int,
+    world: int,
+    drop_last: bool,
+    consumed: int,
+    even: bool = False,
 ) -> list[np.ndarray]:
     rest = order[consumed:]
+    if even and world > 1 and not drop_last and len(rest):
+        # Full rounds as usual; the last round's samples split evenly over the ranks, the
+        # missing ones repeating the epoch's order from its start (cyclically).
+        full = (-(-len(rest) // (world * batch)) - 1) * world
+        left = rest[full * batch :]
+        each = -(-len(left) // world)
+        padded = np.concatenate([left, np.resize(order, each * world - len(left))])
+        head = [rest[g * batch : (g + 1) * batch] for g in range(rank, full, world)]
+        return [*head, padded[rank * each : (rank + 1) * each]]
     n = len(rest) // batch if drop_last else -(-len(rest) // batch)
     if drop_last:
         n -= n % world
@@ -219,18 +234,19 @@ def test_lazy_order_equals_materialized_reference() -> None:
     ref = _reference_order(sizes, "fp", 3, 1, 4)
     assert np.array_equal(global_order(sizes, "fp", 3, 1, True, 4), ref)
     assert sorted(ref.tolist()) == list(range(total))
-    for world, batch, drop_last, consumed in [
-        (1, 256, False, 0),
-        (3, 100, False, 7_000),
-        (4, 64, True, 0),
-        (7, 1000, True, 12_345),
-        (64, 33, False, 50_000),
+    for world, batch, drop_last, consumed, even in [
+        (1, 256, False, 0, True),
+        (3, 100, False, 7_000, False),
+        (3, 100, False, 7_000, True),
+        (4, 64, True, 0, True),
+        (7, 1000, True, 12_345, False),
+        (64, 33, False, 50_000, False),
+        (64, 33, False, 50_000, True),
     ]:
         for rank in sorted({0, world // 2, world - 1}):
-            lazy = EpochPlan(
-                GlobalOrder(sizes, "fp", 3, 1, True, 4), batch, rank, world, drop_last, consumed
-            )
-            want = _reference_batches(ref, batch, rank, world, drop_last, consumed)
+            order = GlobalOrder(sizes, "fp", 3, 1, True, 4)
+            lazy = EpochPlan(order, batch, rank, world, drop_last, consumed, even)
+            want = _reference_batches(ref, batch, rank, world, drop_last, consumed, even)
             assert len(lazy) == len(want)
             for k in [0, 1, len(want) // 2, len(want) - 1]:
                 if 0 <= k < len(want):
@@ -261,11 +277,13 @@ def test_loaders_read_the_lazy_order(fixed_ds: str, workers: int) -> None:
                 columns=["label"],
             )
             got = [b["label"] for b in loader]
-            want = _reference_batches(ref, 64, rank, world, False, 0)
+            want = _reference_batches(ref, 64, rank, world, False, 0, even=True)
             assert len(got) == len(want)
             assert all(torch.equal(g, torch.from_numpy(labels[w])) for g, w in zip(got, want))
     order = ds.sample_order(batch_size=64, shuffle=True, seed=5, epoch=2, rank=1, world_size=3)
     assert np.array_equal(order[4], _reference_batches(ref, 64, 1, 3, False, 0)[4])
+    last = len(order) - 1
+    assert np.array_equal(order[last], _reference_batches(ref, 64, 1, 3, False, 0, True)[last])
 
 
 def test_plan_memory_does_not_grow_with_samples() -> None:

@@ -49,11 +49,13 @@ def test_batches_are_tensors(ds_path: str) -> None:
 
 
 @pytest.mark.parametrize("world_size,workers", [(1, 0), (3, 2), (2, 3)])
+@pytest.mark.parametrize("even", [True, False])
 def test_every_sample_once_across_ranks_and_workers(
-    ds_path: str, world_size: int, workers: int
+    ds_path: str, world_size: int, workers: int, even: bool
 ) -> None:
     ds = open_dataset(ds_path)
     seen: list[int] = []
+    repeats: list[int] = []
     counts = []
     for rank in range(world_size):
         loader = ds.to_torch(
@@ -64,15 +66,26 @@ def test_every_sample_once_across_ranks_and_workers(
             world_size=world_size,
             num_workers=workers,
             columns=["id"],
+            even_batches=even,
+            pad_mask=True,
         )
-        got = [b["id"].tolist() for b in loader]
+        got = list(loader)
+        assert len(got) == len(loader)
         counts.append(len(got))
-        seen += [i for b in got for i in b]
-    assert sorted(seen) == list(range(N))
-    assert max(counts) - min(counts) <= 1
+        for b in got:
+            assert b["pad_mask"].dtype == torch.bool and len(b["pad_mask"]) == len(b["id"])
+            seen += b["id"][~b["pad_mask"]].tolist()
+            repeats += b["id"][b["pad_mask"]].tolist()
+        assert loader.stats()["repeated_samples"] == int(sum(b["pad_mask"].sum() for b in got))
+    assert sorted(seen) == list(range(N))  # every sample once, besides the marked repeats
     # Elastic: the concatenation by global batch does not depend on world size / workers.
     single = _ids(ds.to_torch(batch_size=64, shuffle=True, seed=3, columns=["id"]))
     assert sorted(single) == list(range(N)) and single != list(range(N))
+    if even:  # equal steps; the fewer than world_size repeats are the epoch's first samples
+        assert len(set(counts)) == 1 and len(repeats) < world_size
+        assert sorted(repeats) == sorted(single[: len(repeats)])
+    else:
+        assert max(counts) - min(counts) <= 1 and not repeats
 
 
 def test_rank_sequence_independent_of_workers(ds_path: str) -> None:

@@ -611,7 +611,7 @@ class Dataset:
         Shards are loaded ahead by a thread within ``prefetch_bytes`` of decompressed data.
         ``transforms`` are read-time ops (image pipeline, normalize…), after the spec's own.
         """
-        from .loader_settings import reader_extras, settings_from
+        from .loader_settings import PAD_MASK, check_pad_mask, reader_extras, settings_from
         from .order import LoaderState
         from .reader import BatchReader
 
@@ -627,6 +627,7 @@ class Dataset:
             )
         chosen = settings_from(settings, kwargs)
         chosen.only("numpy iteration", frozenset())
+        check_pad_mask(chosen, self.layout.names)
         epoch = chosen.epoch
         if state is not None:
             loaded = LoaderState.from_dict(state)
@@ -645,9 +646,10 @@ class Dataset:
                 stacklevel=2,
             )
         plan = self.sample_order(settings=chosen.replace(epoch=epoch), consumed=consumed)
-        yield from BatchReader(
+        batches = plan[start_batch:]
+        reader = BatchReader(
             self,
-            plan[start_batch:],
+            batches,
             columns=chosen.column_list,
             images=chosen.images,
             verify_hashes=chosen.verify_hashes,
@@ -656,6 +658,12 @@ class Dataset:
             epoch=epoch,
             **reader_extras(chosen),
         )
+        if not chosen.pad_mask:
+            yield from reader
+            return
+        for k, batch in enumerate(reader):
+            batch[PAD_MASK] = plan.pad_mask(start_batch + k)
+            yield batch
 
     def sample_order(
         self,
@@ -670,17 +678,20 @@ class Dataset:
         shuffle_window: int | None = None,
         consumed: int = 0,
         settings: LoaderSettings | None = None,
+        even_batches: bool = True,
     ) -> EpochPlan:
         """One rank's batches of global sample indices for an epoch, lazily: the very order
         every loader reads. ``len(order)`` batches; ``order[k]`` is an int64 array, computed
         when asked (O(shards) memory, no shard read), so any batch of any epoch can be asked.
+        ``even_batches`` (over several ranks) pads every rank to the same number of batches
+        (``order.pad_mask(k)`` marks the repeats), as the loaders do by default.
         """
         from .order import EpochPlan
 
         if settings is not None:
             batch_size, shuffle, seed = settings.batch_size, settings.shuffle, settings.seed
             epoch, drop_last = settings.epoch, settings.drop_last
-            shuffle_window = settings.shuffle_window
+            shuffle_window, even_batches = settings.shuffle_window, settings.even_batches
             rank = 0 if settings.rank is None else settings.rank
             world_size = 1 if settings.world_size is None else settings.world_size
         return EpochPlan.build(
@@ -694,6 +705,7 @@ class Dataset:
             drop_last=drop_last,
             shuffle_window=shuffle_window,
             consumed=consumed,
+            even_batches=even_batches,
         )
 
     def to_arrow(self, columns: list[str] | None = None, batch_size: int = 65536) -> pa.Table:
@@ -756,7 +768,9 @@ class Dataset:
         """A ``tf.data.Dataset`` over this dataset (see :mod:`spark_dl_core.tf_loader`)."""
         from .frameworks import adapter
 
-        resume = {k: kwargs.pop(k) for k in ("resume", "start_batch") if k in kwargs}
+        resume = {
+            k: kwargs.pop(k) for k in ("resume", "start_batch", "input_context") if k in kwargs
+        }
         from .loader_settings import settings_from
 
         if settings is None:

@@ -27,7 +27,9 @@ class LoaderSettings:
     Order (fix the global order and this rank's share): ``batch_size``, ``shuffle``,
     ``seed``, ``epoch``, ``rank``, ``world_size`` (None: from torch.distributed or the
     ``RANK``/``WORLD_SIZE`` environment), ``drop_last``, ``shuffle_window`` (shards per
-    shuffle window). Reading: ``columns``, ``images``, ``verify_hashes``,
+    shuffle window), ``even_batches`` (over several ranks, every rank the same number of
+    batches, by repeating the epoch's first samples; ``pad_mask=True`` marks the repeats in
+    a bool ``pad_mask`` column). Reading: ``columns``, ``images``, ``verify_hashes``,
     ``prefetch_bytes``, ``transforms`` (read-time transform specs), ``device``.
     PyTorch only: ``num_workers``, ``prefetch_factor``, ``pin_memory``,
     ``persistent_workers`` (refused: each pass has its own plan), ``multiprocessing_context``,
@@ -42,6 +44,8 @@ class LoaderSettings:
     world_size: int | None = None
     drop_last: bool = False
     shuffle_window: int = DEFAULT_WINDOW
+    even_batches: bool = True
+    pad_mask: bool = False
     columns: tuple[str, ...] | None = None
     images: str = "bytes"
     verify_hashes: bool | None = None
@@ -66,7 +70,7 @@ class LoaderSettings:
         for name in ("batch_size", "seed", "epoch", "shuffle_window", "num_workers"):
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool), name, "not an int")
-        for name in ("shuffle", "drop_last", "pin_memory", "progress"):
+        for name in ("shuffle", "drop_last", "even_batches", "pad_mask", "pin_memory", "progress"):
             need(isinstance(getattr(self, name), bool), name, "not a bool")
         need(
             self.verify_hashes is None or isinstance(self.verify_hashes, bool),
@@ -157,6 +161,8 @@ _COMMON = frozenset(
         "world_size",
         "drop_last",
         "shuffle_window",
+        "even_batches",
+        "pad_mask",
         "columns",
         "images",
         "verify_hashes",
@@ -190,6 +196,19 @@ def settings_from(settings: LoaderSettings | None, kwargs: dict[str, Any]) -> Lo
         base = {f.name: getattr(settings, f.name) for f in fields(settings)}
         return LoaderSettings.from_kwargs(**{**base, **kwargs})
     return settings
+
+
+PAD_MASK = "pad_mask"
+
+
+def check_pad_mask(settings: LoaderSettings, names: Any) -> None:
+    """``pad_mask=True`` adds a ``pad_mask`` column: refuse it if the batches have one."""
+    chosen = settings.columns if settings.columns is not None else list(names)
+    if settings.pad_mask and PAD_MASK in chosen:
+        raise SpecError(
+            f"loader setting pad_mask=True adds a column {PAD_MASK!r}, but the dataset "
+            f"already has a column {PAD_MASK!r}; rename it or leave pad_mask off"
+        )
 
 
 def reader_extras(settings: LoaderSettings) -> dict[str, Any]:

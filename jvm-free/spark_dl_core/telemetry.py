@@ -55,6 +55,7 @@ class PassStats:
         self.first_batch_s: float | None = None
         self.samples = 0
         self.batches = 0
+        self.repeated = 0  # padding samples among ``samples`` (even_batches)
         self.waited_s = 0.0
         self.finished: float | None = None
         self.workers: dict[str, dict[str, float]] = {}
@@ -74,6 +75,7 @@ class PassStats:
         return {
             "epoch": self.epoch,
             "samples": self.samples,
+            "repeated_samples": self.repeated,
             "batches": self.batches,
             "wall_s": wall,
             "samples_per_s": self.samples / wall,

@@ -26,9 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .errors import SpecError
 from .format.buffers import Jagged
 from .frameworks import register_framework
-from .loader_settings import TF_ONLY, LoaderSettings, reader_extras, settings_from
+from .loader_settings import (
+    PAD_MASK,
+    TF_ONLY,
+    LoaderSettings,
+    check_pad_mask,
+    reader_extras,
+    settings_from,
+)
 from .order import EpochPlan, LoaderState, resolve_window
 from .reader import BatchReader
 from .telemetry import PassStats
@@ -127,6 +135,7 @@ def make_tf_dataset(
     state: dict[str, Any] | None = None,
     resume: dict[str, Any] | None = None,
     start_batch: int = 0,
+    input_context: Any = None,
     **kwargs: Any,
 ) -> Any:
     """A ``tf.data.Dataset`` of this rank's batches (dicts of tensors), prefetched.
@@ -141,11 +150,19 @@ def make_tf_dataset(
     The returned dataset has ``state_dict(steps)``: the position after ``steps`` batches of
     the current pass (tf.data prefetches ahead, so the steps taken are the caller's to tell).
     ``resume=`` and ``start_batch=`` are deprecated spellings of ``state=``.
+
+    ``input_context`` (a ``tf.distribute.InputContext``, as
+    ``strategy.distribute_datasets_from_function`` passes it) sets ``rank`` / ``world_size``
+    to its input pipeline; with ``even_batches`` (the default) every pipeline, so every
+    replica, takes the same number of steps per epoch.
     """
     import tensorflow as tf
 
     settings = settings_from(settings, kwargs)
     settings.only("TensorFlow", TF_ONLY)
+    if input_context is not None:
+        settings = _with_input_context(settings, input_context)
+    check_pad_mask(settings, dataset.layout.names)
     rank = 0 if settings.rank is None else settings.rank
     world_size = 1 if settings.world_size is None else settings.world_size
     if resume is not None or start_batch:
@@ -174,6 +191,7 @@ def make_tf_dataset(
             drop_last=settings.drop_last,
             shuffle_window=window,
             consumed=consumed,
+            even_batches=settings.even_batches,
         )
 
     consumed = min(len(dataset), consumed + start_batch * world_size * settings.batch_size)
@@ -205,6 +223,8 @@ def make_tf_dataset(
         signature[name], kinds[name] = _column_spec(dataset, name, sample, name in transformed)
         if kinds[name] == "ragged":
             ndims[name] = max(1, np.asarray(sample[0]).ndim)
+    if settings.pad_mask:
+        signature[PAD_MASK] = tf.TensorSpec((None,), tf.bool)
     passes = _Passes(first, epoch, plan_for)
 
     def generate() -> Iterator[dict[str, Any]]:
@@ -212,9 +232,11 @@ def make_tf_dataset(
         stats = passes.stats = PassStats(passes.current[1])
         reader = BatchReader(dataset, plan, epoch=passes.current[1], **read)
         stats.workers["tf.data"] = reader.times  # updated in place as the reader works
-        for batch in reader:
+        for k, batch in enumerate(reader):
             now = time.perf_counter()
             stats.delivered(len(next(iter(batch.values()))) if batch else 0, 0.0, now)
+            if k == len(plan) - 1:
+                stats.repeated = plan.repeats
             out: dict[str, Any] = {}
             for name, value in batch.items():
                 kind = kinds[name]
@@ -233,6 +255,8 @@ def make_tf_dataset(
                     )
                 else:
                     out[name] = value
+            if settings.pad_mask:
+                out[PAD_MASK] = plan.pad_mask(k)
             yield out
         stats.finished = time.perf_counter()
 
@@ -276,6 +300,25 @@ def make_tf_dataset(
     tfds.stats = stats
     tfds.loader_settings = settings
     return tfds
+
+
+def _with_input_context(settings: LoaderSettings, context: Any) -> LoaderSettings:
+    """Settings with ``rank`` / ``world_size`` of a ``tf.distribute.InputContext``."""
+    try:
+        rank, world = int(context.input_pipeline_id), int(context.num_input_pipelines)
+    except (AttributeError, TypeError, ValueError):
+        raise SpecError(
+            f"input_context={context!r} is not a tf.distribute.InputContext (it needs "
+            "input_pipeline_id and num_input_pipelines)"
+        ) from None
+    for name, value in (("rank", rank), ("world_size", world)):
+        given = getattr(settings, name)
+        if given is not None and given != value:
+            raise SpecError(
+                f"loader setting {name}={given} disagrees with input_context's {value}; "
+                f"leave {name} out to take it from the input context"
+            )
+    return settings.replace(rank=rank, world_size=world)
 
 
 class _Passes:

@@ -24,7 +24,14 @@ from .errors import SpecError
 from .format.buffers import Jagged
 from .frameworks import register_framework
 from .images import ImageList
-from .loader_settings import TORCH_ONLY, LoaderSettings, reader_extras, settings_from
+from .loader_settings import (
+    PAD_MASK,
+    TORCH_ONLY,
+    LoaderSettings,
+    check_pad_mask,
+    reader_extras,
+    settings_from,
+)
 from .order import EpochPlan, LoaderState
 from .reader import BatchReader, EncodedImages, ReadOps
 from .telemetry import PassStats, Spans
@@ -643,6 +650,7 @@ class TorchLoader:
     ) -> None:
         settings = settings_from(settings, kwargs)
         settings.only("PyTorch", TORCH_ONLY)
+        check_pad_mask(settings, dataset.layout.names)
         self.settings = settings
         self.dataset = dataset
         self.batch_size = settings.batch_size
@@ -707,6 +715,7 @@ class TorchLoader:
             drop_last=self.drop_last,
             shuffle_window=self.shuffle_window,
             consumed=consumed,
+            even_batches=self.settings.even_batches,
         )
 
     def _set_position(self, epoch: int, consumed: int) -> None:
@@ -799,7 +808,11 @@ class TorchLoader:
                 for size, batch in zip(
                     sizes, _split(sizes, merged) if len(sizes) > 1 else [merged]
                 ):
+                    if self.settings.pad_mask:
+                        batch[PAD_MASK] = torch.from_numpy(plan.pad_mask(live.steps))
                     batch = to_device(batch, self.device, pin)
+                    if live.steps == len(plan) - 1:
+                        stats.repeated = plan.repeats
                     live.steps += 1
                     now = time.perf_counter()
                     stats.delivered(size, now - resumed, now)
