@@ -8,6 +8,7 @@ from .errors import (
     DatasetError,
     EncodingError,
     HashMismatchError,
+    MixtureError,
     ShardError,
     SparkDLError,
     SpecError,
@@ -15,6 +16,7 @@ from .errors import (
 )
 from .indexing import write_compact_index
 from .loader_settings import LoaderSettings
+from .mixture import Mixture, MixtureSpec, Source, mix, open_mixture
 from .spec import DatasetSpec, parse_size
 from .writer import ShardWriter, WriteResult, write_mds
 
@@ -33,15 +35,21 @@ __all__ = [
     "EncodingError",
     "HashMismatchError",
     "LoaderSettings",
+    "Mixture",
+    "MixtureError",
+    "MixtureSpec",
     "ShardError",
     "ShardWriter",
+    "Source",
     "SparkDLError",
     "SpecError",
     "UnsafeEncodingError",
     "WriteResult",
     "__version__",
+    "mix",
     "open_dataset",
     "open_delta",
+    "open_mixture",
     "parse_size",
     "write_compact_index",
     "write_mds",

@@ -234,6 +234,18 @@ class Dataset:
             return _as_objects(list(value))
         return value
 
+    # Columns computed from sample ids rather than stored (a mixture's source column).
+    derived: tuple[str, ...] = ()
+
+    def derive(self, name: str, index: np.ndarray) -> np.ndarray:
+        raise ColumnNotFoundError(f"{self.shown} has no derived column {name!r}")
+
+    def locate(self, sample: int) -> tuple[str, int]:
+        """The shard file holding global sample ``sample`` and its index within it."""
+        shard = int(np.searchsorted(self.shard_offsets, sample, side="right") - 1)
+        file = self.store.display(self.shards[shard].stored.basename)
+        return file, sample - int(self.shard_offsets[shard])
+
     def __repr__(self) -> str:
         return (
             f"<Dataset {self.shown!r}: {len(self)} samples, {self.num_shards} shards, "
@@ -406,9 +418,10 @@ class Dataset:
         ``loaded`` keeps decompressed shards between calls; the caller bounds its size.
         """
         indices = np.asarray(indices, dtype=np.int64)
-        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
+        stored = int(self.shard_offsets[-1])
+        if len(indices) and (indices.min() < 0 or indices.max() >= stored):
             raise SampleIndexError(
-                f"{self.shown}: sample index out of range for a dataset of {len(self)} samples"
+                f"{self.shown}: sample index out of range for a dataset of {stored} samples"
             )
         shard_of = np.searchsorted(self.shard_offsets, indices, side="right") - 1
         shards = np.unique(shard_of).tolist()
@@ -465,7 +478,7 @@ class Dataset:
             return None
         spans: list[tuple[int, int, Any]] = []
         for name in columns:
-            i = self.layout.names.index(name)
+            i = data.layout.names.index(name)  # the shard's own layout (mixtures differ)
             at, width = data.row_span(i)
             encoding = self.encoding(name)
             if encoding.size is not None:
@@ -511,23 +524,21 @@ class Dataset:
             located.append((where, data, starts, sizes))
         out: Batch = {}
         for name in wanted:
-            i = self.layout.names.index(name)
             encoding = self.encoding(name)
             if encoding.size is not None:
                 block = np.empty((n, encoding.size), dtype=np.uint8)
                 for where, data, starts, _ in located:
+                    i = data.layout.names.index(name)  # each shard's own layout
                     block[where] = gather_fixed(data.raw, starts[:, i], encoding.size)
                 pieces = Pieces(block.reshape(-1), width=encoding.size)
                 out[name] = encoding.decode(pieces, n, name, options)
                 continue
-            value = self._jagged_values(name, i, located, n)
+            value = self._jagged_values(name, located, n)
             if value is not None:
                 out[name] = value
         return out
 
-    def _jagged_values(
-        self, name: str, i: int, located: list[tuple[Any, ...]], n: int
-    ) -> Jagged | None:
+    def _jagged_values(self, name: str, located: list[tuple[Any, ...]], n: int) -> Jagged | None:
         """One token-sequence column of a batch as a :class:`Jagged` (None: values that are
         not 1-D of one dtype, left to the general decode)."""
         spans = getattr(self.encoding(name), "value_spans", None)
@@ -536,6 +547,7 @@ class Dataset:
         nbytes = np.zeros(n, dtype=np.int64)
         found, dtype = [], None
         for where, data, starts, sizes in located:
+            i = data.layout.names.index(name)
             try:
                 got = spans(data.raw, starts[:, i], sizes[:, i], name)
             except ValueError as exc:
@@ -636,6 +648,7 @@ class Dataset:
                 seed=chosen.seed,
                 shuffle=chosen.shuffle,
                 shuffle_window=chosen.shuffle_window,
+                batch_size=chosen.batch_size,
             )
             epoch, consumed = loaded.epoch, loaded.consumed
         elif consumed or start_batch:

@@ -24,6 +24,10 @@ class SpecValidationError(SpecError):
         self.fields = fields
 
 
+class MixtureError(SpecError):
+    """A mixture that cannot be built or reopened: weights, sources, columns, settings."""
+
+
 class SchemaDriftError(SpecError):
     """Data or a spec that differs from the dataset it is appended to (names the column)."""
 

@@ -151,12 +151,18 @@ class GlobalOrder:
         epoch: int,
         shuffle: bool,
         window: int = DEFAULT_WINDOW,
+        *,
+        bases: np.ndarray | None = None,
     ) -> None:
         sizes = np.asarray(shard_sizes, dtype=np.int64)
         self.shuffle = bool(shuffle)
         self.offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=self.offsets[1:])
         self.total = int(self.offsets[-1])
+        # Where each block's samples start in the id space (None: blocks are the shards of
+        # one dataset, back to back). Mixtures order blocks that are pieces of shards of
+        # several datasets (see :class:`MixtureOrder`).
+        self.bases = None if bases is None else np.asarray(bases, dtype=np.int64)
         if not self.shuffle:
             return
         if window < 1:
@@ -198,8 +204,12 @@ class GlobalOrder:
         bijection per position; sparse readers (many ranks) evaluate only their positions.
         """
         pos = np.asarray(positions, dtype=np.int64)
-        if not self.shuffle or pos.size == 0:
+        if pos.size == 0 or (not self.shuffle and self.bases is None):
             return pos.copy()
+        if not self.shuffle:
+            assert self.bases is not None
+            block = np.searchsorted(self.offsets, pos, side="right") - 1
+            return np.asarray(self.bases[block] + (pos - self.offsets[block]), np.int64)
         bounds = self.window_bounds
         w = np.searchsorted(bounds, pos, side="right") - 1
         start = bounds[w]
@@ -213,7 +223,8 @@ class GlobalOrder:
             member = start + window_permute(pos - start, size, self._keys(w))
         k = np.searchsorted(self.permuted_offsets, member, side="right") - 1
         shard = self.perm[k]
-        return np.asarray(self.offsets[shard] + (member - self.permuted_offsets[k]), np.int64)
+        starts = self.offsets if self.bases is None else self.bases
+        return np.asarray(starts[shard] + (member - self.permuted_offsets[k]), np.int64)
 
     def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
         return self.ids(np.arange(start, stop, dtype=np.int64), dense)
@@ -226,7 +237,7 @@ class GlobalOrder:
     @property
     def nbytes(self) -> int:
         """Memory held by the order: O(shards), whatever the number of samples."""
-        arrays = [self.offsets]
+        arrays = [self.offsets] if self.bases is None else [self.offsets, self.bases]
         if self.shuffle:
             arrays += [self.perm, self.permuted_offsets, self.window_bounds]
         return sum(a.nbytes for a in arrays)
@@ -249,25 +260,270 @@ class _Order(Protocol):
     def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray: ...
 
 
-_ORDERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], GlobalOrder]] = (
-    weakref.WeakKeyDictionary()
-)
+_ORDERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], _Order]] = weakref.WeakKeyDictionary()
 
 
-def _order_of(dataset: Dataset, seed: int, epoch: int, shuffle: bool, window: int) -> GlobalOrder:
+def _order_of(
+    dataset: Dataset, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int = 0
+) -> _Order:
     """The dataset's global order for these settings; the last two are kept per dataset, so
-    a loader and its resumed or re-planned passes share one O(shards) order."""
-    key = (dataset.fingerprint, int(seed), int(epoch), bool(shuffle), int(window))
+    a loader and its resumed or re-planned passes share one O(shards) order. A mixture
+    (anything with ``make_order``) makes its own, which may depend on the batch size."""
+    make = getattr(dataset, "make_order", None)
+    if make is None or not getattr(dataset, "order_uses_batch_size", False):
+        batch_size = 0
+    key = (dataset.fingerprint, int(seed), int(epoch), bool(shuffle), int(window), batch_size)
     kept = _ORDERS.setdefault(dataset, {})
     order = kept.get(key)
     if order is None:
-        order = GlobalOrder(
-            np.diff(dataset.shard_offsets), dataset.fingerprint, seed, epoch, shuffle, window
-        )
+        if make is not None:
+            order = make(int(seed), int(epoch), bool(shuffle), int(window), batch_size)
+        else:
+            order = GlobalOrder(
+                np.diff(dataset.shard_offsets), dataset.fingerprint, seed, epoch, shuffle, window
+            )
         while len(kept) >= 2:
             kept.pop(next(iter(kept)))
         kept[key] = order
     return order
+
+
+# --------------------------------------------------------------------------- mixtures
+
+BATCHING = ("random", "stratified", "per_source")
+
+
+@dataclass(frozen=True)
+class MixturePlan:
+    """What fixes a mixture's order (pure data, O(shards)): per source its shard sizes, the
+    first id of its samples in the mixture's id space (sources back to back), its
+    fingerprint and how many samples it gives per epoch; the mixture's fingerprint and
+    batching."""
+
+    fingerprint: str
+    shard_sizes: tuple[np.ndarray, ...]
+    bases: tuple[int, ...]
+    counts: tuple[int, ...]
+    source_fingerprints: tuple[str, ...]
+    batching: str = "random"
+
+
+def source_pieces(
+    sizes: np.ndarray, base: int, count: int, epoch: int, fingerprint: str, seed: int, shuffle: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """The pieces of shards one source gives to ``epoch`` of a mixture: (sizes, first ids).
+
+    A source is read as an endless *stream* of passes; each pass is every shard once, in a
+    permutation keyed by (source fingerprint, seed, pass) when shuffling. Epoch ``e`` takes
+    stream positions ``[e * count, (e + 1) * count)``, so no sample is drawn again before
+    every sample of the source has been drawn (a subset per epoch walks on through the
+    pass), and with ``count`` = r x the source's size each sample appears floor(r) or ceil(r)
+    times in an epoch. Cost: O(shards x passes the epoch touches).
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    n = int(sizes.sum())
+    if count <= 0 or n == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    start, stop = epoch * count, (epoch + 1) * count
+    out_sizes, out_bases = [], []
+    for k in range(start // n, (stop - 1) // n + 1):
+        if shuffle:
+            perm = _rng(f"stream:{fingerprint}", seed, k).permutation(len(sizes)).astype(np.int64)
+        else:
+            perm = np.arange(len(sizes), dtype=np.int64)
+        cum = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes[perm], out=cum[1:])
+        a, b = max(start - k * n, 0), min(stop - k * n, n)
+        ranks = np.arange(
+            np.searchsorted(cum, a, side="right") - 1, np.searchsorted(cum, b, side="left")
+        )
+        lo = np.maximum(cum[ranks], a)
+        hi = np.minimum(cum[ranks + 1], b)
+        keep = hi > lo
+        out_sizes.append((hi - lo)[keep])
+        out_bases.append((base + offsets[perm[ranks]] + (lo - cum[ranks]))[keep])
+    return np.concatenate(out_sizes), np.concatenate(out_bases)
+
+
+def merged_counts(counts: Sequence[int], x: int) -> list[int]:
+    """How many items of each sequence are among the first ``x`` of their smooth merge.
+
+    Of ``S`` sequences, sequence ``s`` has ``counts[s]`` items; its item ``j`` sits at time
+    (j + (2s + 1) / 2S) / counts[s] in [0, 1) (phases staggered so that sources of equal
+    size do not tie), and the merge orders all items by (time, s). Every prefix then holds
+    each sequence's share of it to within about one item (a divisor method, in exact
+    rational arithmetic), and the counts never decrease as ``x`` grows, so consecutive
+    prefixes give each batch a non-negative, proportional number of items.
+    """
+    from fractions import Fraction
+    from heapq import heapify, heappop, heappush
+
+    total, q = sum(counts), 2 * len(counts)
+    x = max(0, min(int(x), total))
+
+    def time(s: int, j: int) -> Fraction:
+        return Fraction(j * q + 2 * s + 1, counts[s] * q)
+
+    got = []
+    for s, c in enumerate(counts):  # items with time <= x / total
+        v = c * x * q - (2 * s + 1) * total
+        got.append(0 if v < 0 else min(c, v // (q * total) + 1))
+    extra = sum(got) - x
+    if extra > 0:  # drop the latest items included: the largest times, later sources first
+        late = [(-time(s, g - 1), -s) for s, g in enumerate(got) if g]
+        heapify(late)
+        for _ in range(extra):
+            s = -heappop(late)[1]
+            got[s] -= 1
+            if got[s]:
+                heappush(late, (-time(s, got[s] - 1), -s))
+    elif extra < 0:  # add the earliest items left out: the smallest times, earlier sources first
+        early = [(time(s, g), s) for s, g in enumerate(got) if g < counts[s]]
+        heapify(early)
+        for _ in range(-extra):
+            s = heappop(early)[1]
+            got[s] += 1
+            if got[s] < counts[s]:
+                heappush(early, (time(s, got[s]), s))
+    return got
+
+
+class MixtureOrder:
+    """The lazy order of one epoch of a mixture: position -> id in the mixture's id space.
+
+    Each source contributes the pieces :func:`source_pieces` gives it for the epoch, so the
+    per-source counts are exact. ``batching``:
+
+    - ``"random"``: all pieces are ordered like the shards of one dataset
+      (:class:`GlobalOrder`: pieces permuted, samples permuted within windows of pieces), so
+      sources interleave through the shuffle and a reader holds a window of pieces.
+    - ``"stratified"``: each source's pieces form its own windowed order; batch ``b`` takes
+      from each source the items :func:`merged_counts` assigns to positions
+      ``[b * batch_size, (b + 1) * batch_size)`` (its share of every batch, within about one
+      sample), shuffled within the batch.
+    - ``"per_source"``: each batch holds one source's samples; the sources' whole batches
+      follow their smooth merge (each source in proportion across the epoch); the sources'
+      remainders (fewer than a batch each) form the epoch's last batches, which may mix.
+
+    Holds O(pieces) arrays, whatever the epoch's length.
+    """
+
+    def __init__(
+        self,
+        plan: MixturePlan,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        window: int = DEFAULT_WINDOW,
+        batch_size: int = 0,
+    ) -> None:
+        if plan.batching not in BATCHING:
+            raise SpecError(f"batching={plan.batching!r}: must be one of {BATCHING}")
+        self.plan, self.seed, self.epoch, self.shuffle = plan, seed, epoch, shuffle
+        self.counts = [int(c) for c in plan.counts]
+        self.total = int(sum(self.counts))
+        self.batch_size = int(batch_size)
+        pieces = [
+            source_pieces(sizes, base, count, epoch, fp, seed, shuffle)
+            for sizes, base, count, fp in zip(
+                plan.shard_sizes, plan.bases, self.counts, plan.source_fingerprints
+            )
+        ]
+        if plan.batching == "random":
+            sizes = np.concatenate([p[0] for p in pieces]) if pieces else np.empty(0, np.int64)
+            bases = np.concatenate([p[1] for p in pieces]) if pieces else np.empty(0, np.int64)
+            self.mixed = GlobalOrder(
+                sizes, plan.fingerprint, seed, epoch, shuffle, window, bases=bases
+            )
+            return
+        if self.batch_size < 1:
+            raise SpecError(f"batching={plan.batching!r} needs a batch size >= 1")
+        self.streams = [
+            GlobalOrder(p[0], f"{plan.fingerprint}:{s}", seed, epoch, shuffle, window, bases=p[1])
+            for s, p in enumerate(pieces)
+        ]
+        self.full = [c // self.batch_size for c in self.counts]  # per_source: whole batches
+        self._key = _key(plan.fingerprint, seed, epoch)
+        self._dense = len(self.counts) <= DENSE_WORLD
+        self._merged: dict[int, list[int]] = {}
+
+    @property
+    def nbytes(self) -> int:
+        if self.plan.batching == "random":
+            return self.mixed.nbytes
+        return sum(s.nbytes for s in self.streams)
+
+    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
+        if self.plan.batching == "random":
+            return self.mixed.take(start, stop, dense)
+        if stop <= start:
+            return np.empty(0, dtype=np.int64)
+        size = self.batch_size
+        parts = []
+        for b in range(start // size, (stop - 1) // size + 1):
+            chunk = self._batch(b)
+            parts.append(chunk[max(start - b * size, 0) : min(stop - b * size, len(chunk))])
+        return np.concatenate(parts)
+
+    def _counts_at(self, counts: list[int], x: int) -> list[int]:
+        key = x if counts is self.counts else -1 - x
+        got = self._merged.get(key)
+        if got is None:
+            got = merged_counts(counts, x)
+            while len(self._merged) >= 8:
+                self._merged.pop(next(iter(self._merged)))
+            self._merged[key] = got
+        return got
+
+    def _from_streams(self, lo: list[int], hi: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of stream ranges ``[lo[s], hi[s])`` with each one's merge time."""
+        ids, times = [], []
+        for s, (a, b) in enumerate(zip(lo, hi)):
+            if b > a:
+                ids.append(self.streams[s].take(a, b, self._dense))
+                j = np.arange(a, b, dtype=np.float64)
+                phase = (2 * s + 1) / (2 * len(self.counts))
+                times.append((j + phase) / self.counts[s])
+        if not ids:
+            return np.empty(0, np.int64), np.empty(0, np.float64)
+        return np.concatenate(ids), np.concatenate(times)
+
+    def _batch(self, b: int) -> np.ndarray:
+        """The ids at positions ``[b * batch_size, (b + 1) * batch_size)`` in their order."""
+        size = self.batch_size
+        x0, x1 = b * size, min((b + 1) * size, self.total)
+        if self.plan.batching == "stratified":
+            ids, times = self._from_streams(
+                self._counts_at(self.counts, x0), self._counts_at(self.counts, x1)
+            )
+        else:
+            whole = sum(self.full)
+            if b < whole:  # a whole batch of one source: which one is the merge's b-th
+                before, after = self._counts_at(self.full, b), self._counts_at(self.full, b + 1)
+                s = next(i for i, (u, v) in enumerate(zip(before, after)) if v > u)
+                k = before[s]
+                return self.streams[s].take(k * size, (k + 1) * size, self._dense)
+            # the sources' remainders, back to back, cut at this batch's bounds
+            tails = np.cumsum([0] + [c - f * size for c, f in zip(self.counts, self.full)])
+            lo_t, hi_t = x0 - whole * size, x1 - whole * size
+            lo = [
+                f * size + int(np.clip(lo_t - t, 0, n))
+                for f, t, n in zip(self.full, tails[:-1], np.diff(tails))
+            ]
+            hi = [
+                f * size + int(np.clip(hi_t - t, 0, n))
+                for f, t, n in zip(self.full, tails[:-1], np.diff(tails))
+            ]
+            ids, times = self._from_streams(lo, hi)
+        if self.shuffle:
+            return ids[
+                _rng(f"batch:{self.plan.fingerprint}:{b}", self.seed, self.epoch).permutation(
+                    len(ids)
+                )
+            ]
+        return ids[np.argsort(times, kind="stable")]
 
 
 def global_order(
@@ -332,6 +588,8 @@ class LoaderState:
                 f"fingerprint {dataset.fingerprint[:16]}…: resuming would mix up samples"
             )
         for name, value in settings.items():
+            if name == "batch_size" and not getattr(dataset, "order_uses_batch_size", False):
+                continue  # positions count samples: the batch size may change on resume
             if getattr(self, name) != value:
                 raise SpecError(
                     f"loader state was saved with {name}={getattr(self, name)!r}, the loader "
@@ -411,7 +669,9 @@ class EpochPlan(Sequence[np.ndarray]):
         consumed: int = 0,
         even_batches: bool = False,
     ) -> EpochPlan:
-        order = _order_of(dataset, seed, epoch, shuffle, resolve_window(shuffle_window))
+        order = _order_of(
+            dataset, seed, epoch, shuffle, resolve_window(shuffle_window), int(batch_size)
+        )
         return cls(
             order,
             int(batch_size),

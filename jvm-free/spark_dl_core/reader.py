@@ -62,6 +62,11 @@ class BatchReader:
         spec_ops: bool = True,
     ) -> None:
         self.dataset, self.batches = dataset, batches
+        # Derived columns (a mixture's source column) are computed from ids, not decoded.
+        derived = dataset.derived
+        self.derived = [n for n in derived if columns is None or n in columns]
+        if columns is not None and derived:
+            columns = [c for c in columns if c not in derived]
         self.columns, self.images, self.verify = columns, images, verify_hashes
         self.jagged = jagged
         self.ops = ReadOps(
@@ -293,6 +298,8 @@ class BatchReader:
                     out = self.out_for(j, self.fixed_bytes(len(index)) or 0)
                 started = time.perf_counter()
                 decoded = python_types(self.dataset, self._decode(j, index, shards, out))
+                for name in self.derived:
+                    decoded[name] = self.dataset.derive(name, index)
                 decoded = self.ops.apply(decoded, index)
                 if not self.jagged:  # plain numpy: token sequences, images as object arrays
                     for name, value in decoded.items():
@@ -492,10 +499,7 @@ class ReadOps:
         return batch
 
     def _where(self, column: str, sample: int, message: str) -> str:
-        ds = self.dataset
-        shard = int(np.searchsorted(ds.shard_offsets, sample, side="right") - 1)
-        local = sample - int(ds.shard_offsets[shard])
-        file = ds.store.display(ds.shards[shard].stored.basename)
+        file, local = self.dataset.locate(sample)
         return f"column {column!r}, shard {file!r}, sample {local} (global {sample}): {message}"
 
     def _through_arrow(self, batch: Batch, ops: list[Any]) -> Batch:

@@ -176,7 +176,13 @@ def make_tf_dataset(
     epoch, consumed = settings.epoch, 0
     if state is not None:
         loaded = LoaderState.from_dict(state)
-        loaded.check(dataset, seed=settings.seed, shuffle=settings.shuffle, shuffle_window=window)
+        loaded.check(
+            dataset,
+            seed=settings.seed,
+            shuffle=settings.shuffle,
+            shuffle_window=window,
+            batch_size=settings.batch_size,
+        )
         epoch, consumed = loaded.epoch, loaded.consumed
 
     def plan_for(epoch: int, consumed: int) -> EpochPlan:
@@ -200,7 +206,7 @@ def make_tf_dataset(
         epoch, consumed = epoch + 1, 0
         first = plan_for(epoch, 0)
     chosen = settings.column_list
-    names = chosen if chosen is not None else list(dataset.layout.names)
+    names = chosen if chosen is not None else [*dataset.layout.names, *dataset.derived]
     read: dict[str, Any] = {
         "columns": names,
         "images": settings.images,

@@ -878,6 +878,7 @@ class TorchLoader:
             seed=self.seed,
             shuffle=self.shuffle,
             shuffle_window=self.shuffle_window,
+            batch_size=self.batch_size,
         )
         self._set_position(loaded.epoch, loaded.consumed)
 
