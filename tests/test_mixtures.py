@@ -163,6 +163,7 @@ def test_torch_workers_and_resume_at_another_world_size(paths: dict[str, str]) -
     it = iter(loader)
     seen = [next(it)["id"].numpy() for _ in range(6)]
     state = json.loads(json.dumps(loader.state_dict()))
+    it.close()  # type: ignore[attr-defined]
     rest = []
     for r in range(2):
         resumed = m.to_torch(batch_size=32, shuffle=True, seed=5, rank=r, world_size=2)  # type: ignore[attr-defined]
@@ -175,13 +176,15 @@ def test_torch_workers_and_resume_at_another_world_size(paths: dict[str, str]) -
 def test_state_of_another_mixture_or_batch_size_is_refused(paths: dict[str, str]) -> None:
     m = _mixture(paths, epoch_size=700)
     loader = m.to_torch(batch_size=32, shuffle=True, seed=5)  # type: ignore[attr-defined]
-    next(iter(loader))
+    for _ in loader:
+        break
     other = _mixture(paths, epoch_size=800).to_torch(batch_size=32, shuffle=True, seed=5)  # type: ignore[attr-defined]
     with pytest.raises(SpecError, match="fingerprint"):
         other.load_state_dict(loader.state_dict())
     strat = _mixture(paths, epoch_size=700, batching="stratified")
     first = strat.to_torch(batch_size=32, shuffle=True, seed=5)  # type: ignore[attr-defined]
-    next(iter(first))
+    for _ in first:
+        break
     with pytest.raises(SpecError, match="batch_size"):
         strat.to_torch(batch_size=16, shuffle=True, seed=5).load_state_dict(first.state_dict())  # type: ignore[attr-defined]
 

@@ -387,11 +387,12 @@ def test_leaving_an_in_process_pass_stops_reading_and_errors_reach_the_loop(
     import threading
 
     ds = open_dataset(written)
+    before = set(threading.enumerate())  # other tests' abandoned iterators may hold theirs
     loader = ds.to_torch(batch_size=5, shuffle=True)
     for step, _ in enumerate(loader):
         if step == 3:
             break
-    alive = {t.name for t in threading.enumerate()}
+    alive = {t.name for t in set(threading.enumerate()) - before}
     assert "spark-dl-prefetch" not in alive
 
     import shutil
