@@ -108,13 +108,25 @@ def test_same_batches_on_any_world_size(paths: dict[str, str], batching: str) ->
             [
                 b["id"]
                 for b in _epoch(
-                    m, batch_size=40, shuffle=True, seed=2, epoch=1, rank=r, world_size=world
+                    m,
+                    batch_size=40,
+                    shuffle=True,
+                    seed=2,
+                    epoch=1,
+                    rank=r,
+                    world_size=world,
+                    even_batches=False,
                 )
             ]
             for r in range(world)
         ]
         dealt = [per_rank[g % world][g // world] for g in range(len(whole))]
         assert all((a == b).all() for a, b in zip(whole, dealt))
+        padded = [
+            len(_epoch(m, batch_size=40, shuffle=True, seed=2, epoch=1, rank=r, world_size=world))
+            for r in range(world)
+        ]
+        assert len(set(padded)) == 1  # even_batches (the default): equal steps on every rank
     again = [b["id"] for b in _epoch(m, batch_size=40, shuffle=True, seed=2, epoch=1)]
     assert all((a == b).all() for a, b in zip(whole, again))
     other = _ids(_epoch(m, batch_size=40, shuffle=True, seed=2, epoch=2))
