@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 from spark_dl_core import DatasetSpec
+from spark_dl_core.meta import column_names
 
 from .converter import Converter, as_spec, fixed_shapes, make_converter, resolve_spec
 from .datasource import FORMAT
@@ -114,7 +115,7 @@ class DLAccessor:
             epoch=epoch,
             even_batches=even_batches,
             pad_mask=pad_mask,
-            columns=list(columns) if columns is not None else None,
+            columns=column_names(columns),
             shuffle_window=shuffle_window,
             images=images,
             transforms=list(transforms) if transforms is not None else None,
@@ -168,7 +169,7 @@ class DLAccessor:
             epoch=epoch,
             even_batches=even_batches,
             pad_mask=pad_mask,
-            columns=list(columns) if columns is not None else None,
+            columns=column_names(columns),
             shuffle_window=shuffle_window,
             images=images,
             transforms=list(transforms) if transforms is not None else None,

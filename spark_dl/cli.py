@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -110,8 +111,17 @@ def cmd_export(args: argparse.Namespace) -> int:
         "fingerprint": result.fingerprint,
         "source": source,
     }
+    if result.skipped:  # --mode ignore found a dataset: report it, not the table not written
+        summary["skipped"] = True
+        summary["source"] = (result.meta or {}).get("source")
     if args.json:
         _print_json(summary)
+    elif result.skipped:
+        print(
+            f"skipped: {result.path} already holds a dataset ({result.num_samples} samples in "
+            f"{result.shards} shard(s)); --mode ignore leaves it as it is\n"
+            f"fingerprint {result.fingerprint}"
+        )
     else:
         print(
             f"wrote {result.num_samples} samples in {result.shards} shard(s) to {result.path}\n"
@@ -285,6 +295,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
     import spark_dl
     from spark_dl.sql import run_sql_file
 
+    if not os.environ.get("PYSPARK_PYTHON"):  # our own session: its workers run this Python
+        os.environ["PYSPARK_PYTHON"] = sys.executable  # (the JVM it starts inherits it)
     spark = (
         SparkSession.builder.master(args.master)
         .appName("spark-dl sql")

@@ -190,3 +190,56 @@ def test_sql_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.sql"
     bad.write_text("SELECT * FROM no_such_table;\n")
     assert "no_such_table" in run("sql", str(bad), check=1).stderr
+
+
+def test_export_mode_ignore_says_it_skipped(table: str, tmp_path: Path) -> None:
+    out = str(tmp_path / "ds")
+    first = json.loads(run("export", table, "--version", "0", "--out", out, "--json").stdout)
+    again = json.loads(run("export", table, "--out", out, "--mode", "ignore", "--json").stdout)
+    assert again["skipped"] is True and "skipped" not in first
+    assert again["source"]["version"] == 0  # the dataset's version, not the one not written
+    assert (again["samples"], again["fingerprint"]) == (first["samples"], first["fingerprint"])
+    text = run("export", table, "--out", out, "--mode", "ignore", "--no-progress").stdout
+    assert text.startswith("skipped:") and "wrote" not in text
+
+
+def test_inspect_paths_that_are_not_datasets(exported: dict[str, Any], tmp_path: Path) -> None:
+    out = exported["out"]
+    err = run("inspect", os.path.join(out, "index.json"), check=1).stderr
+    assert "names the index file; open the dataset directory" in err and "index.json/" not in err
+    err = run("inspect", os.path.join(out, "spark_dl.json"), check=1).stderr
+    assert "is a file, not a dataset directory" in err
+    assert "path is empty" in run("inspect", "", check=1).stderr
+    assert "Traceback" not in err
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_sql_workers_use_the_cli_interpreter(tmp_path: Path) -> None:
+    """Without PYSPARK_PYTHON, Spark's workers would start whatever ``python3`` is on PATH;
+    the CLI's own session runs them on its interpreter (which has spark_dl installed)."""
+    from spark_dl_core import write_mds
+
+    data = str(tmp_path / "ds")
+    write_mds(pa.table({"id": list(range(5))}), data)
+    sql = tmp_path / "q.sql"
+    sql.write_text(
+        f"CREATE TEMPORARY VIEW t USING mds OPTIONS (path '{data}');\n"
+        "SELECT count(*) AS n FROM t;\n"
+    )
+    fake = tmp_path / "bin"  # the python3 a worker would find on PATH: not ours
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\necho 'not this python' >&2\nexit 3\n")
+    (fake / "python3").chmod(0o755)
+    unset = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env["PATH"] = f"{fake}:{os.path.dirname(sys.executable)}:/usr/bin:/bin"
+    proc = subprocess.run(
+        [*CLI, "sql", str(sql), "--json", "--master", "local[1]"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)[1]["rows"] == [[5]]

@@ -443,3 +443,65 @@ def test_booleans_read_as_numpy_bool(tmp_path: Path) -> None:
     assert batch["flag"].dtype == np.bool_ and batch["flag"].tolist() == [True, False]
     assert batch["flags"].dtype == np.bool_ and batch["flags"].shape == (2, 2)
     assert [v.dtype for v in batch["ragged"]] == [np.bool_, np.bool_]
+
+
+def test_columns_take_a_list_a_tuple_or_one_name(tmp_path: Path) -> None:
+    from spark_dl_core.loader_settings import LoaderSettings
+
+    write_mds(pa.table({"x": [1], "s": ["a"], "xs": [2]}), str(tmp_path))
+    ds = open_dataset(tmp_path)
+    (one,) = ds.iter_batches(batch_size=4, columns="xs")
+    assert list(one) == ["xs"]  # the column named "xs", not "x" and "s"
+    (two,) = ds.iter_batches(batch_size=4, columns=("s", "x"))
+    assert list(two) == ["s", "x"]
+    assert ds.to_arrow(columns="xs").column_names == ["xs"]
+    assert list(ds.read(np.arange(1), columns="s")) == ["s"]
+    assert LoaderSettings(columns="xs").columns == ("xs",)  # type: ignore[arg-type]
+    for bad in ({"x"}, 5, ["x", 3], {"x": 1}):
+        with pytest.raises(SpecError, match="column"):
+            list(ds.iter_batches(batch_size=4, columns=bad))
+    with pytest.raises(SpecError, match="not set"):
+        ds.to_arrow(columns={"x"})  # type: ignore[arg-type]
+
+
+def test_write_mds_inputs(tmp_path: Path) -> None:
+    import pandas as pd
+
+    rows = [{"a": 1, "b": "x"}, {"a": 2, "b": None}]
+    write_mds(rows, str(tmp_path / "rows"), DatasetSpec(nulls="mask"))
+    assert open_dataset(tmp_path / "rows").to_arrow().equals(pa.Table.from_pylist(rows))
+    write_mds(pd.DataFrame({"a": [1, 2]}), str(tmp_path / "pandas"))
+    table = pa.table({"a": [1, 2, 3]})
+    batches = iter(table.to_batches(max_chunksize=1))
+    assert write_mds(batches, str(tmp_path / "iter")).num_samples == 3
+    reader = pa.RecordBatchReader.from_batches(table.schema, table.to_batches())
+    assert write_mds(reader, str(tmp_path / "reader")).num_samples == 3
+    for bad, named in [
+        ({"a": [1]}, "not dict"),
+        ("abc", "not str"),
+        (5, "not int"),
+        ([1, 2], "got int"),
+        (iter(rows), "got dict; a list of dicts is read as rows"),
+        ([[table]], "got list"),
+        ([{"a": 1}, {"a": "x"}], "list of dicts is not a table"),
+    ]:
+        with pytest.raises(SpecError, match=named):
+            write_mds(bad, str(tmp_path / "bad"))
+    assert not (tmp_path / "bad").exists() or not (tmp_path / "bad" / "index.json").exists()
+
+
+def test_paths_that_are_not_datasets_say_why(tmp_path: Path) -> None:
+    write_mds(pa.table({"a": [1]}), str(tmp_path / "ds"))
+    cases = [
+        (None, SpecError, "not NoneType"),
+        ("", SpecError, "path is empty"),
+        (str(tmp_path / "ds" / "index.json"), DatasetError, "open the dataset directory"),
+        (str(tmp_path / "ds" / "spark_dl.json"), DatasetError, "is a file, not a dataset dir"),
+        (str(tmp_path / "missing"), DatasetError, "missing does not exist"),
+        (str(tmp_path), DatasetError, "no dataset is committed"),
+    ]
+    for path, kind, words in cases:
+        with pytest.raises(kind, match=words):
+            open_dataset(path)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="not NoneType"):
+        write_mds(pa.table({"a": [1]}), None)  # type: ignore[arg-type]

@@ -36,7 +36,8 @@ from .format.hashing import content_hash, digest, fastest
 from .format.index import INDEX_FILE, ShardInfo
 from .format.shard import Layout, ShardData
 from .indexing import index_fingerprint
-from .meta import ColumnPlan, plans_from_meta, read_meta, stored_layout
+from .meta import ColumnPlan, column_names, plans_from_meta, read_meta, stored_layout
+from .storage import check_path
 
 if TYPE_CHECKING:
     from .loader_settings import LoaderSettings
@@ -60,6 +61,7 @@ class Dataset:
         allow_unsafe: bool = False,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
+        check_path(path)
         self.path = str(path)
         # remote stores serve shard files through the local cache (see cache.shard_store)
         self.store = shard_store(self.path, storage_options, cache_dir)
@@ -80,11 +82,24 @@ class Dataset:
         # The compact index when present: per-shard JSON is never parsed on open.
         committed = read_meta(self.store, compact=True, cache_dir=self.cache_dir)
         if committed is None:
-            raise DatasetError(f"{self.store.display(INDEX_FILE)} does not exist")
+            raise DatasetError(self._why_no_index())
         self._compact = committed.compact
         found: Any = committed.shards
         shards = found if isinstance(found, ShardTable) else ShardTable.from_infos(list(found))
         return shards, committed.meta, committed.index_text
+
+    def _why_no_index(self) -> str:
+        """Why nothing is committed at this path, in the words a user can act on."""
+        store, shown = self.store, self.store.display()
+        if os.path.basename(store.root) == INDEX_FILE:
+            parent = shown[: -len(INDEX_FILE)].rstrip("/") or "/"
+            return f"{shown} names the index file; open the dataset directory {parent}"
+        if not store.remote:
+            if os.path.isfile(store.root):
+                return f"{shown} is a file, not a dataset directory (one holding {INDEX_FILE})"
+            if not os.path.exists(store.root):
+                return f"{shown} does not exist"
+        return f"{store.display(INDEX_FILE)} does not exist: no dataset is committed at {shown}"
 
     def _layout(self) -> Layout:
         if self._compact is not None and len(self.shards):  # one column layout by construction
@@ -366,7 +381,7 @@ class Dataset:
         self, columns: list[str] | None, images: ImageMode
     ) -> tuple[list[str], DecodeOptions]:
         """The columns to decode (checked to exist and to be safe to decode) and options."""
-        names = list(columns) if columns is not None else list(self.layout.names)
+        names = column_names(columns) or (list(self.layout.names) if columns is None else [])
         missing = [c for c in names if c not in self.layout.names]
         if missing:
             raise ColumnNotFoundError(
@@ -417,6 +432,7 @@ class Dataset:
 
         ``loaded`` keeps decompressed shards between calls; the caller bounds its size.
         """
+        columns = column_names(columns)
         indices = np.asarray(indices, dtype=np.int64)
         stored = int(self.shard_offsets[-1])
         if len(indices) and (indices.min() < 0 or indices.max() >= stored):
@@ -723,6 +739,7 @@ class Dataset:
 
     def to_arrow(self, columns: list[str] | None = None, batch_size: int = 65536) -> pa.Table:
         """The whole dataset (or some columns) as an Arrow table with the recorded types."""
+        columns = column_names(columns)
         from .arrow_bridge import batch_to_arrow
         from .order import EpochPlan
         from .reader import BatchReader
@@ -870,5 +887,8 @@ def open_dataset(
     ``cache_dir`` is where shards of remote datasets are kept locally.
     """
     return Dataset(
-        str(path), cache_dir=cache_dir, allow_unsafe=allow_unsafe, storage_options=storage_options
+        path if not isinstance(path, os.PathLike) else os.fspath(path),
+        cache_dir=cache_dir,
+        allow_unsafe=allow_unsafe,
+        storage_options=storage_options,
     )

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import DatasetError
+from .meta import column_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from .dataset import Dataset
@@ -425,7 +426,7 @@ def open_delta(
         files=files,
         schema=schema,
         partition_columns=partition_columns,
-        columns=list(columns) if columns is not None else None,
+        columns=column_names(columns),
         filter=_as_expression(filter),
         storage_options=storage_options,
         available=available,

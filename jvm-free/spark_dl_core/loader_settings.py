@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .errors import SpecError
+from .meta import column_names
 from .order import DEFAULT_WINDOW
 from .reader import DEFAULT_PREFETCH_BYTES, BatchReader
 
@@ -99,8 +100,8 @@ class LoaderSettings:
             "not supported: every pass (epoch or resume) deals workers a new plan, so "
             "workers start per pass; leave it False",
         )
-        if self.columns is not None:
-            need(all(isinstance(c, str) for c in self.columns), "columns", "not column names")
+        names = column_names(self.columns, "loader setting columns")
+        object.__setattr__(self, "columns", None if names is None else tuple(names))
         if self.transforms:
             for t in self.transforms:
                 need(
@@ -120,8 +121,6 @@ class LoaderSettings:
                 raise SpecError(f"unknown loader setting {name!r}{hint}")
         if kwargs.get("shuffle_window") is None:
             kwargs.pop("shuffle_window", None)
-        if kwargs.get("columns") is not None:
-            kwargs["columns"] = tuple(kwargs["columns"])
         if kwargs.get("transforms") is not None:
             kwargs["transforms"] = tuple(kwargs["transforms"])
         else:

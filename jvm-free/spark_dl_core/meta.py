@@ -62,6 +62,24 @@ def plan_columns(schema: pa.Schema, spec: DatasetSpec) -> list[ColumnPlan]:
     return plans
 
 
+def column_names(value: Any, setting: str = "columns") -> list[str] | None:
+    """A ``columns=`` argument as a list of names: a list or tuple of names, one name as a
+    string (never its letters), None for all; anything else is refused naming the type."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        bad = [c for c in value if not isinstance(c, str)]
+        if not bad:
+            return list(value)
+        raise SpecError(f"{setting}: column names are strings, got {bad[0]!r} in {value!r}")
+    raise SpecError(
+        f"{setting} must be a list or tuple of column names (or one name), "
+        f"not {type(value).__name__}"
+    )
+
+
 def plans_schema(plans: list[ColumnPlan]) -> pa.Schema:
     """The Arrow schema the plans store (before null masks are added)."""
     return pa.schema([pa.field(p.name, p.arrow_type, nullable=p.nullable) for p in plans])

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DatasetError, MissingDependencyError
+from .errors import DatasetError, MissingDependencyError, SpecError
 
 _SECRET_NAME = re.compile(r"key|secret|token|passw|credential|sas|signature|auth", re.I)
 _SECRET_ENV = (
@@ -63,10 +63,22 @@ def _local_path(url: str) -> str:
     return os.path.expanduser(url)
 
 
+def check_path(url: Any) -> None:
+    """Refuse what cannot name a dataset (None, "", a number) before it becomes a path."""
+    if not isinstance(url, (str, os.PathLike)):
+        raise SpecError(
+            f"a dataset path is a string or path-like (local directory or URL), "
+            f"not {type(url).__name__}"
+        )
+    if not os.fspath(url).strip():
+        raise SpecError("the dataset path is empty; give a local directory or a URL")
+
+
 class Store:
     """Files of one dataset directory, addressed by names relative to it."""
 
     def __init__(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None):
+        check_path(url)
         self.url = str(url).rstrip("/") or "/"
         self.remote = is_remote(self.url)
         self.storage_options = dict(storage_options or {})

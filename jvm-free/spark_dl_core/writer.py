@@ -7,7 +7,7 @@ table, a batch iterator or a pandas frame and commits the dataset.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -302,34 +302,61 @@ def _as_batches(data: DataLike) -> tuple[pa.Schema | None, Iterator[pa.RecordBat
     """The input's schema (None if it cannot be known without batches) and its batches.
 
     Tables, readers and frames know their schema even with zero rows, so an empty one
-    writes an empty dataset; a bare iterator's schema comes from its first batch.
+    writes an empty dataset; a bare iterator's schema comes from its first batch. A list
+    of dicts is rows, as ``pa.Table.from_pylist`` reads them.
     """
-    if isinstance(data, pa.Table):
-        return data.schema, iter(data.to_batches())
-    if isinstance(data, pa.RecordBatch):
-        return data.schema, iter([data])
-    if isinstance(data, pa.RecordBatchReader):
-        return data.schema, iter(data)
-    if type(data).__module__.startswith("pandas"):
-        return _as_batches(pa.Table.from_pandas(data, preserve_index=False))
-    if isinstance(data, Iterable):
+    whole = _whole(data)
+    if whole is not None:
+        return whole
+    if isinstance(data, list) and data and all(isinstance(row, Mapping) for row in data):
+        try:
+            return _as_batches(pa.Table.from_pylist(data))
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise SpecError(f"write_mds: the list of dicts is not a table of rows: {exc}") from None
+    if isinstance(data, Iterable) and not isinstance(data, (str, bytes, Mapping)):
         items = iter(data)
         for item in items:
-            schema, first = _as_batches(item)
+            schema, first = _item(item)
             if schema is None:
                 continue
             return schema, _chain(first, items)
         return None, iter(())
     raise SpecError(
         f"write_mds takes a pyarrow Table/RecordBatch/RecordBatchReader, an iterable of "
-        f"RecordBatches or a pandas DataFrame, not {type(data).__name__}"
+        f"RecordBatches, a pandas DataFrame or a list of dicts (rows), not "
+        f"{type(data).__name__}"
     )
+
+
+def _whole(data: Any) -> tuple[pa.Schema | None, Iterator[pa.RecordBatch]] | None:
+    """Inputs that carry their schema: tables, batches, readers, pandas frames."""
+    if isinstance(data, pa.Table):
+        return data.schema, iter(data.to_batches())
+    if isinstance(data, pa.RecordBatch):
+        return data.schema, iter([data])
+    if isinstance(data, pa.RecordBatchReader):
+        return data.schema, iter(data)
+    if type(data).__module__.startswith("pandas") and hasattr(data, "columns"):
+        return _as_batches(pa.Table.from_pandas(data, preserve_index=False))
+    return None
+
+
+def _item(item: Any) -> tuple[pa.Schema | None, Iterator[pa.RecordBatch]]:
+    """One item of an iterable input: a batch, table, reader or frame, nothing else."""
+    whole = _whole(item)
+    if whole is None:
+        rows = "; a list of dicts is read as rows" if isinstance(item, Mapping) else ""
+        raise SpecError(
+            f"write_mds: an iterable input must yield pyarrow RecordBatches or Tables (or "
+            f"pandas DataFrames), got {type(item).__name__}{rows}"
+        )
+    return whole
 
 
 def _chain(first: Iterator[pa.RecordBatch], rest: Iterator[Any]) -> Iterator[pa.RecordBatch]:
     yield from first
     for item in rest:
-        yield from _as_batches(item)[1]
+        yield from _item(item)[1]
 
 
 def _conform(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -348,6 +375,7 @@ class WriteResult:
     shards: int
     fingerprint: str
     meta: dict[str, Any]
+    skipped: bool = False  # mode "ignore" found a dataset and wrote nothing (facts are its)
 
 
 def write_mds(
@@ -381,6 +409,7 @@ def write_mds(
             len(plan.existing.shards),
             meta.get("fingerprint", ""),
             meta,
+            skipped=True,
         )
     if schema is None and not plan.appending:
         raise SpecError(
