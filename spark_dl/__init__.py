@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from spark_dl_core import DatasetSpec, open_dataset, write_mds
+from spark_dl_core import DatasetSpec, Source, open_dataset, write_mds
 
 from ._version import __version__
 from .accessor import DLAccessor, install_accessor
 from .converter import Converter
 from .datasource import MDSDataSource, install_save_modes
 from .delta import read_delta
+from .mixtures import mix
 from .sql import register_dataset, run_sql_file
 
 
@@ -47,7 +48,9 @@ __all__ = [
     "DLAccessor",
     "DatasetSpec",
     "MDSDataSource",
+    "Source",
     "__version__",
+    "mix",
     "open_dataset",
     "read_delta",
     "register",

@@ -48,6 +48,7 @@ from spark_dl_core.maintenance import DEFAULT_RETENTION_SECONDS, vacuum_store
 from spark_dl_core.meta import ColumnPlan, ShardRecords, plan_columns, read_meta
 from spark_dl_core.storage import Store
 
+from .mixture_source import MIXTURE_READ_OPTIONS, MixtureReader, mixture_schema
 from .types import conform, spark_arrow_schema, to_spark_schema, utc_timestamps
 
 FORMAT = "mds"
@@ -73,7 +74,9 @@ WRITE_OPTIONS = frozenset(
         "canonical_files",
     }
 )
-READ_OPTIONS = frozenset({"path", "shards_per_partition", "verify_hashes", "allow_unsafe"})
+READ_OPTIONS = frozenset(
+    {"path", "shards_per_partition", "verify_hashes", "allow_unsafe", *MIXTURE_READ_OPTIONS}
+)
 OPTION_PREFIXES = ("encoding.", "storage.")
 MIN_SANE_SHARD_SIZE = 16 << 10  # below this nearly every sample gets a shard file of its own
 
@@ -618,11 +621,15 @@ class MDSDataSource(DataSource):
 
     def schema(self) -> StructType:
         validate_options(self.options, "read")
+        if "mixture" in self.options:  # a saved mixture: one epoch's rows (mixture_source)
+            return mixture_schema(self.options)
         ds = open_dataset(_path(self.options), storage_options=_storage_options(self.options))
         return to_spark_schema(arrow_schema(ds))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         validate_options(self.options, "read")
+        if "mixture" in self.options:
+            return MixtureReader(dict(self.options), schema)
         return MDSReader(dict(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> MDSWriter:

@@ -85,14 +85,16 @@ class Source:
 
 
 class SourceSpec(BaseModel):
-    """A source as saved in a :class:`MixtureSpec`."""
+    """A source as saved in a :class:`MixtureSpec`. ``fingerprint`` and ``samples`` are
+    filled in when the mixture is built; a hand-written spec (SQL) may leave them out, and
+    then takes the source as it is when opened."""
 
     model_config = ConfigDict(extra="forbid")
 
     path: str
     name: str | None = None
-    fingerprint: str
-    samples: int
+    fingerprint: str | None = None
+    samples: int | None = None
     proportion: float | None = None
     repeat: float | None = None
     choose: int | None = None
@@ -150,7 +152,7 @@ def epoch_counts(sources: Sequence[SourceSpec], epoch_size: int | None) -> list[
         weights = [float(s.proportion or 0.0) for s in sources]
         if sum(weights) <= 0:
             raise MixtureError(f"proportions {weights} sum to 0: nothing to read")
-        size = sum(s.samples for s in sources) if epoch_size is None else epoch_size
+        size = sum(s.samples or 0 for s in sources) if epoch_size is None else epoch_size
         total = math.fsum(weights)
         exact = [size * w / total for w in weights]
         counts = [math.floor(e) for e in exact]
@@ -169,9 +171,9 @@ def epoch_counts(sources: Sequence[SourceSpec], epoch_size: int | None) -> list[
             if s.choose is not None:
                 counts.append(int(s.choose))
             else:
-                counts.append(round((1.0 if s.repeat is None else s.repeat) * s.samples))
+                counts.append(round((1.0 if s.repeat is None else s.repeat) * (s.samples or 0)))
     for i, (s, c) in enumerate(zip(sources, counts)):
-        if c and not s.samples:
+        if c and not s.samples:  # filled in by mix() / open_mixture()
             raise MixtureError(
                 f"source {i} ({s.name or s.path}) is empty but its weight asks for {c} samples "
                 "per epoch"
@@ -202,6 +204,7 @@ class Mixture(Dataset):
     def __init__(self, spec: MixtureSpec, datasets: list[Dataset]) -> None:
         self.mixture = spec
         self.sources = datasets
+        self.converters: list[Any] = []  # Spark side: cached copies of DataFrame sources
         self.counts = epoch_counts(spec.sources, spec.epoch_size)
         self.path = "mixture(" + ", ".join(s.name or s.path for s in spec.sources) + ")"
         self.shown = self.path
@@ -347,7 +350,7 @@ class Mixture(Dataset):
             shard_sizes=tuple(np.diff(d.shard_offsets) for d in self.sources),
             bases=tuple(int(b) for b in self.sample_base[:-1]),
             counts=tuple(self.counts),
-            source_fingerprints=tuple(s.fingerprint for s in self.mixture.sources),
+            source_fingerprints=tuple(str(s.fingerprint) for s in self.mixture.sources),
             batching=self.mixture.batching,
         )
         return MixtureOrder(plan, seed, epoch, shuffle, window, batch_size)
@@ -578,7 +581,11 @@ def open_mixture(
     sources = []
     for i, s in enumerate(parsed.sources):
         d = _open_source(Source(s.path), i, cache_dir, storage_options)
-        if d.fingerprint != s.fingerprint:
+        if s.fingerprint is None:  # a hand-written spec: the source as it is now
+            s = s.model_copy(
+                update={"fingerprint": d.fingerprint, "samples": int(d.shard_offsets[-1])}
+            )
+        elif d.fingerprint != s.fingerprint:
             if not follow:
                 raise MixtureError(
                     f"source {i} ({s.name or s.path}) changed: fingerprint {d.fingerprint[:16]}…, "
