@@ -172,7 +172,56 @@ def describe(path: str, samples: int = 3) -> dict[str, Any]:
     }
 
 
+def describe_mixture(path: str, epoch: int = 0) -> dict[str, Any]:
+    """What ``inspect`` shows about a saved mixture: each source's share of ``epoch``."""
+    from spark_dl_core import open_mixture
+
+    m = open_mixture(path)
+    sources = []
+    for item, count in zip(m.lineage, m.counts):
+        size = item["samples"]
+        start, stop = epoch * count, (epoch + 1) * count
+        sources.append(
+            {
+                **item,
+                "share": count / len(m),
+                "passes": [start / size, stop / size] if size else [0.0, 0.0],
+            }
+        )
+    return {
+        "mixture": path,
+        "epoch": epoch,
+        "epoch_size": len(m),
+        "batching": m.mixture.batching,
+        "source_column": m.source_column,
+        "columns": m.columns,
+        "fingerprint": m.fingerprint,
+        "sources": sources,
+    }
+
+
+def _inspect_mixture(args: argparse.Namespace) -> int:
+    info = describe_mixture(args.path, args.epoch)
+    if args.json:
+        _print_json(info)
+        return EXIT_OK
+    print(
+        f"mixture {info['mixture']}: {info['epoch_size']} samples per epoch, "
+        f"batching {info['batching']}, fingerprint {info['fingerprint']}"
+    )
+    print(f"epoch {info['epoch']}:")
+    for s in info["sources"]:
+        a, b = s["passes"]
+        print(
+            f"  {s['name']}: {s['per_epoch']} samples ({s['share']:.1%}) of {s['samples']}, "
+            f"passes {a:.2f}-{b:.2f} through it, fingerprint {s['fingerprint'][:16]}"
+        )
+    return EXIT_OK
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
+    if args.path.endswith(".json") and os.path.isfile(args.path):  # a saved mixture spec
+        return _inspect_mixture(args)
     info = describe(args.path, args.samples)
     if args.json:
         _print_json(info)
@@ -429,6 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="columns, encodings, shards, sizes, lineage, fingerprint")
     p.add_argument("path")
     p.add_argument("--samples", type=int, default=3, help="sample rows to show (default 3)")
+    p.add_argument("--epoch", type=int, default=0, help="mixture specs: the epoch to show")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_quiet_on_broken_pipe(cmd_inspect))
 

@@ -4,6 +4,8 @@ batches on any world size and worker count, exact resume, schemas, specs and bad
 from __future__ import annotations
 
 import collections
+import contextlib
+import io
 import json
 import shutil
 from pathlib import Path
@@ -298,3 +300,26 @@ def test_empty_or_missing_sources_are_refused(paths: dict[str, str], tmp_path: P
         mix([Source(paths["web"]), Source(str(tmp_path / "nowhere"))])
     with pytest.raises(MixtureError, match="non-empty list"):
         mix([])
+
+
+def test_cli_inspect_shows_each_source_share_of_an_epoch(
+    paths: dict[str, str], tmp_path: Path
+) -> None:
+    from spark_dl.cli import main
+
+    saved = tmp_path / "mixture.json"
+    mix([Source(paths["web"], choose=400, name="web"), Source(paths["math"], repeat=2.5)]).save(
+        str(saved)
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["inspect", str(saved), "--epoch", "2", "--json"]) == 0
+    info = json.loads(out.getvalue())
+    assert info["epoch_size"] == 525 and info["epoch"] == 2
+    web, math = info["sources"]
+    assert (web["name"], web["per_epoch"], web["passes"]) == ("web", 400, [0.8, 1.2])
+    assert math["per_epoch"] == 125 and math["passes"] == [5.0, 7.5]
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        assert main(["inspect", str(saved)]) == 0
+    assert "web: 400 samples (76.2%) of 1000, passes 0.00-0.40" in text.getvalue()
