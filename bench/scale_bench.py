@@ -14,6 +14,10 @@ plan an epoch), then, each size in a fresh process (torch imported before the cl
 
 ``python bench/scale_bench.py`` runs every size; ``--sizes 1e4x1e4,1e6x1e4`` picks some
 (shards x samples per shard); ``--json`` prints machine-readable rows.
+
+``--mixture 100x1e4x1e3`` instead measures a mixture of 100 sources of 10^4 shards of
+~10^3 samples each (proportions 1..100): ``open`` opens every source and builds the
+mixture; ``ready`` and ``resume`` as above (rank 0 of 64), on the mixture.
 """
 
 from __future__ import annotations
@@ -114,14 +118,86 @@ def measure(path: str) -> dict[str, float]:
     }
 
 
+def measure_mixture(root: str) -> dict[str, float]:
+    """A mixture of every source under ``root``, in this (fresh) process."""
+    import torch  # noqa: F401  (imported before the clock, as training code would)
+
+    from spark_dl_core import Source, mix, order
+    from spark_dl_core.torch_loader import TorchLoader  # noqa: F401
+
+    paths = sorted(str(p) for p in Path(root).iterdir())
+    base = _rss_mb("VmRSS")
+    t0 = time.perf_counter()
+    m = mix([Source(p, proportion=i + 1) for i, p in enumerate(paths)], source_column="source")
+    t1 = time.perf_counter()
+    kw = dict(batch_size=BATCH, shuffle=True, seed=0, rank=0, world_size=WORLD)
+    loader = m.to_torch(**kw)
+    first = loader.sample_order()[0]
+    t2 = time.perf_counter()
+    state = loader.state_dict()
+    state["consumed"] = int(0.9 * len(m)) // (BATCH * WORLD) * (BATCH * WORLD)
+    order._ORDERS.clear()
+    t3 = time.perf_counter()
+    resumed = m.to_torch(**kw)
+    resumed.load_state_dict(state)
+    again = resumed.sample_order()[0]
+    t4 = time.perf_counter()
+    assert len(first) == len(again) == BATCH
+    return {
+        "sources": len(paths),
+        "samples": len(m),
+        "shards": m.num_shards,
+        "open_s": t1 - t0,
+        "ready_s": t2 - t1,
+        "resume_s": t4 - t3,
+        "plan_mb": _rss_mb("VmHWM") - base,
+        "peak_mb": _rss_mb("VmHWM"),
+    }
+
+
+def mixture(spec: str, as_json: bool) -> None:
+    sources, shards, per_shard = (int(float(x)) for x in spec.split("x"))
+    root = Path(tempfile.mkdtemp(prefix="spark-dl-scale-mix-"))
+    try:
+        for i in range(sources):  # sizes differ a little: every source its own fingerprint
+            synthesize(root / f"s{i:04}", shards, per_shard + i)
+        out = subprocess.run(
+            [sys.executable, __file__, "--measure-mixture", str(root)],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        ).stdout
+        row = json.loads(out.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if as_json:
+        print(json.dumps(row, indent=1))
+        return
+    print(
+        f"mixture of {row['sources']} sources, {row['shards']:,} shards, "
+        f"{row['samples']:,} samples per epoch: open {row['open_s']:.3f}s  "
+        f"ready {row['ready_s']:.3f}s  resume@90% {row['resume_s']:.3f}s  "
+        f"plan {row['plan_mb']:.1f} MB  peak {row['peak_mb']:.1f} MB"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--mixture", help="sources x shards x samples, e.g. 100x1e4x1e3")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
+    parser.add_argument("--measure-mixture", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         print(json.dumps(measure(args.measure)))
+        return
+    if args.measure_mixture:
+        print(json.dumps(measure_mixture(args.measure_mixture)))
+        return
+    if args.mixture:
+        mixture(args.mixture, args.json)
         return
     rows = []
     root = Path(tempfile.mkdtemp(prefix="spark-dl-scale-"))
