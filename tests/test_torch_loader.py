@@ -138,7 +138,7 @@ def test_iteration_semantics_are_dataloader_like(ds_path: str) -> None:
     it = iter(loader)  # the full pass above moved the loader to epoch 1
     head = [i for _ in range(3) for i in next(it)["id"].tolist()]
     loader.load_state_dict(loader.state_dict())
-    assert len(loader) == N // 100 - 3
+    assert len(loader) == N // 100 and loader.remaining == N // 100 - 3  # len: the epoch's
     assert head + _ids(loader) == epoch1
 
 

@@ -625,15 +625,20 @@ class TorchLoader:
     Iterate it like a DataLoader; each item is a dict of tensors (numeric columns) or numpy
     object arrays (strings, bytes, variable-shape arrays).
 
-    Iteration semantics (DataLoader-like): the loader has a *saved position* (epoch,
-    samples of the global order consumed). Each ``iter(loader)`` is a pass from the saved
-    position and ``len(loader)`` is that pass's length. A pass that runs to its end moves the
-    saved position to the start of the next epoch (so ``for epoch ...: for b in loader`` needs
-    no ``set_epoch``, and ``set_epoch(epoch)`` with the epoch already current is a no-op).
-    A pass left early (``break``, or peeking with ``next(iter(loader))``) does not move the
-    saved position: the next ``iter()`` starts from it again. :meth:`state_dict` reports the
-    live position (after the batches the latest pass delivered); moving the saved position
-    there is deliberate: ``loader.load_state_dict(loader.state_dict())``.
+    Iteration semantics (DataLoader-like, and what trainers rely on): the loader has a
+    *saved position* (epoch, samples of the global order consumed). Each ``iter(loader)`` is
+    a pass from the saved position. ``len(loader)`` is the saved epoch's length in batches for
+    this rank, before and after :meth:`load_state_dict` (trainers count their own progress
+    against it); :attr:`remaining` is the next pass's length. A pass that has delivered its
+    last batch is finished, whether or not the iterator is then exhausted (trainers stop
+    after ``len()`` batches): the saved position moves to the start of the next epoch (so
+    ``for epoch ...: for b in loader`` needs no ``set_epoch``, and ``set_epoch(epoch)`` with
+    the epoch already current is a no-op). ``loader.sampler.set_epoch`` is the same hook,
+    where trainers look for it. A pass left early (``break``, peeking with
+    ``next(iter(loader))``, or an ``iter()`` never advanced) does not move the saved
+    position: the next ``iter()`` starts from it again. :meth:`state_dict` reports the live
+    position (after the batches the latest pass delivered); moving the saved position there
+    is deliberate: ``loader.load_state_dict(loader.state_dict())``.
 
     :meth:`state_dict` counts samples of the global order consumed by all ranks, assuming
     every rank took the same number of steps (data-parallel training), so
@@ -699,6 +704,7 @@ class TorchLoader:
         self.progress = settings.progress
         self._live: _Pass | None = None  # the latest pass (iterator) and what it delivered
         self._stats: PassStats | None = None
+        self.sampler = EpochHook(self)  # where trainers call set_epoch (as on a sampler)
         self._set_position(settings.epoch, 0)  # validates the order settings eagerly
 
     # -- order
@@ -725,6 +731,7 @@ class TorchLoader:
             epoch, consumed = epoch + 1, 0
             plan = self._build_plan(epoch, 0)
         self.epoch, self._consumed, self._plan_for = epoch, consumed, plan
+        self._epoch_len = len(plan if not consumed else self._build_plan(epoch, 0))
         self._live = None
 
     def sample_order(self) -> EpochPlan:
@@ -767,6 +774,12 @@ class TorchLoader:
             self._set_position(int(epoch), 0)
 
     def __len__(self) -> int:
+        """Batches of the saved epoch for this rank, as ``DataLoader``'s ``len``: the same
+        after :meth:`load_state_dict` (the next pass then yields :attr:`remaining`)."""
+        return self._epoch_len
+
+    @property
+    def remaining(self) -> int:
         """Batches this rank yields in the next pass (the rest of the saved epoch)."""
         return len(self._plan_for)
 
@@ -813,6 +826,8 @@ class TorchLoader:
                     batch = to_device(batch, self.device, pin)
                     if live.steps == len(plan) - 1:
                         stats.repeated = plan.repeats
+                        if self._live is live:  # its last batch: the pass is finished, even
+                            self._set_position(live.epoch, plan.total)  # if left unexhausted
                     live.steps += 1
                     now = time.perf_counter()
                     stats.delivered(size, now - resumed, now)
@@ -888,6 +903,21 @@ class TorchLoader:
             f"shuffle={self.shuffle} seed={self.seed} epoch={self.epoch} "
             f"rank={self.rank}/{self.world_size} workers={self.num_workers}>"
         )
+
+
+class EpochHook:
+    """``loader.sampler``: the ``set_epoch`` hook trainers call on a loader's sampler before
+    each epoch (PyTorch Lightning does, as for a ``DistributedSampler``)."""
+
+    def __init__(self, loader: TorchLoader) -> None:
+        self.loader = loader
+
+    @property
+    def epoch(self) -> int:
+        return self.loader.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
 
 
 class _Pass:
