@@ -19,7 +19,11 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml jvm-free/pyproject.toml jvm-free/setup.py $(wildcard jvm-free/csrc/*.c) constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=24"
-	$(PY) -m pip install -q -c constraints.txt -e "./jvm-free[all]" -e ".[dev]"
+	$(PY) -m pip install -q -c constraints.txt -e "./jvm-free[all]"
+	# compat: the repository root goes on sys.path, where PySpark's discovery of top-level
+	# pyspark_* modules (pkgutil over sys.path) finds pyspark_spark_dl; the default editable
+	# finder makes it importable but invisible to that discovery
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]" --config-settings editable_mode=compat
 	touch $@
 
 # A side environment with Mosaic Streaming, the interoperability oracle. It cannot share

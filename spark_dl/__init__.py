@@ -1,9 +1,11 @@
 """spark-dl: Spark DataFrames into PyTorch and TensorFlow through MDS datasets.
 
-``import spark_dl`` registers the ``mds`` data source on the active Spark session (classic or
-Connect), adds the ``df.dl`` accessor, and teaches ``DataFrameWriter.save`` Spark's default
-save modes for ``format("mds")`` (PySpark only hands Python data sources append/overwrite;
-see docs/spark.md, "Save modes").
+Installing spark-dl makes the ``mds`` data source known to every Spark session (PySpark
+discovers its ``pyspark_spark_dl`` module). ``import spark_dl`` also registers it on the
+active session (classic or Connect), for environments where the package is only on a path;
+adds the ``df.dl`` accessor, which registers it on the DataFrame's own session on first use;
+and teaches ``DataFrameWriter.save`` Spark's default save modes for ``format("mds")``
+(PySpark only hands Python data sources append/overwrite; see docs/spark.md, "Save modes").
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from spark_dl_core import DatasetSpec, Source, open_dataset, write_mds
 from ._version import __version__
 from .accessor import DLAccessor, install_accessor
 from .converter import Converter
-from .datasource import MDSDataSource, install_save_modes
+from .datasource import MDSDataSource, install_save_modes, register_source
 from .delta import read_delta
 from .mixtures import mix
 from .sql import register_dataset, run_sql_file
@@ -23,8 +25,7 @@ from .sql import register_dataset, run_sql_file
 
 def register(spark: Any) -> Any:
     """Register the ``mds`` data source on ``spark`` (classic or Spark Connect session)."""
-    spark.dataSource.register(MDSDataSource)
-    return spark
+    return register_source(spark)
 
 
 def _register_active() -> None:

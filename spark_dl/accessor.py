@@ -14,7 +14,7 @@ from spark_dl_core import DatasetSpec
 from spark_dl_core.meta import column_names
 
 from .converter import Converter, as_spec, fixed_shapes, make_converter, resolve_spec
-from .datasource import FORMAT
+from .datasource import FORMAT, register_source
 
 SpecLike: TypeAlias = DatasetSpec | dict[str, Any] | None
 
@@ -32,6 +32,9 @@ class DLAccessor:
 
     def __init__(self, df: Any) -> None:
         self._df = df
+        # a session created after ``import spark_dl`` in an environment where Spark cannot
+        # discover the source by itself (spark-dl only on a path) still gets it
+        register_source(df.sparkSession, force=False)
 
     def resolved_spec(self, spec: SpecLike = None, infer_shapes: bool = True) -> DatasetSpec:
         """``spec`` with fixed array shapes filled in (see :func:`fixed_shapes`)."""

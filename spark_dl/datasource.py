@@ -18,6 +18,7 @@ import json
 import re
 import uuid
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -739,10 +740,23 @@ def _wrap_writer_class(cls: Any) -> None:
 
 
 NOT_REGISTERED = (
-    "the 'mds' data source is not registered on this Spark session: `import spark_dl` "
-    "registers it only on a session that is already active at import time; call "
-    "spark_dl.register(spark) once the session exists"
+    "the 'mds' data source is not registered on this Spark session: Spark finds it by "
+    "itself only where spark-dl is installed for the Python that Spark runs (its "
+    "pyspark_spark_dl module); otherwise call spark_dl.register(spark) once the session exists"
 )
+
+# Sessions this process registered the source on (``register_source`` is then a no-op).
+_REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def register_source(spark: Any, *, force: bool = True) -> Any:
+    """Register the ``mds`` source on ``spark`` (classic or Connect); with ``force=False``
+    only once per session in this process (what ``df.dl`` does on first use)."""
+    if force or spark not in _REGISTERED:
+        spark.dataSource.register(MDSDataSource)
+        with contextlib.suppress(TypeError):  # a session type without weak references
+            _REGISTERED.add(spark)
+    return spark
 
 
 @contextlib.contextmanager
