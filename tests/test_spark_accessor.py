@@ -28,14 +28,13 @@ def test_accessor_on_both_dataframe_classes(spark: Any, tmp_path: Any) -> None:
     assert sorted(r.id for r in spark.read.format("mds").load(path).collect()) == list(range(7))
 
 
-def test_unregistered_session_says_to_register(classic_spark: Any, tmp_path: Any) -> None:
-    from spark_dl_core.errors import DatasetError
-
-    fresh = classic_spark.newSession()  # its own session state: no data sources registered
-    with pytest.raises(DatasetError, match=r"spark_dl\.register\(spark\)"):
-        fresh.range(3).write.format("mds").save(str(tmp_path / "w"))
-    with pytest.raises(DatasetError, match=r"spark_dl\.register\(spark\)"):
-        fresh.read.format("mds").load(str(tmp_path / "r"))
+def test_new_session_knows_mds_without_register(classic_spark: Any, tmp_path: Any) -> None:
+    """Spark discovers the installed source (pyspark_spark_dl) for every session; the
+    explained error where it cannot is tested in test_spark_plugin."""
+    fresh = classic_spark.newSession()  # its own session state: nothing registered on it
+    path = str(tmp_path / "w")
+    fresh.range(3).write.format("mds").save(path)
+    assert sorted(r.id for r in fresh.read.format("mds").load(path).collect()) == [0, 1, 2]
 
 
 def test_dl_loaders_have_real_signatures() -> None:

@@ -127,7 +127,13 @@ if any(m.name == "pyspark_spark_dl" for m in pkgutil.iter_modules()):
 import spark_dl  # before the session exists: nothing to register on yet
 from pyspark.sql import SparkSession
 
+from spark_dl_core.errors import DatasetError
+
 spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+try:
+    spark.range(3).write.format("mds").save(sys.argv[1])
+except DatasetError as exc:  # Spark cannot find it: the error says what to do
+    print("explained:", "spark_dl.register(spark)" in str(exc))
 spark.range(12).dl.write_mds(sys.argv[1])
 print("rows:", len(spark_dl.open_dataset(sys.argv[1])))
 spark.stop()
@@ -158,4 +164,5 @@ def test_accessor_registers_on_its_own_session(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     if "discoverable" in done.stdout:
         pytest.skip("spark-dl is installed here, so Spark discovers mds without df.dl's help")
+    assert "explained: True" in done.stdout
     assert "rows: 12" in done.stdout

@@ -1,0 +1,122 @@
+"""Random access: ``ds[i]``, ``ds[[i, j]]``, slices and columns, through the loaders' checks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from spark_dl_core import open_dataset, write_mds
+from spark_dl_core.errors import (
+    ColumnNotFoundError,
+    HashMismatchError,
+    SampleIndexError,
+    SparkDLError,
+)
+
+N = 100
+
+
+def _table() -> pa.Table:
+    return pa.table(
+        {
+            "id": np.arange(N, dtype=np.int64),
+            "s": [f"row-{i}" for i in range(N)],
+            "v": [np.arange(i % 5, dtype=np.float32) for i in range(N)],
+        }
+    )
+
+
+@pytest.fixture
+def ds_path(tmp_path: Path) -> str:
+    path = str(tmp_path / "ds")
+    write_mds(_table(), path, {"shard_size": 1 << 10})  # several shards
+    return path
+
+
+def test_one_sample_is_a_dict_of_values(ds_path: str) -> None:
+    ds = open_dataset(ds_path)
+    assert ds.num_shards > 3
+    sample = ds[37]
+    assert set(sample) == {"id", "s", "v"}
+    assert sample["id"] == 37 and sample["s"] == "row-37"
+    np.testing.assert_array_equal(sample["v"], np.arange(37 % 5, dtype=np.float32))
+    assert ds[-1]["id"] == N - 1 and ds[-N]["id"] == 0
+    assert ds[np.int32(5)]["s"] == "row-5"
+
+
+def test_lists_slices_and_columns_are_batches(ds_path: str) -> None:
+    ds = open_dataset(ds_path)
+    batch = ds[[99, 3, -2, 3]]  # across shards, in the order asked, repeats kept
+    np.testing.assert_array_equal(batch["id"], [99, 3, 98, 3])
+    assert list(batch["s"]) == ["row-99", "row-3", "row-98", "row-3"]
+    np.testing.assert_array_equal(ds[10:60:7]["id"], np.arange(10, 60, 7))
+    np.testing.assert_array_equal(ds[::-33]["id"], [99, 66, 33, 0])
+    np.testing.assert_array_equal(ds[np.array([4, 2])]["id"], [4, 2])
+    assert ds[5:5]["id"].shape == (0,)
+    assert ds[12, "s"] == "row-12"
+    assert set(ds[[1, 2], ["id", "s"]]) == {"id", "s"}
+    np.testing.assert_array_equal(ds["id"], np.arange(N))
+    # the same values the loaders yield
+    whole = next(iter(ds.iter_batches(batch_size=N)))
+    for i in (0, 41, 99):
+        assert ds[i]["s"] == whole["s"][i]
+
+
+def test_bad_indices_and_columns_are_typed_errors(ds_path: str) -> None:
+    ds = open_dataset(ds_path)
+    for bad in (N, -N - 1, [0, N + 5]):
+        with pytest.raises(SampleIndexError, match=f"out of range for a dataset of {N}"):
+            ds[bad]
+    with pytest.raises(IndexError):  # a builtin IndexError too, as a list's
+        ds[N]
+    for bad_key in (1.5, True, (1, 2, 3), [[1, 2]]):
+        with pytest.raises(SampleIndexError, match=r"sample index is an int|rows, columns"):
+            ds[bad_key]
+    with pytest.raises(ColumnNotFoundError, match=r"no column\(s\) \['nope'\]") as caught:
+        ds[0, "nope"]
+    assert isinstance(caught.value, KeyError) and isinstance(caught.value, SparkDLError)
+    with pytest.raises(KeyError):
+        ds["nope"]
+    with pytest.raises(ColumnNotFoundError, match="string or a list of strings"):
+        ds[0, 5]
+    # a for loop over the dataset stops at its end (the IndexError protocol)
+    assert sum(1 for _ in ds) == N
+
+
+def test_reads_check_shard_hashes(ds_path: str) -> None:
+    shard = sorted(f for f in os.listdir(ds_path) if f.endswith(".mds"))[-1]
+    data = bytearray(Path(ds_path, shard).read_bytes())
+    data[-1] ^= 0xFF
+    Path(ds_path, shard).write_bytes(bytes(data))
+    ds = open_dataset(ds_path)
+    assert ds[0]["id"] == 0  # an intact shard
+    with pytest.raises(HashMismatchError):
+        ds[N - 1]
+
+
+def test_remote_reads_go_through_the_shard_cache(tmp_path: Path) -> None:
+    pytest.importorskip("fsspec")
+    url = f"memory://random-access-{os.getpid()}/ds"
+    write_mds(_table(), url, {"shard_size": 1 << 10})
+    cache = tmp_path / "cache"
+    ds = open_dataset(url, cache_dir=str(cache))
+    assert ds[-3]["s"] == f"row-{N - 3}"
+    cached = [f for _, _, files in os.walk(cache) for f in files if f.endswith(".mds")]
+    assert cached == ["shard.00004.mds"]  # only the shard holding the sample was downloaded
+
+
+def test_mixture_indexes_its_sources_one_after_another(tmp_path: Path) -> None:
+    from spark_dl_core.mixture import Source, mix
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    write_mds(pa.table({"x": np.arange(10)}), a)
+    write_mds(pa.table({"x": np.arange(100, 105)}), b)
+    m = mix([Source(a), Source(b)], source_column="src")
+    assert m[12] == {"x": 102, "src": 1}
+    np.testing.assert_array_equal(m[[0, -1], "src"], [0, 1])
+    with pytest.raises(SampleIndexError):
+        m[15]
