@@ -9,14 +9,23 @@ schema it promises, which is checked on every batch.
 
 from __future__ import annotations
 
+import difflib
 import importlib
-from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 
 from .errors import SpecError, TokenizeError
 from .text import encode_texts, load_tokenizer, token_type, tokenizer_facts
@@ -368,8 +377,31 @@ Transform = Annotated[
     | ReencodeImage
     | Tokenize,
     Field(discriminator="op"),
+    BeforeValidator(lambda value: _check_op(value)),
 ]
 _TRANSFORM = TypeAdapter(Transform)
+
+
+def known_ops() -> list[str]:
+    """Every transform op name, in the order the ops are declared."""
+    return [m.model_fields["op"].default for m in get_args(get_args(Transform)[0])]
+
+
+def _check_op(value: Any) -> Any:
+    """An unknown or missing op refused naming the known ops and the closest one (rather
+    than pydantic's dump of the whole tagged union)."""
+    if not isinstance(value, Mapping):
+        return value
+    ops = known_ops()
+    listed = ", ".join(ops)
+    if "op" not in value:
+        raise SpecError(f"a transform names its op ({{'op': ...}}); the ops are: {listed}")
+    op = value["op"]
+    if op not in ops:
+        close = difflib.get_close_matches(str(op), ops, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise SpecError(f"unknown transform op {op!r}{hint}; the ops are: {listed}")
+    return value
 
 
 def parse_transforms(transforms: Any) -> list[Any]:
@@ -386,7 +418,13 @@ def parse_transforms(transforms: Any) -> list[Any]:
         try:
             out.append(_TRANSFORM.validate_python(t))
         except ValidationError as exc:
-            raise SpecError(f"transform {t!r} is not valid: {exc}") from None
+            problems = "; ".join(
+                ".".join(str(part) for part in e.get("loc", ()))
+                + (": " if e.get("loc") else "")
+                + str(e.get("msg", "invalid")).removeprefix("Value error, ")
+                for e in exc.errors()
+            )
+            raise SpecError(f"transform {t!r} is not valid: {problems}") from None
     return out
 
 
