@@ -133,6 +133,16 @@ def test_to_torch(spark: Any, tmp_path: Any) -> None:
     other = [b["label"].tolist() for b in df.dl.to_torch(64, True, 8, cache_dir=cache)]
     assert other != order and sorted(x for b in other for x in b) == list(range(300))
     assert order != sorted(order)  # shuffled, not the stored order
+    # 7 ranks over 300 rows: equal steps (43 rows each, 1 repeat marked) unless asked not to
+    kw: dict[str, Any] = dict(world_size=7, pad_mask=True, cache_dir=cache)
+    ranks = [list(df.dl.to_torch(64, True, 7, rank=r, **kw)) for r in range(7)]
+    assert [[len(b["label"]) for b in batches] for batches in ranks] == [[43]] * 7
+    once = [x for bs in ranks for b in bs for x in b["label"][~b["pad_mask"]].tolist()]
+    assert (
+        sorted(once) == list(range(300)) and sum(int(bs[0]["pad_mask"].sum()) for bs in ranks) == 1
+    )
+    plain = [len(list(df.dl.to_torch(64, rank=r, even_batches=False, **kw))) for r in range(7)]
+    assert plain == [1, 1, 1, 1, 1, 0, 0]
 
 
 def test_to_tf(spark: Any, tmp_path: Any) -> None:

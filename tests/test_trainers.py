@@ -153,9 +153,16 @@ trainer(2, [ckpt]).fit(model)
 again = Model(kw)
 trainer(1).fit(again, ckpt_path=os.path.join(out, "ckpt", "step=3.ckpt"))
 state = torch.load(os.path.join(out, "ckpt", "step=3.ckpt"), weights_only=False)
+refused = None
+if devices == 1:  # a checkpoint of another order is refused, not silently restarted
+    from spark_dl_core import SpecError
+    try:
+        trainer(1).fit(Model({**kw, "seed": 2}), ckpt_path=os.path.join(out, "ckpt", "step=3.ckpt"))
+    except SpecError as exc:
+        refused = str(exc)
 rank = int(os.environ.get("LOCAL_RANK", 0))
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-    json.dump({"first": model.seen, "resumed": again.seen,
+    json.dump({"first": model.seen, "resumed": again.seen, "refused": refused,
                "state": state["loops"]["fit_loop"]["state_dict"]["combined_loader"]}, f)
 """
 
@@ -198,7 +205,9 @@ def _check_lightning(runs: list[dict[str, Any]], steps: int) -> None:
 
 @pytest.mark.slow
 def test_lightning_one_device(ds_path: str, tmp_path: Path) -> None:
-    _check_lightning(_lightning(ds_path, tmp_path, 1), steps=10)
+    runs = _lightning(ds_path, tmp_path, 1)
+    _check_lightning(runs, steps=10)
+    assert "seed" in runs[0]["refused"]
 
 
 @pytest.mark.slow
