@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +181,23 @@ def test_corrupt_image_names_column_shard_and_sample(tmp_path: Path) -> None:
             [{"op": "resize", "column": "image", "size": 8}],
             "resize on column 'image' needs an image_decode",
         ),
-        ([{"op": "flip", "column": "image"}], "is not valid"),
+        ([{"op": "flip", "column": "image"}], "unknown transform op 'flip'"),
+        (
+            [{"op": "random_resized_crop", "column": "image", "size": 0}],
+            "random_resized_crop on column 'image' is not valid: random_resized_crop.size: .*>= 1",
+        ),
+        (
+            [{"op": "center_crop", "column": "image", "size": -4}],
+            "center_crop on column 'image' is not valid: center_crop.size: .*>= 1",
+        ),
+        (
+            [{"op": "random_resized_crop", "column": "image", "size": 8, "scale": [1, 0.5]}],
+            "random_resized_crop on column 'image' is not valid: .*scale: .*low <= high",
+        ),
+        (
+            [{"op": "random_resized_crop", "column": "image", "size": 8, "ratio": [0, 1]}],
+            "random_resized_crop on column 'image' is not valid: random_resized_crop.ratio",
+        ),
     ],
 )
 def test_bad_ops_are_refused_before_any_data_is_read(
@@ -321,3 +339,89 @@ def test_worker_buffers_are_reused_only_once_dropped(written: Path, ops: Any) ->
     assert len(seen) < N // 4  # segments came back and were decoded into again
     for i in range(N):
         np.testing.assert_array_equal(got[i], want[i])
+
+
+def _center_crop_reference(image: np.ndarray, size: Any, fill: int = 0) -> np.ndarray:
+    """torchvision's ``F.center_crop``: sides larger than the image padded with ``fill``
+    ((crop - side) // 2 before, the rest after), then the crop at round((side - crop) / 2)."""
+    ch, cw = (size, size) if isinstance(size, int) else size
+    h, w = image.shape[:2]
+    if cw > w or ch > h:
+        left, top = max(cw - w, 0) // 2, max(ch - h, 0) // 2
+        right, bottom = (max(cw - w, 0) + 1) // 2, (max(ch - h, 0) + 1) // 2
+        image = np.pad(image, ((top, bottom), (left, right), (0, 0)), constant_values=fill)
+        h, w = image.shape[:2]
+    y, x = round((h - ch) / 2), round((w - cw) / 2)
+    return image[y : y + ch, x : x + cw]
+
+
+def _png(w: int, h: int, seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["jpeg", "png"])
+@pytest.mark.parametrize(
+    ("w", "h", "size", "fill"),
+    [(60, 40, 128, 0), (60, 40, (30, 100), 7), (61, 41, (128, 50), 255), (100, 80, 64, 0)],
+)
+def test_center_crop_larger_than_the_image_pads_as_torchvision(
+    kind: str, w: int, h: int, size: Any, fill: int
+) -> None:
+    raw = _jpeg(w, h, 1) if kind == "jpeg" else _png(w, h, 1)
+    decoded = np.asarray(Image.open(io.BytesIO(raw)).convert("RGB"))
+    want = _center_crop_reference(decoded, size, fill)
+    ops = parse_transforms([{"op": "center_crop", "column": "image", "size": size, "fill": fill}])
+    pipeline = ImagePipeline("image", geometry=ops)
+    plan = pipeline.plan([raw, raw], b"s" * 32, np.arange(2), lambda i, m: m)
+    cpu = pipeline.run_cpu([raw, raw], plan, lambda i, m: m)
+    np.testing.assert_array_equal(cpu[0], want)  # no resampling: the very pixels, padded
+    tensor = torch.from_numpy(decoded.copy()).permute(2, 0, 1)
+    device = pipeline.transform_tensors([tensor, tensor], plan).numpy()
+    np.testing.assert_array_equal(device[1], want)
+
+
+def test_padded_crops_through_resize_and_flip_in_a_loader(tmp_path: Path) -> None:
+    """A small image under resize + center_crop + flip: padding, mirrored, never stretched."""
+    raws = [_jpeg(40, 30, i) for i in range(4)]
+    write_mds(
+        pa.table({"image": pa.array(raws)}), str(tmp_path), DatasetSpec(columns={"image": "jpeg"})
+    )
+    ops = [
+        {"op": "image_decode", "column": "image"},
+        {"op": "resize", "column": "image", "size": 60},  # 80 x 60
+        {"op": "center_crop", "column": "image", "size": 100},
+        {"op": "horizontal_flip", "column": "image", "p": 1.0},
+    ]
+    (batch,) = open_dataset(tmp_path).to_torch(batch_size=4, transforms=ops, num_workers=1)
+    images = batch["image"].numpy()
+    assert images.shape == (4, 100, 100, 3)
+    assert not images[:, :20].any() and not images[:, 80:].any()  # rows 20..79 hold the image
+    assert not images[:, :, :10].any() and not images[:, :, 90:].any()  # columns 10..89
+    resized = np.asarray(
+        Image.open(io.BytesIO(raws[0])).convert("RGB").resize((80, 60), Image.BILINEAR)
+    )
+    inside = images[0, 20:80, 10:90].astype(int)
+    assert np.abs(inside - resized[:, ::-1]).mean() < 3  # the image itself, mirrored
+
+
+def test_image_pipelines_warn_nothing() -> None:
+    """PIL decodes to read-only arrays; torch would warn on every worker's first batch."""
+    code = (
+        "import io, numpy as np, warnings\n"
+        "from PIL import Image\n"
+        "from spark_dl_core.images import ImagePipeline\n"
+        "from spark_dl_core.transforms import parse_transforms\n"
+        "warnings.simplefilter('error')\n"
+        "out = io.BytesIO()\n"
+        "Image.fromarray(np.zeros((40, 50, 3), np.uint8)).save(out, format='PNG')\n"
+        "raws = [out.getvalue()]\n"
+        "ops = parse_transforms([{'op': 'center_crop', 'column': 'i', 'size': 20}])\n"
+        "pipeline = ImagePipeline('i', geometry=ops)\n"
+        "plan = pipeline.plan(raws, b's' * 32, np.arange(1), None)\n"
+        "pipeline.run_cpu(raws, plan, None)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and "Warning" not in proc.stderr, proc.stderr[-2000:]

@@ -87,13 +87,17 @@ def _pil() -> Any:
 
 @dataclass(frozen=True)
 class Plan:
-    """Per sample: source box ``(x0, y0, x1, y1)`` in original pixels, flip, output size."""
+    """Per sample: source box ``(x0, y0, x1, y1)`` in original pixels, flip, output size;
+    with ``inner``, where in the output the box lands (a crop larger than the image is
+    padded with ``fill`` around it, as torchvision's ``center_crop`` pads)."""
 
     boxes: np.ndarray  # (n, 4) float64
     flips: np.ndarray  # (n,) bool
     out: tuple[int, int] | None  # (h, w) shared by the batch, None: each image's own size
     sizes: np.ndarray  # (n, 2) output (h, w) of each sample
     sources: np.ndarray  # (n, 2) original (h, w) of each sample
+    inner: np.ndarray | None = None  # (n, 4) (top, left, bottom, right); None: no padding
+    fill: int = 0
 
     def rows(self, start: int, stop: int) -> Plan:
         return Plan(
@@ -102,7 +106,17 @@ class Plan:
             self.out,
             self.sizes[start:stop],
             self.sources[start:stop],
+            None if self.inner is None else self.inner[start:stop],
+            self.fill,
         )
+
+    def region(self, i: int) -> tuple[int, int, int, int] | None:
+        """Sample ``i``'s ``(top, left, bottom, right)`` in its output, None: all of it."""
+        if self.inner is None:
+            return None
+        top, left, bottom, right = (int(v) for v in self.inner[i])
+        oh, ow = (int(v) for v in self.sizes[i])
+        return None if (top, left, bottom, right) == (0, 0, oh, ow) else (top, left, bottom, right)
 
 
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
@@ -159,6 +173,9 @@ def plan_boxes(sizes: np.ndarray, ops: list[Any], key: bytes, indices: np.ndarra
     boxes = np.zeros((n, 4), dtype=np.float64)
     flips = np.zeros(n, dtype=bool)
     outs = np.zeros((n, 2), dtype=np.int64)
+    inner = np.zeros((n, 4), dtype=np.int64)
+    padded = False
+    fill = 0
     random = any(isinstance(op, (RandomResizedCrop, HorizontalFlip)) for op in ops)
     rngs = sample_rngs(key, indices) if random else []
     for i in range(n):
@@ -181,9 +198,13 @@ def plan_boxes(sizes: np.ndarray, ops: list[Any], key: bytes, indices: np.ndarra
             cw: float
             ch: float
             if isinstance(op, CenterCrop):
+                # torchvision: a side larger than the image is padded ((crop - side) // 2
+                # before it), a smaller one cropped at round((side - crop) / 2)
                 ch, cw = map(float, _pair(op.size))
-                cw, ch = min(cw, ow), min(ch, oh)
-                cx, cy = float(round((ow - cw) / 2)), float(round((oh - ch) / 2))
+                cx = float(round((ow - cw) / 2)) if cw <= ow else -float((cw - ow) // 2)
+                cy = float(round((oh - ch) / 2)) if ch <= oh else -float((ch - oh) // 2)
+                if cw > ow or ch > oh:
+                    fill = op.fill
                 target = _pair(op.size)
             elif isinstance(op, RandomResizedCrop):
                 cx, cy, cw, ch = _random_box(rngs[i], ow, oh, op)
@@ -195,12 +216,25 @@ def plan_boxes(sizes: np.ndarray, ops: list[Any], key: bytes, indices: np.ndarra
             sx, sy = bw / ow, bh / oh
             x0, y0, bw, bh = x0 + cx * sx, y0 + cy * sy, cw * sx, ch * sy
             oh, ow = float(target[0]), float(target[1])
-        boxes[i] = (x0, y0, x0 + bw, y0 + bh)
-        flips[i] = flip
         outs[i] = (round(oh), round(ow))
+        inner[i] = (0, 0, outs[i][0], outs[i][1])
+        x1, y1 = x0 + bw, y0 + bh
+        if x0 < 0 or y0 < 0 or x1 > w or y1 > h:  # the box reaches past the image: padding
+            padded = True
+            cx0, cy0, cx1, cy1 = max(x0, 0.0), max(y0, 0.0), min(x1, w), min(y1, h)
+            left, right = round((cx0 - x0) / bw * ow), round((cx1 - x0) / bw * ow)
+            top, bottom = round((cy0 - y0) / bh * oh), round((cy1 - y0) / bh * oh)
+            right, bottom = max(right, left + 1), max(bottom, top + 1)
+            if flip:
+                left, right = round(ow) - right, round(ow) - left
+            inner[i] = (top, left, bottom, right)
+            x0, y0, x1, y1 = cx0, cy0, cx1, cy1
+        boxes[i] = (x0, y0, x1, y1)
+        flips[i] = flip
     fixed = bool(n) and bool(np.all(outs == outs[0]))
     out = (int(outs[0][0]), int(outs[0][1])) if fixed else None
-    return Plan(boxes, flips, out, outs, np.asarray(sizes, dtype=np.int64))
+    sources = np.asarray(sizes, dtype=np.int64)
+    return Plan(boxes, flips, out, outs, sources, inner if padded else None, fill)
 
 
 # --------------------------------------------------------------------------- decoding
@@ -359,7 +393,10 @@ def _resample(
         import torch
 
         left, top, right, bottom = pixel_box(box, h, w)
-        crop = torch.from_numpy(pixels[top:bottom, left:right])  # [H, W, C]
+        region = pixels[top:bottom, left:right]
+        if not region.flags.writeable:  # PIL's pixels: torch warns on read-only memory
+            region = region.copy()
+        crop = torch.from_numpy(region)  # [H, W, C]
         target = torch.from_numpy(into)
         if tuple(crop.shape[:2]) == out:
             target.copy_(crop.flip(1) if flip else crop)  # (numpy's mirrored copy is slow)
@@ -479,6 +516,13 @@ class ImagePipeline:
             oh, ow = (int(v) for v in plan.sizes[i])
             flip = bool(plan.flips[i])
             into = batch[i] if batch is not None else None
+            region = plan.region(i)
+            whole = into
+            if region is not None:  # padded: fill, then the image goes into its region
+                whole = np.empty((oh, ow, self.channels), np.uint8) if into is None else into
+                whole.fill(plan.fill)
+                top, left, bottom, right = region
+                into, oh, ow = whole[top:bottom, left:right], bottom - top, right - left
             region_error: str | None = None
             if self.geometry and _jpeg is not None and raw[:2] == _JPEG:
                 box = (float(x0), float(y0), float(x1), float(y1))
@@ -490,7 +534,7 @@ class ImagePipeline:
                 else:
                     _decodes += 1
                     if batch is None:
-                        images.append(pixels)
+                        images.append(pixels if whole is None else whole)
                     continue
             # Reduced-scale decode keeps the box at least as large as the output.
             box_w, box_h = x1 - x0, y1 - y0
@@ -516,7 +560,7 @@ class ImagePipeline:
             else:
                 pixels = np.ascontiguousarray(pixels[:, ::-1] if flip else pixels)
             if batch is None:
-                images.append(pixels)
+                images.append(pixels if whole is None else whole)
         if batch is None:
             shapes = np.array([image.shape for image in images], dtype=np.int64).reshape(n, 3)
             flat = np.concatenate([image.reshape(-1) for image in images]) if n else images
@@ -589,17 +633,27 @@ class ImagePipeline:
         for i, image in enumerate(images):
             x0, y0, x1, y1 = plan.boxes[i]
             oh, ow = (int(v) for v in plan.sizes[i])
+            region = plan.region(i)
             if self.geometry:  # the CPU path's crop: the box rounded to whole pixels
                 left, top, right, bottom = pixel_box(
                     (x0, y0, x1, y1), int(image.shape[-2]), int(image.shape[-1])
                 )
                 crop = image[:, top:bottom, left:right].float()[None]
+                size = (
+                    (oh, ow) if region is None else (region[2] - region[0], region[3] - region[1])
+                )
                 image = functional.interpolate(
-                    crop, size=(oh, ow), mode="bilinear", antialias=True, align_corners=False
+                    crop, size=size, mode="bilinear", antialias=True, align_corners=False
                 )[0]
                 image = image.round().clamp(0, 255).to(torch.uint8)
             if plan.flips[i]:
                 image = image.flip(-1)
+            if region is not None:  # padded as the CPU path pads
+                canvas = torch.full(
+                    (image.shape[0], oh, ow), plan.fill, dtype=torch.uint8, device=image.device
+                )
+                canvas[:, region[0] : region[2], region[1] : region[3]] = image
+                image = canvas
             out.append(image)
         batch = torch.stack(out)  # [B, C, H, W]
         if self.normalize is not None:

@@ -187,6 +187,24 @@ class _ImageOp(_Base):
     at: Literal["read"] = "read"
     column: str
 
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:  # built in code: the same error as from a dict
+            raise SpecError(_invalid({"op": self._op_name(), **data}, exc)) from None
+
+    @classmethod
+    def _op_name(cls) -> str:
+        return str(cls.model_fields["op"].default)
+
+    @field_validator("size", check_fields=False)
+    @classmethod
+    def _sizes_at_least_one(cls, size: Size) -> Size:
+        sides = (size,) if isinstance(size, int) else size
+        if any(side < 1 for side in sides):
+            raise ValueError(f"sizes must be >= 1 pixel, got {size!r}")
+        return size
+
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         raise SpecError(f"{self.op} on column {self.column!r} runs in the loader, at read time")
 
@@ -206,10 +224,12 @@ class Resize(_ImageOp):
 
 
 class CenterCrop(_ImageOp):
-    """The central ``size`` (``int``: square) of the image."""
+    """The central ``size`` (``int``: square) of the image; a side larger than the image
+    is padded with ``fill`` (torchvision's ``center_crop``)."""
 
     op: Literal["center_crop"] = "center_crop"
     size: Size = Field(union_mode="left_to_right")
+    fill: int = Field(default=0, ge=0, le=255)
 
 
 class RandomResizedCrop(_ImageOp):
@@ -220,6 +240,13 @@ class RandomResizedCrop(_ImageOp):
     size: Size = Field(union_mode="left_to_right")
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
+
+    @field_validator("scale", "ratio")
+    @classmethod
+    def _ordered(cls, pair: tuple[float, float]) -> tuple[float, float]:
+        if not 0 < pair[0] <= pair[1]:
+            raise ValueError(f"must be (low, high) with 0 < low <= high, got {pair!r}")
+        return pair
 
 
 class HorizontalFlip(_ImageOp):
@@ -418,14 +445,28 @@ def parse_transforms(transforms: Any) -> list[Any]:
         try:
             out.append(_TRANSFORM.validate_python(t))
         except ValidationError as exc:
-            problems = "; ".join(
-                ".".join(str(part) for part in e.get("loc", ()))
-                + (": " if e.get("loc") else "")
-                + str(e.get("msg", "invalid")).removeprefix("Value error, ")
-                for e in exc.errors()
-            )
-            raise SpecError(f"transform {t!r} is not valid: {problems}") from None
+            raise SpecError(_invalid(t, exc)) from None
     return out
+
+
+def _invalid(given: Any, exc: ValidationError) -> str:
+    """A transform's validation problems, naming the op, its column and each field
+    (``resize.size: ...``), without pydantic's tagged-union dump."""
+    op = given.get("op") if isinstance(given, dict) else None
+    problems = []
+    for error in exc.errors():
+        inner = (error.get("ctx") or {}).get("error")
+        if isinstance(inner, SpecError):  # raised by an op's own __init__: already worded
+            return str(inner)
+        loc = [str(part) for part in error.get("loc", ())]
+        if op and loc and loc[0] != op:
+            loc.insert(0, str(op))
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        problems.append(".".join(loc) + (": " if loc else "") + message)
+    if op is None:
+        return f"transform {given!r} is not valid: " + "; ".join(problems)
+    column = f" on column {given['column']!r}" if "column" in given else ""
+    return f"transform {op}{column} is not valid: " + "; ".join(problems)
 
 
 def apply_transforms(
