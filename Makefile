@@ -12,7 +12,7 @@ export PYSPARK_DRIVER_PYTHON := $(PY)
 export SPARK_DL_MOSAIC_PYTHON := $(abspath $(MOSAIC_VENV))/bin/python
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install mosaic-env demo test lint typecheck pytest bench clean
+.PHONY: install mosaic-env browser-env demo test lint typecheck pytest bench clean
 
 install: $(VENV)/.installed
 
@@ -36,6 +36,15 @@ $(MOSAIC_VENV)/.installed: tests/interop/mosaic-requirements.txt
 	$(MOSAIC_VENV)/bin/python -m pip install -q --no-deps mosaicml-streaming==0.13.0
 	touch $@
 
+# Debian's Chromium, for the dataset card's headless-browser test (tests/test_card.py); where
+# it cannot be installed (no root or sudo, no apt) the test skips and says why.
+browser-env:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO apt-get install -y -qq --no-install-recommends chromium; \
+	} || echo "browser-env: chromium not installed; the headless-browser card test will skip"
+
 demo: install
 	$(PY) -m spark_dl.demo
 
@@ -46,7 +55,7 @@ lint: install
 typecheck: install
 	$(PY) -m mypy jvm-free/spark_dl_core spark_dl
 
-pytest: install mosaic-env
+pytest: install mosaic-env browser-env
 	$(PY) -m pytest -q tests
 
 test: lint typecheck pytest

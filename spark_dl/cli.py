@@ -9,7 +9,6 @@ JVM is installed.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import sys
@@ -39,9 +38,9 @@ def _jsonable(value: Any, limit: int = 200) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, (bytes, bytearray, memoryview)):
-        raw = bytes(value)
-        text = base64.b64encode(raw[:limit]).decode()
-        return {"base64": text, "bytes": len(raw), "truncated": len(raw) > limit}
+        from spark_dl_core.card import describe_value
+
+        return describe_value(value)  # <jpeg 400x300, 73 KB>: what it is, not its bytes
     if isinstance(value, str) and len(value) > limit:
         return value[:limit] + "…"
     if isinstance(value, dict):
@@ -245,6 +244,40 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"  {s['file']}: {s['samples']} samples, {s['bytes']} bytes, hashes {s['hashes']}")
     for i, row in enumerate(info["sample_rows"]):
         print(f"sample {i}: {json.dumps(row, default=str)[:500]}")
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """The dataset card: as text, or as one self-contained HTML page with ``--html``."""
+    from spark_dl_core import open_dataset, open_mixture
+    from spark_dl_core.card import card_html, column_stats, sample_indices
+
+    is_mixture = args.path.endswith(".json") and os.path.isfile(args.path)
+    ds = open_mixture(args.path) if is_mixture else open_dataset(args.path)
+    if args.html:
+        with open(args.html, "w", encoding="utf-8") as out:
+            out.write(card_html(ds, rows=args.rows))
+        print(f"wrote {args.html}")
+        return EXIT_OK
+    indices = sample_indices(ds, args.rows)
+    print(f"{ds.shown}: {len(ds)} samples, {ds.num_shards} shard(s), fingerprint {ds.fingerprint}")
+    print(f"columns (statistics from {len(indices)} sampled rows):")
+    for name, st in column_stats(ds, indices).items():
+        parts = [f"{ds.columns.get(name, '')}", st["kind"], f"nulls {st['nulls']}"]
+        if "min" in st:
+            over = {"text": "length ", "sequence": "length ", "bytes": "size ", "image": "size "}
+            parts.append(
+                f"{over.get(st['kind'], '')}min {st['min']:.4g} max {st['max']:.4g} "
+                f"mean {st['mean']:.4g}"
+            )
+        if "width" in st:
+            parts.append(
+                f"{st['width'][0]}-{st['width'][1]} x {st['height'][0]}-{st['height'][1]} px"
+            )
+        print(f"  {name}: " + ", ".join(parts))
+    lineage = getattr(ds, "lineage", None) or ds.source
+    if lineage:
+        print(f"lineage: {json.dumps(lineage, default=str)}")
     return EXIT_OK
 
 
@@ -481,6 +514,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epoch", type=int, default=0, help="mixture specs: the epoch to show")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_quiet_on_broken_pipe(cmd_inspect))
+
+    p = sub.add_parser("show", help="the dataset card: schema, lineage, statistics, pictures")
+    p.add_argument("path", help="dataset directory or URL, or a saved mixture spec (.json)")
+    p.add_argument("--html", metavar="OUT", help="write one self-contained HTML page to OUT")
+    p.add_argument("--rows", type=int, default=512, help="sampled rows (default 512)")
+    p.set_defaults(func=_quiet_on_broken_pipe(cmd_show))
 
     p = sub.add_parser("verify", help="re-hash and decode every shard; exit 1 naming bad files")
     p.add_argument("path")

@@ -3,6 +3,7 @@
 from typing import Any
 
 from ._version import __version__
+from .card import install as _install_card
 from .dataset import Dataset, open_dataset
 from .errors import (
     DatasetError,
@@ -19,6 +20,8 @@ from .loader_settings import LoaderSettings
 from .mixture import Mixture, MixtureSpec, Source, mix, open_mixture
 from .spec import DatasetSpec, parse_size
 from .writer import ShardWriter, WriteResult, write_mds
+
+_install_card()  # Dataset._repr_html_: the dataset card in notebooks
 
 
 def open_delta(path: str, version: int | None = None, **kwargs: Any) -> Any:

@@ -1,0 +1,167 @@
+"""The dataset card (``spark-dl show``, ``Dataset._repr_html_``) and short binary values."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from spark_dl.cli import main
+from spark_dl_core import Source, mix, open_dataset, write_mds
+from spark_dl_core.card import card_html, column_stats, describe_value, sample_indices
+
+Image = pytest.importorskip("PIL.Image")
+
+N = 40
+
+
+def _jpeg(h: int, w: int, channel: int = 0) -> bytes:
+    pixels = np.zeros((h, w, 3), np.uint8)
+    pixels[..., channel] = 200
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG")
+    return out.getvalue()
+
+
+def _png(h: int, w: int) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(np.full((h, w), 90, np.uint8)).save(out, "PNG")
+    return out.getvalue()
+
+
+@pytest.fixture
+def ds_path(tmp_path: Path) -> str:
+    path = str(tmp_path / "ds")
+    table = pa.table(
+        {
+            "img": pa.array([_jpeg(100 + i, 300, i % 3) for i in range(N)], pa.binary()),
+            "label": np.arange(N) % 4,
+            "text": [None if i % 5 == 0 else "w" * i for i in range(N)],
+            "tokens": [np.arange(i % 9, dtype=np.int32) for i in range(N)],
+            "blob": pa.array([b"\x00\x01" * (i + 1) for i in range(N)], pa.binary()),
+        }
+    )
+    spec = {"columns": {"img": "jpeg"}, "shard_size": "16KiB", "nulls": "mask"}
+    write_mds(table, path, spec, source={"table": "s3://lake/events", "version": 7})
+    return path
+
+
+def test_describe_value_says_what_binary_is() -> None:
+    raw = _jpeg(300, 400)
+    assert describe_value(raw) == f"<jpeg 400x300, {len(raw) / 1024:.1f} KB>"
+    assert describe_value(b"x" * 812) == "<bytes, 812 B>"
+    assert describe_value(_png(10, 20)).startswith("<png 20x10, ")
+    assert describe_value(b"x" * 75_000) == "<bytes, 73 KB>"
+    assert describe_value(b"\xff\xd8\xff broken").startswith("<jpeg, ")
+
+
+def test_statistics_from_a_bounded_sample(ds_path: str) -> None:
+    ds = open_dataset(ds_path)
+    assert ds.num_shards > 3
+    stats = column_stats(ds, np.arange(N))
+    assert set(stats) == {"img", "label", "text", "tokens", "blob"}  # no null masks
+    assert stats["label"]["kind"] == "number"
+    assert (stats["label"]["min"], stats["label"]["max"]) == (0, 3)
+    assert stats["label"]["mean"] == pytest.approx(np.mean(np.arange(N) % 4))
+    present = [i for i in range(N) if i % 5]
+    assert stats["text"]["nulls"] == N - len(present)  # counted, and left out of the lengths
+    assert stats["text"]["min"] == min(present) and stats["text"]["max"] == max(present)
+    assert sum(c for _, _, c in stats["text"]["histogram"]) == len(present)
+    assert stats["tokens"]["kind"] == "sequence" and stats["tokens"]["max"] == 8
+    assert stats["img"]["kind"] == "image" and stats["img"]["formats"] == ["jpeg"]
+    assert stats["img"]["width"] == (300, 300) and stats["img"]["height"] == (100, 100 + N - 1)
+    assert stats["blob"]["kind"] == "bytes" and stats["blob"]["max"] == 2 * N
+    # a large dataset is sampled from a few shards, not read whole
+    picked = sample_indices(ds, rows=10, shards=3)
+    assert len(picked) <= 10
+    shards = set(np.searchsorted(ds.shard_offsets, picked, side="right") - 1)
+    assert len(shards) <= 3 and 0 in shards and ds.num_shards - 1 in shards
+
+
+def test_card_is_one_self_contained_page(ds_path: str) -> None:
+    ds = open_dataset(ds_path)
+    page = card_html(ds, thumbs=6)
+    assert page.startswith("<!DOCTYPE html>")
+    assert not re.search(r"""(src|href)=["']?(https?:|//)|<link|<script|url\(""", page)
+    for name, encoding in (("img", "jpeg"), ("tokens", "ndarray:int32"), ("text", "str")):
+        assert f'data-column="{name}"' in page and f"<code>{encoding}</code>" in page
+    assert "s3://lake/events@7</code> → " in page  # lineage: table@version -> dataset
+    thumbs = re.findall(r'<img class="thumb"[^>]*src="data:image/jpeg;base64,([^"]+)"', page)
+    assert len(thumbs) == 6
+    for data in thumbs:
+        with Image.open(io.BytesIO(base64.b64decode(data))) as image:
+            assert max(image.size) <= 96 and image.format == "JPEG"
+    fragment = ds._repr_html_()
+    assert "<html" not in fragment and fragment.count('class="thumb"') == 12
+
+
+def test_mixture_card_shows_each_source_and_its_share(tmp_path: Path) -> None:
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    write_mds(pa.table({"x": np.arange(30)}), a)
+    write_mds(pa.table({"x": np.arange(10)}), b)
+    page = card_html(mix([Source(a, choose=30), Source(b, choose=10)]))
+    assert "Lineage: mixture" in page and "75.0%" in page and "25.0%" in page
+
+
+def test_show_and_inspect_commands(
+    ds_path: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "card.html"
+    assert main(["show", ds_path, "--html", str(out)]) == 0
+    assert out.read_text().count('class="thumb"') == 16
+    capsys.readouterr()
+    assert main(["show", ds_path, "--rows", "20"]) == 0
+    text = capsys.readouterr().out
+    assert "statistics from 20 sampled rows" in text
+    assert re.search(r"img: jpeg, image, nulls 0, size min \d+", text)
+    assert main(["inspect", ds_path, "--samples", "2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["sample_rows"]
+    assert re.fullmatch(r"<jpeg 300x101, \d\.\d KB>", rows[1]["img"])
+    assert rows[0]["blob"] == "<bytes, 2 B>"
+    assert "base64" not in json.dumps(rows)
+
+
+def _chromium() -> str | None:
+    return next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
+
+
+@pytest.mark.slow
+def test_card_renders_its_thumbnails_in_a_headless_browser(ds_path: str, tmp_path: Path) -> None:
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no chromium on PATH: `make browser-env` installs Debian's package")
+    page = card_html(open_dataset(ds_path), thumbs=8)
+    # what the browser made of the page, written into the DOM it dumps
+    probe = (
+        "<script>window.addEventListener('load',()=>{const t=[...document.images]"
+        ".filter(i=>i.classList.contains('thumb'));document.body.dataset.thumbs="
+        "t.filter(i=>i.complete&&i.naturalWidth>0).length+'/'+t.length;"
+        "document.body.dataset.rows=document.querySelectorAll('tr[data-column]').length})"
+        "</script>"
+    )
+    (tmp_path / "card.html").write_text(page.replace("</body>", probe + "</body>"))
+    done = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            (tmp_path / "card.html").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert 'data-thumbs="8/8"' in done.stdout
+    assert 'data-rows="5"' in done.stdout
