@@ -218,8 +218,15 @@ def _inspect_mixture(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _is_mixture_spec(path: str) -> bool:
+    """A saved mixture spec: a .json file that is not one of a dataset's own files (those
+    open as a dataset, which says to open the directory instead)."""
+    own = ("index.json", "spark_dl.json", "spark_dl.prev.json")
+    return path.endswith(".json") and os.path.isfile(path) and os.path.basename(path) not in own
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
-    if args.path.endswith(".json") and os.path.isfile(args.path):  # a saved mixture spec
+    if _is_mixture_spec(args.path):
         return _inspect_mixture(args)
     info = describe(args.path, args.samples)
     if args.json:
@@ -252,8 +259,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from spark_dl_core import open_dataset, open_mixture
     from spark_dl_core.card import card_html, column_stats, sample_indices
 
-    is_mixture = args.path.endswith(".json") and os.path.isfile(args.path)
-    ds = open_mixture(args.path) if is_mixture else open_dataset(args.path)
+    ds = open_mixture(args.path) if _is_mixture_spec(args.path) else open_dataset(args.path)
     if args.html:
         with open(args.html, "w", encoding="utf-8") as out:
             out.write(card_html(ds, rows=args.rows))
