@@ -425,3 +425,28 @@ def test_image_pipelines_warn_nothing() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0 and "Warning" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_cmyk_jpegs_decode_as_pil_does(tmp_path: Path) -> None:
+    pixels = np.random.default_rng(3).integers(0, 256, (40, 48, 4), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels, "CMYK").save(out, format="JPEG", quality=95)
+    raw = out.getvalue()
+    for mode in ("RGB", "L"):
+        want = np.asarray(Image.open(io.BytesIO(raw)).convert(mode))
+        got = decode_image(raw, mode)
+        np.testing.assert_array_equal(got.reshape(want.shape), want)
+    rgb = np.asarray(Image.open(io.BytesIO(raw)).convert("RGB"))
+    write_mds(
+        pa.table({"image": pa.array([raw] * 2)}),
+        str(tmp_path),
+        DatasetSpec(columns={"image": "jpeg"}),
+    )
+    ops = [
+        {"op": "image_decode", "column": "image"},
+        {"op": "center_crop", "column": "image", "size": 20},
+    ]
+    (batch,) = open_dataset(tmp_path).iter_batches(batch_size=2, transforms=ops)
+    np.testing.assert_array_equal(batch["image"][1], rgb[10:30, 14:34])
+    (whole,) = open_dataset(tmp_path).iter_batches(batch_size=2, transforms=ops[:1])
+    np.testing.assert_array_equal(whole["image"][0], rgb)

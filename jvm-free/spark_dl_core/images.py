@@ -253,6 +253,17 @@ def image_size(raw: bytes) -> tuple[int, int]:
     return int(h), int(w)
 
 
+def _four_channel(raw: bytes) -> bool:
+    """A CMYK or YCCK JPEG: PIL decodes those (Adobe's inverted CMYK to RGB as PIL
+    converts it); libjpeg-based decoders convert them another way, a level or two off."""
+    try:
+        if _jpeg is not None:
+            return int(_jpeg.header(raw)[2]) == 4
+        return str(_simplejpeg.decode_jpeg_header(raw)[2]) in ("CMYK", "YCCK")
+    except Exception:  # not a readable header: the decoder says what is wrong
+        return False
+
+
 @dataclass(frozen=True)
 class ImageList:
     """Images of different sizes in one buffer: ``flat`` holds them back to back, each
@@ -294,7 +305,7 @@ def decode_image(
     global _decodes
     _decodes += 1
     min_h, min_w = at_least or (0, 0)
-    if _simplejpeg is not None and raw[:2] == _JPEG:
+    if _simplejpeg is not None and raw[:2] == _JPEG and not _four_channel(raw):
         colorspace = "RGB" if mode == "RGB" else "GRAY"
         pixels = _simplejpeg.decode_jpeg(
             raw,
