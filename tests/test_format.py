@@ -505,3 +505,13 @@ def test_paths_that_are_not_datasets_say_why(tmp_path: Path) -> None:
             open_dataset(path)  # type: ignore[arg-type]
     with pytest.raises(SpecError, match="not NoneType"):
         write_mds(pa.table({"a": [1]}), None)  # type: ignore[arg-type]
+
+
+def test_random_access_gives_the_loaders_types(tmp_path: Path) -> None:
+    table = pa.table(
+        {"b": [True, False], "m": pa.array([[(1, "a")], []], pa.map_(pa.int32(), pa.string()))}
+    )
+    write_mds(table, str(tmp_path))
+    ds = open_dataset(tmp_path)
+    assert ds[0] == {"b": True, "m": {1: "a"}} and isinstance(ds[0]["b"], np.bool_)
+    assert ds[[0, 1]]["b"].dtype == np.bool_ and list(ds[[0, 1]]["m"]) == [{1: "a"}, {}]

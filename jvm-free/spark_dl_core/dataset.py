@@ -532,7 +532,9 @@ class Dataset:
         accessed = getattr(self, "_accessed", None)
         if accessed is not None:
             loaded[accessed[0]] = accessed[1]
-        batch = self.read(indices, columns, loaded=loaded)
+        from .arrow_bridge import python_types
+
+        batch = python_types(self, self.read(indices, columns, loaded=loaded))
         self._accessed = (last, loaded[last])
         for name in derived:
             batch[name] = self.derive(name, indices)
