@@ -453,6 +453,7 @@ class ReadOps:
         recorded = read_transforms(dataset) if spec else []
         self.transforms = recorded + parse_transforms(transforms)
         self.pipelines: dict[str, Any] = {}
+        self.media: dict[str, Any] = {}  # audio / video columns (spark_dl_core.media)
         self.others: list[Any] = []
         self.device = device
         # Makes decoded image batches (uint8, by shape); DataLoader workers allocate them in
@@ -461,15 +462,21 @@ class ReadOps:
         if not self.transforms:
             return
         from .images import augment_key, compile_pipelines
+        from .media import compile_media
 
         names = columns if columns is not None else list(dataset.layout.names)
-        self.pipelines, self.others = compile_pipelines(
-            self.transforms, {n: dataset.columns.get(n, "?") for n in names}
-        )
+        kinds = {n: dataset.columns.get(n, "?") for n in names}
+        self.media, rest = compile_media(self.transforms, kinds)
+        self.pipelines, self.others = compile_pipelines(rest, kinds)
         self.key = augment_key(dataset.fingerprint, seed, epoch)
 
     def __bool__(self) -> bool:
         return bool(self.transforms)
+
+    @property
+    def transformed(self) -> set[str]:
+        """Columns a pipeline (image, audio, video) turns into dense decoded batches."""
+        return set(self.pipelines) | set(self.media)
 
     def apply(self, batch: Batch, index: np.ndarray) -> Batch:
         """Run the ops on one decoded batch whose samples have global indices ``index``."""
@@ -477,6 +484,12 @@ class ReadOps:
             return batch
         from .transforms import Normalize
 
+        for name, media in self.media.items():
+
+            def located(i: int, message: str, name: str = name) -> str:
+                return self._where(name, int(index[i]), message)
+
+            batch[name] = media.run([bytes(r) for r in batch[name]], self.key, index, located)
         for name, pipeline in self.pipelines.items():
             raws = [bytes(r) for r in batch[name]]
 

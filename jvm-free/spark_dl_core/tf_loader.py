@@ -220,7 +220,7 @@ def make_tf_dataset(
     one = [np.zeros(min(1, len(dataset)), dtype=np.int64)]
     probe_reader = BatchReader(dataset, one, epoch=epoch, **read)
     probe = next(iter(probe_reader)) if len(dataset) else {}
-    transformed = set(probe_reader.ops.pipelines)
+    transformed = probe_reader.ops.transformed
     kinds: dict[str, str] = {}
     signature: dict[str, Any] = {}
     ndims: dict[str, int] = {}

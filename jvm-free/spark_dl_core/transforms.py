@@ -388,6 +388,44 @@ def resolve_write_ops(transforms: list[Any], schema: pa.Schema | None) -> list[A
 IMAGE_OPS = (ImageDecode, Resize, CenterCrop, RandomResizedCrop, HorizontalFlip, ToCHW)
 
 
+# Audio and video: read-time ops run by :mod:`spark_dl_core.media`, seeded like the image
+# ops (random windows drawn from fingerprint, seed, epoch and the global sample index).
+
+
+class AudioDecode(_ImageOp):
+    """Encoded audio (WAV, FLAC, OGG/Vorbis, MP3) to float32 in [-1, 1], channels first,
+    resampled to ``sample_rate`` (None: every clip keeps its own rate), ``mono`` averaging
+    the channels."""
+
+    op: Literal["audio_decode"] = "audio_decode"
+    sample_rate: int | None = Field(default=None, ge=1)
+    mono: bool = False
+
+
+class AudioCrop(_ImageOp):
+    """A window of ``seconds`` (decoded alone where the format seeks), from a random, the
+    first or the central position; shorter clips zero-padded to it when ``pad``."""
+
+    op: Literal["audio_crop"] = "audio_crop"
+    seconds: float = Field(gt=0)
+    start: Literal["random", "begin", "center"] = "random"
+    pad: bool = True
+
+
+class VideoDecode(_ImageOp):
+    """``num_frames`` frames ``stride`` apart, from a random, the first or the central
+    position of the clip, as uint8 RGB ``[T, H, W, C]``; ``resize`` / ``center_crop`` after
+    it apply to every frame. A clip with fewer frames repeats its last one."""
+
+    op: Literal["video_decode"] = "video_decode"
+    num_frames: int = Field(default=8, ge=1)
+    stride: int = Field(default=1, ge=1)
+    start: Literal["random", "begin", "center"] = "random"
+
+
+MEDIA_OPS = (AudioDecode, AudioCrop, VideoDecode)
+
+
 Transform = Annotated[
     Select
     | Drop
@@ -402,7 +440,10 @@ Transform = Annotated[
     | HorizontalFlip
     | ToCHW
     | ReencodeImage
-    | Tokenize,
+    | Tokenize
+    | AudioDecode
+    | AudioCrop
+    | VideoDecode,
     Field(discriminator="op"),
     BeforeValidator(lambda value: _check_op(value)),
 ]
