@@ -36,7 +36,7 @@ class DLAccessor:
         # discover the source by itself (spark-dl only on a path) still gets it
         register_source(df.sparkSession, force=False)
 
-    def resolved_spec(self, spec: SpecLike = None, infer_shapes: bool = True) -> DatasetSpec:
+    def resolved_spec(self, spec: SpecLike = None, *, infer_shapes: bool = True) -> DatasetSpec:
         """``spec`` with fixed array shapes filled in (see :func:`fixed_shapes`)."""
         return resolve_spec(self._df, spec, infer_shapes)
 
@@ -44,28 +44,28 @@ class DLAccessor:
         self,
         path: str,
         spec: SpecLike = None,
-        mode: str = "error",
         *,
+        mode: str = "error",
         infer_shapes: bool = True,
         storage_options: dict[str, str] | None = None,
     ) -> None:
         """``df.write.format("mds")`` with the spec as an object; ``mode`` as in Spark."""
-        resolved = self.resolved_spec(spec, infer_shapes and mode != "append")
+        resolved = self.resolved_spec(spec, infer_shapes=infer_shapes and mode != "append")
         writer = self._df.write.format(FORMAT).option("spec", resolved.model_dump_json())
         for key, value in (storage_options or {}).items():
             writer = writer.option(f"storage.{key}", value)
         writer.mode(mode).save(path)
 
-    def converter(self, spec: SpecLike = None, cache_dir: str | None = None) -> Converter:
+    def converter(self, spec: SpecLike = None, *, cache_dir: str | None = None) -> Converter:
         """The DataFrame materialized once (cached by plan and spec) as an MDS dataset."""
         return make_converter(self._df, as_spec(spec), cache_dir)
 
     def to_torch(
         self,
         batch_size: int = 256,
+        *,
         shuffle: bool = False,
         seed: int = 0,
-        *,
         spec: SpecLike = None,
         cache_dir: str | None = None,
         num_workers: int = 0,
@@ -130,7 +130,7 @@ class DLAccessor:
             multiprocessing_context=multiprocessing_context,
             progress=progress,
         )
-        return self.converter(spec, cache_dir).to_torch(
+        return self.converter(spec, cache_dir=cache_dir).to_torch(
             batch_size=batch_size,
             shuffle=shuffle,
             seed=seed,
@@ -142,9 +142,9 @@ class DLAccessor:
     def to_tf(
         self,
         batch_size: int = 256,
+        *,
         shuffle: bool = False,
         seed: int = 0,
-        *,
         spec: SpecLike = None,
         cache_dir: str | None = None,
         rank: int | None = None,
@@ -181,7 +181,7 @@ class DLAccessor:
             prefetch_bytes=prefetch_bytes,
             as_tuple=as_tuple,
         )
-        return self.converter(spec, cache_dir).to_tf(
+        return self.converter(spec, cache_dir=cache_dir).to_tf(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, **settings
         )
 

@@ -96,9 +96,9 @@ def session_reads_delta(spark: SparkSession) -> bool:
 def read_delta(
     spark: SparkSession,
     path: str | os.PathLike[str],
+    *,
     version: int | None = None,
     timestamp: Timestamp | None = None,
-    *,
     engine: Engine = "auto",
     storage_options: dict[str, str] | None = None,
 ) -> DataFrame:

@@ -130,7 +130,7 @@ def test_to_torch(spark: Any, tmp_path: Any) -> None:
     core = df.dl.converter(cache_dir=cache).dataset
     want = [b["label"].tolist() for b in core.to_torch(batch_size=64, shuffle=True, seed=7)]
     assert order == want
-    other = [b["label"].tolist() for b in df.dl.to_torch(64, True, 8, cache_dir=cache)]
+    other = [b["label"].tolist() for b in df.dl.to_torch(64, shuffle=True, seed=8, cache_dir=cache)]
     assert other != order and sorted(x for b in other for x in b) == list(range(300))
     assert order != sorted(order)  # shuffled, not the stored order
     # 7 ranks over 300 rows: equal steps (43 rows each, 1 repeat marked) unless asked not to

@@ -24,7 +24,7 @@ from .writer import ShardWriter, WriteResult, write_mds
 _install_card()  # Dataset._repr_html_: the dataset card in notebooks
 
 
-def open_delta(path: str, version: int | None = None, **kwargs: Any) -> Any:
+def open_delta(path: str, *, version: int | None = None, **kwargs: Any) -> Any:
     """A Delta table snapshot as Arrow, with no JVM (see :mod:`spark_dl_core.delta`)."""
     from .delta import open_delta as _open_delta
 

@@ -699,12 +699,12 @@ class Dataset:
     def iter_batches(
         self,
         batch_size: int = 1024,
+        *,
         shuffle: bool = False,
         seed: int = 0,
         epoch: int = 0,
         rank: int = 0,
         world_size: int = 1,
-        *,
         settings: LoaderSettings | None = None,
         state: dict[str, Any] | None = None,
         start_batch: int = 0,
@@ -780,13 +780,13 @@ class Dataset:
     def sample_order(
         self,
         batch_size: int = 1024,
+        *,
         shuffle: bool = False,
         seed: int = 0,
         epoch: int = 0,
         rank: int = 0,
         world_size: int = 1,
         drop_last: bool = False,
-        *,
         shuffle_window: int | None = None,
         consumed: int = 0,
         settings: LoaderSettings | None = None,
@@ -820,7 +820,7 @@ class Dataset:
             even_batches=even_batches,
         )
 
-    def to_arrow(self, columns: list[str] | None = None, batch_size: int = 65536) -> pa.Table:
+    def to_arrow(self, columns: list[str] | None = None, *, batch_size: int = 65536) -> pa.Table:
         """The whole dataset (or some columns) as an Arrow table with the recorded types."""
         columns = column_names(columns)
         from .arrow_bridge import batch_to_arrow
@@ -857,7 +857,7 @@ class Dataset:
         return [c for name in columns for c in ([name, masks[name]] if name in masks else [name])]
 
     def to_torch(
-        self, batch_size: int = 256, settings: LoaderSettings | None = None, **kwargs: Any
+        self, batch_size: int = 256, *, settings: LoaderSettings | None = None, **kwargs: Any
     ) -> Any:
         """A PyTorch loader over this dataset (see :mod:`spark_dl_core.torch_loader`).
 
@@ -873,8 +873,8 @@ class Dataset:
     def to_tf(
         self,
         batch_size: int = 256,
-        settings: LoaderSettings | None = None,
         *,
+        settings: LoaderSettings | None = None,
         state: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> Any:
@@ -959,13 +959,15 @@ def _as_objects(values: list[Any]) -> np.ndarray:
 
 def open_dataset(
     path: str | os.PathLike[str],
-    cache_dir: str | None = None,
     *,
+    cache_dir: str | None = None,
     allow_unsafe: bool = False,
     storage_options: dict[str, Any] | None = None,
 ) -> Dataset:
     """Open an MDS dataset (ours or Mosaic's) at a local path or fsspec URL.
 
+    Everything after the path is keyword-only, so ``open_dataset(a, b)`` is a
+    ``TypeError`` rather than ``b`` silently taken as the cache directory.
     ``allow_unsafe`` permits decoding ``pkl`` columns, which runs code from the dataset.
     ``cache_dir`` is where shards of remote datasets are kept locally.
     """

@@ -337,6 +337,7 @@ class DeltaSnapshot:
 
 def open_delta(
     path: str | os.PathLike[str],
+    *,
     version: int | None = None,
     timestamp: Timestamp | None = None,
     storage_options: dict[str, str] | None = None,

@@ -51,7 +51,7 @@ def write_compact_for(store: Store, index_bytes: bytes | None = None) -> int:
 
 
 def write_compact_index(
-    path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+    path: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None
 ) -> str:
     """Build the compact index of an existing dataset (spark-dl's or Mosaic's) in place.
 
