@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 
 import spark_dl_core
-from spark_dl_core import open_dataset, write_mds
+from spark_dl_core import SpecError, open_dataset, write_mds
 from spark_dl_core.dataset import Dataset
+from spark_dl_core.errors import ColumnNotFoundError
 
 
 def _small(tmp_path: Path, name: str = "d") -> str:
@@ -66,3 +67,208 @@ def test_loader_settings_after_batch_size_are_keywords(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         ds.iter_batches(4, True)  # type: ignore[misc]
     assert [len(b["id"]) for b in ds.iter_batches(4, shuffle=True)] == [4, 4]
+
+
+# ---------------------------------------------------------------- settings checked at build
+
+_BAD_READS = [
+    ({"columns": ["nope"]}, ColumnNotFoundError, ["columns", "nope"]),
+    ({"columns": ["id", "id"]}, SpecError, ["columns", "'id'"]),
+    (
+        {"transforms": [{"op": "drop", "columns": ["nope"], "at": "read"}]},
+        SpecError,
+        ["drop", "'columns'", "nope"],
+    ),
+    (
+        {"transforms": [{"op": "select", "columns": ["x", "nope"]}]},
+        SpecError,
+        ["select", "'columns'", "nope"],
+    ),
+    (
+        {"transforms": [{"op": "select", "columns": ["x", "x"]}]},
+        SpecError,
+        ["select", "'columns'", "'x'"],
+    ),
+    (
+        {"transforms": [{"op": "rename", "mapping": {"x": "id"}}]},
+        SpecError,
+        ["rename", "'mapping'", "'id'"],
+    ),
+    (
+        {"transforms": [{"op": "rename", "mapping": {"nope": "y"}}]},
+        SpecError,
+        ["rename", "'mapping'", "nope"],
+    ),
+    (
+        {
+            "transforms": [
+                {"op": "drop", "columns": ["x"]},
+                {"op": "cast", "column": "x", "to": "int32"},
+            ]
+        },
+        SpecError,
+        ["cast", "'column'", "'x'"],
+    ),
+]
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch", "tf"])
+@pytest.mark.parametrize(("settings", "error", "named"), _BAD_READS)
+def test_read_settings_are_checked_when_the_loader_is_built(
+    tmp_path: Path, framework: str, settings: dict[str, Any], error: type, named: list[str]
+) -> None:
+    ds = open_dataset(_small(tmp_path))
+    build = {"numpy": ds.iter_batches, "torch": ds.to_torch, "tf": ds.to_tf}[framework]
+    with pytest.raises(error) as caught:
+        build(4, **settings)  # no batch asked for: the loader itself refuses
+    assert all(part in str(caught.value) for part in named), str(caught.value)
+
+
+def test_read_ops_follow_the_columns_of_earlier_ops(tmp_path: Path) -> None:
+    ds = open_dataset(_small(tmp_path))
+    swap = [{"op": "rename", "mapping": {"x": "id", "id": "x"}}]
+    (batch,) = list(ds.iter_batches(8, transforms=swap))
+    assert batch["x"].tolist() == list(range(8)) and batch["id"].dtype.kind == "f"
+    renamed = [
+        {"op": "rename", "mapping": {"x": "y"}},
+        {"op": "normalize", "column": "y", "mean": 1.0},
+    ]
+    (batch,) = list(ds.iter_batches(8, transforms=renamed))
+    assert batch["y"].tolist()[:2] == [-1.0, 0.0]
+
+
+def test_a_recorded_read_rename_onto_a_column_is_refused_at_write(tmp_path: Path) -> None:
+    spec = {"transforms": [{"op": "rename", "mapping": {"x": "id"}, "at": "read"}]}
+    table = pa.table({"id": [1, 2], "x": [0.5, 1.5]})
+    with pytest.raises(SpecError, match=r"rename.*'mapping'.*'id'"):
+        write_mds(table, str(tmp_path / "d"), spec)
+
+
+def test_write_mds_refuses_duplicate_column_names(tmp_path: Path) -> None:
+    table = pa.Table.from_arrays([pa.array([1]), pa.array([2.0])], names=["a", "a"])
+    with pytest.raises(SpecError, match="column 'a' 2 times"):
+        write_mds(table, str(tmp_path / "d"))
+    assert not (tmp_path / "d").exists()
+    write_mds(pa.table({"a": [1]}), str(tmp_path / "e"))
+    with pytest.raises(SpecError, match="column 'a' 2 times"):
+        write_mds(table, str(tmp_path / "e"), mode="append")
+
+
+# ---------------------------------------------------------------- non-finite floats in json
+
+_SPECIAL = [float("nan"), float("inf"), float("-inf"), -0.0, 5e-324, 0.1]
+_F32 = [pa.scalar(v, pa.float32()).as_py() for v in _SPECIAL]
+
+
+def _special_table() -> pa.Table:
+    n = len(_SPECIAL)
+    return pa.table(
+        {
+            "s": pa.array(
+                [{"a": v, "b": w, "c": [v, w]} for v, w in zip(_SPECIAL, _F32)],
+                pa.struct(
+                    [("a", pa.float64()), ("b", pa.float32()), ("c", pa.list_(pa.float64()))]
+                ),
+            ),
+            "m": pa.array(
+                [[("k", v), ("j", -v)] for v in _SPECIAL], pa.map_(pa.string(), pa.float64())
+            ),
+            "ragged": pa.array([[[v], [v, v]] for v in _SPECIAL], pa.list_(pa.list_(pa.float64()))),
+            "j": pa.array([[v, 1.0] for v in _SPECIAL], pa.list_(pa.float64())),
+            "id": list(range(n)),
+        }
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal with NaN equal to NaN and -0.0 told from 0.0 (repr shows both)."""
+    return repr(a) == repr(b)
+
+
+def test_non_finite_floats_in_json_columns_round_trip_exactly(tmp_path: Path) -> None:
+    table = _special_table()
+    path = str(tmp_path / "d")
+    write_mds(table, path, {"columns": {"j": "json", "ragged": "json"}})
+    ds = open_dataset(path)
+    assert {c: ds.columns[c] for c in ("s", "m", "ragged", "j")} == dict.fromkeys(
+        ("s", "m", "ragged", "j"), "json"
+    )
+    back = ds.to_arrow()
+    assert back.schema == table.schema
+    for name in table.column_names:
+        assert _same(back.column(name).to_pylist(), table.column(name).to_pylist()), name
+    (batch,) = list(ds.iter_batches(len(_SPECIAL)))
+    assert _same([v["a"] for v in batch["s"]], _SPECIAL)
+    assert _same([v["b"] for v in batch["s"]], _F32)
+    assert _same(list(batch["j"]), [[v, 1.0] for v in _SPECIAL])
+    (torch_batch,) = list(ds.to_torch(len(_SPECIAL), columns=["s", "id"]))
+    assert _same([v["a"] for v in torch_batch["s"]], _SPECIAL)
+
+
+def test_non_finite_floats_in_spark_structs_and_maps_round_trip(
+    classic_spark: Any, tmp_path: Path
+) -> None:
+    spark = classic_spark
+    import spark_dl  # noqa: F401  (registers the mds source)
+
+    rows = [({"a": v, "b": [v]}, {"k": v}, i) for i, v in enumerate(_SPECIAL)]
+    df = spark.createDataFrame(
+        rows, "s struct<a: double, b: array<double>>, m map<string, double>, id long"
+    )
+    path = str(tmp_path / "spark")
+    df.write.format("mds").save(path)
+    back = spark.read.format("mds").load(path).orderBy("id").collect()
+    assert _same([r["s"]["a"] for r in back], _SPECIAL)
+    assert _same([r["s"]["b"] for r in back], [[v] for v in _SPECIAL])
+    assert _same([r["m"]["k"] for r in back], _SPECIAL)
+    (core,) = list(open_dataset(path).iter_batches(len(_SPECIAL), columns=["s"]))
+    assert sorted(map(repr, (v["a"] for v in core["s"]))) == sorted(map(repr, _SPECIAL))
+
+
+# ---------------------------------------------------------------- CLI arguments and messages
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["inspect", "somewhere", "--samples", "-3"], "--samples"),
+        (["inspect", "somewhere", "--samples", "three"], "--samples"),
+        (["export", "t", "--out", "o", "--version", "-1"], "--version"),
+        (["sql", "f.sql", "--limit", "-5"], "--limit"),
+    ],
+)
+def test_cli_numeric_arguments_are_checked(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spark_dl.cli import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == 2
+    assert f"argument {flag}:" in capsys.readouterr().err
+
+
+def test_cli_export_of_a_missing_table_says_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spark_dl.cli import main
+
+    assert main(["export", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nope" in err and "Os {" not in err, err
+
+
+def test_cli_delta_export_of_a_parquet_directory_suggests_the_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pyarrow.parquet as pq
+
+    from spark_dl.cli import main
+
+    (tmp_path / "pq").mkdir()
+    pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "pq" / "part-0.parquet")
+    out = str(tmp_path / "o")
+    assert main(["export", str(tmp_path / "pq"), "--out", out, "--no-progress"]) == 1
+    assert "--format parquet" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "pq"), "--out", out, "--format", "parquet"]) == 0
+    assert len(open_dataset(out)) == 2

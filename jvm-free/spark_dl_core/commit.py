@@ -29,6 +29,7 @@ from .meta import (
     Committed,
     ShardRecords,
     build_meta,
+    check_unique_columns,
     plans_from_meta,
     read_meta,
 )
@@ -173,8 +174,10 @@ def plan_write(
     input's, when known) must match the stored columns, else :class:`SchemaDriftError`.
     """
     chosen = normalize_mode(mode)
-    existing = read_meta(store)
     shown = store.display()
+    if schema is not None:
+        check_unique_columns(schema.names, f"the data written to {shown}")
+    existing = read_meta(store)
     given = spec if spec is not None else DatasetSpec()
     if existing is not None and chosen == "error":
         raise DatasetExistsError(

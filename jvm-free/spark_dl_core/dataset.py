@@ -758,6 +758,7 @@ class Dataset:
                 stacklevel=2,
             )
         plan = self.sample_order(settings=chosen.replace(epoch=epoch), consumed=consumed)
+        # Built now, not at the first batch: columns and read-time ops are checked here.
         batches = plan[start_batch:]
         reader = BatchReader(
             self,
@@ -771,11 +772,14 @@ class Dataset:
             **reader_extras(chosen),
         )
         if not chosen.pad_mask:
-            yield from reader
-            return
-        for k, batch in enumerate(reader):
-            batch[PAD_MASK] = plan.pad_mask(start_batch + k)
-            yield batch
+            return iter(reader)
+
+        def masked() -> Iterator[Batch]:
+            for k, batch in enumerate(reader):
+                batch[PAD_MASK] = plan.pad_mask(start_batch + k)
+                yield batch
+
+        return masked()
 
     def sample_order(
         self,

@@ -696,19 +696,26 @@ def compile_pipelines(
 ) -> tuple[dict[str, ImagePipeline], list[Any]]:
     """Split loader transforms into per-column image pipelines and the other ops.
 
-    Refuses, before any data is read, an op on a missing column or a column of the wrong
-    kind, naming the op and the column. ``columns`` maps each column to its encoding.
+    Refuses, before any data is read, an op on a missing column (as the columns are at its
+    step: after earlier selects, drops and renames), a name collision or a column of the
+    wrong kind, naming the op and the column. ``columns`` maps each column to its encoding.
     """
     pipelines: dict[str, ImagePipeline] = {}
     others: list[Any] = []
     image_ops = (ImageDecode, Resize, CenterCrop, RandomResizedCrop, HorizontalFlip, ToCHW)
+    names = list(columns)
     for op in transforms:
         column = getattr(op, "column", None)
+        names = op.columns_after(names)
         if column is not None and column not in columns:
-            raise SpecError(
-                f"{op.op} names column {column!r}, which the dataset does not have "
-                f"(it has {sorted(columns)})"
-            )
+            if isinstance(op, (ImageDecode, *image_ops)):
+                raise SpecError(
+                    f"{op.op} (field 'column') names {column!r}, which the dataset does not "
+                    f"store (it has {sorted(columns)}); image ops run on the stored columns, "
+                    "before renames"
+                )
+            others.append(op)
+            continue
         if isinstance(op, ImageDecode):
             if columns[op.column] not in IMAGE_ENCODINGS:
                 raise SpecError(

@@ -28,6 +28,7 @@ from .format.shard import Layout
 from .indexing import read_compact
 from .spec import NULL_SUFFIX, DatasetSpec
 from .storage import Store
+from .transforms import check_transforms
 
 META_FORMAT = "spark-dl"
 
@@ -43,8 +44,20 @@ class ColumnPlan:
     nullable: bool = True  # as the source schema declared it
 
 
+def check_unique_columns(names: list[str], what: str) -> None:
+    """Refuse two columns of one name (Arrow allows them; a dataset's columns are keys)."""
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SpecError(
+            f"{what} has column {twice[0]!r} {names.count(twice[0])} times; column names "
+            "must be unique (rename or drop the others before writing)"
+        )
+
+
 def plan_columns(schema: pa.Schema, spec: DatasetSpec) -> list[ColumnPlan]:
     """Choose each column's encoding: the spec's, else one inferred from its Arrow type."""
+    check_unique_columns(schema.names, "the data")
+    check_transforms(spec.transforms, schema.names, "read")  # recorded read ops must apply
     unknown = set(spec.columns) - set(schema.names)
     if unknown:
         raise SpecError(

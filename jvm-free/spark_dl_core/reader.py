@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .arrow_bridge import python_types
-from .errors import SpecError
+from .errors import ColumnNotFoundError, SpecError
 from .format.buffers import Jagged
 from .images import ImageList
 
@@ -459,12 +459,13 @@ class ReadOps:
         # Makes decoded image batches (uint8, by shape); DataLoader workers allocate them in
         # shared memory (see torch_loader), so they reach the main process uncopied.
         self.alloc: Callable[[tuple[int, ...]], np.ndarray] = _empty_bytes
+        names = columns if columns is not None else list(dataset.layout.names)
+        _check_columns_setting(dataset, names)
         if not self.transforms:
             return
         from .images import augment_key, compile_pipelines
         from .media import compile_media
 
-        names = columns if columns is not None else list(dataset.layout.names)
         kinds = {n: dataset.columns.get(n, "?") for n in names}
         self.media, rest = compile_media(self.transforms, kinds)
         self.pipelines, self.others = compile_pipelines(rest, kinds)
@@ -532,6 +533,19 @@ class ReadOps:
         for op in ops:
             record = apply_transforms(record, [op.model_copy(update={"at": "read"})], "read")
         return {n: arrow_to_numpy(record.column(n)) for n in record.schema.names}
+
+
+def _check_columns_setting(dataset: Dataset, names: list[str]) -> None:
+    """The loader's ``columns=`` setting, checked against the dataset when it is built."""
+    stored = list(dataset.layout.names)
+    missing = [c for c in names if c not in stored]
+    if missing:
+        raise ColumnNotFoundError(
+            f"setting columns=: {dataset.shown} has no column(s) {missing}; it has {stored}"
+        )
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise SpecError(f"setting columns= names column {twice[0]!r} more than once")
 
 
 def _same_rows(a: tuple[int, list[Any]], b: tuple[int, list[Any]]) -> bool:

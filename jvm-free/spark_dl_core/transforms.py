@@ -35,19 +35,35 @@ class _Base(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     at: Literal["write", "read"] = "write"
 
+    def columns_after(self, names: list[str]) -> list[str]:
+        """The column names after this op over ``names``; refuses a missing column."""
+        column = getattr(self, "column", None)
+        if column is not None:
+            _require_names(names, [column], getattr(self, "op", "transform"), "column")
+        return names
+
 
 class Select(_Base):
     op: Literal["select"] = "select"
     columns: list[str]
 
+    def columns_after(self, names: list[str]) -> list[str]:
+        _require_names(names, self.columns, self.op, "columns")
+        _unique(self.columns, f"{self.op} (field 'columns')")
+        return list(self.columns)
+
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        _require(batch, self.columns, self.op)
+        self.columns_after(batch.schema.names)
         return batch.select(self.columns)
 
 
 class Drop(_Base):
     op: Literal["drop"] = "drop"
     columns: list[str]
+
+    def columns_after(self, names: list[str]) -> list[str]:
+        _require_names(names, self.columns, self.op, "columns")
+        return [n for n in names if n not in set(self.columns)]
 
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         _require(batch, self.columns, self.op)
@@ -59,9 +75,19 @@ class Rename(_Base):
     op: Literal["rename"] = "rename"
     mapping: dict[str, str]
 
+    def columns_after(self, names: list[str]) -> list[str]:
+        _require_names(names, list(self.mapping), self.op, "mapping")
+        after = [self.mapping.get(n, n) for n in names]
+        for name in sorted({n for n in after if after.count(n) > 1}):
+            sources = [n for n in names if self.mapping.get(n, n) == name]
+            raise SpecError(
+                f"rename (field 'mapping') would make {after.count(name)} columns named "
+                f"{name!r} (from {sources}); drop or rename the existing column first"
+            )
+        return after
+
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        _require(batch, list(self.mapping), self.op)
-        return batch.rename_columns([self.mapping.get(n, n) for n in batch.schema.names])
+        return batch.rename_columns(self.columns_after(batch.schema.names))
 
 
 class Cast(_Base):
@@ -150,6 +176,9 @@ class PythonTransform(_Base):
             raise SpecError(
                 f"python transform {self.function!r} cannot be imported: {exc}"
             ) from None
+
+    def columns_after(self, names: list[str]) -> list[str]:
+        return list(self.output_schema)
 
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         function = self.resolve()
@@ -520,10 +549,36 @@ def apply_transforms(
     return batch
 
 
+def check_transforms(transforms: list[Any], names: list[str], at: str = "read") -> list[str]:
+    """The column names after the ops of stage ``at`` run over ``names``, checked before
+    any data is read: an op naming a missing column, or making two columns of one name, is
+    a :class:`SpecError` naming the op, its field and the column."""
+    for transform in transforms:
+        if transform.at == at:
+            names = transform.columns_after(names)
+    return names
+
+
 def _require(batch: pa.RecordBatch, columns: list[str], op: str) -> None:
     missing = [c for c in columns if c not in batch.schema.names]
     if missing:
         raise SpecError(f"{op} transform names missing column(s) {missing}")
+
+
+def _require_names(names: list[str], wanted: list[str], op: str, field: str) -> None:
+    missing = [c for c in wanted if c not in names]
+    if missing:
+        what = f"column {missing[0]!r}" if len(missing) == 1 else f"columns {missing}"
+        raise SpecError(
+            f"{op} names {what} (field {field!r}), which the columns at this step do not "
+            f"include (they are {names})"
+        )
+
+
+def _unique(names: list[str], where: str) -> None:
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SpecError(f"{where} names column {twice[0]!r} {names.count(twice[0])} times")
 
 
 def _arrow_type(name: str) -> pa.DataType:
