@@ -360,13 +360,17 @@ def _map_rows(array: pa.Array, column: str) -> list[Any]:
 
 
 class JsonEncoding(Encoding):
+    """Python's JSON, as Mosaic's ``json`` encoding writes it: non-finite floats are the
+    tokens ``NaN``, ``Infinity``, ``-Infinity`` (which ``json.loads`` reads back), and a
+    float's shortest repr round-trips exactly (``-0.0`` included)."""
+
     name = "json"
 
     def encode(self, array: pa.Array, column: str) -> Pieces:
         texts = []
         for row, value in enumerate(_map_rows(array, column)):
             try:
-                texts.append(json.dumps(_jsonable(value), allow_nan=False).encode())
+                texts.append(json.dumps(_jsonable(value)).encode())
             except (TypeError, ValueError) as exc:
                 raise EncodingError(column, f"value is not JSON-serializable: {exc}", row) from None
         return _pieces_from_bytes(texts)
