@@ -77,6 +77,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "delta":
         from spark_dl_core.delta import open_delta
 
+        _check_delta_log(args.table)
         snapshot = open_delta(
             args.table, version=args.version, timestamp=args.timestamp, columns=columns
         )
@@ -127,6 +128,20 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"fingerprint {result.fingerprint}"
         )
     return EXIT_OK
+
+
+def _check_delta_log(table: str) -> None:
+    """A local directory without ``_delta_log`` is not a Delta table: say what to pass."""
+    import os
+
+    if "://" in table and not table.startswith("file://"):
+        return  # remote: delta-rs says what it finds
+    local = table.removeprefix("file://")
+    if os.path.isdir(local) and not os.path.isdir(os.path.join(local, "_delta_log")):
+        raise CommandError(
+            f"{table} is not a Delta table (it has no _delta_log directory); "
+            "for a directory of Parquet files pass --format parquet"
+        )
 
 
 # --------------------------------------------------------------------------- inspect
@@ -445,6 +460,22 @@ def _timestamp(text: str) -> str:
     return text
 
 
+def _count(least: int) -> Any:
+    """An argparse type: a whole number of at least ``least`` (bad ones exit 2, named)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be {least} or more, got {value}")
+        return value
+
+    parse.__name__ = "count"  # argparse names the type in its own messages
+    return parse
+
+
 def _seconds(text: str) -> float:
     """``--retention``: seconds, zero or more."""
     try:
@@ -493,7 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="Delta table (pinned) or Parquet → MDS dataset")
     p.add_argument("table", help="Delta table or Parquet directory (path or URL)")
     when = p.add_mutually_exclusive_group()
-    when.add_argument("--version", type=int, help="Delta version to pin (default: latest now)")
+    when.add_argument(
+        "--version", type=_count(0), help="Delta version to pin (default: latest now)"
+    )
     when.add_argument(
         "--timestamp", type=_timestamp, help="last Delta commit at/before this ISO time"
     )
@@ -516,8 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", help="columns, encodings, shards, sizes, lineage, fingerprint")
     p.add_argument("path")
-    p.add_argument("--samples", type=int, default=3, help="sample rows to show (default 3)")
-    p.add_argument("--epoch", type=int, default=0, help="mixture specs: the epoch to show")
+    p.add_argument("--samples", type=_count(0), default=3, help="sample rows to show (default 3)")
+    p.add_argument("--epoch", type=_count(0), default=0, help="mixture specs: the epoch to show")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_quiet_on_broken_pipe(cmd_inspect))
 
@@ -552,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sql", help="run the statements of a .sql file on a local Spark session")
     p.add_argument("file")
     p.add_argument("--master", default="local[2]")
-    p.add_argument("--limit", type=int, default=100, help="rows printed per result")
+    p.add_argument("--limit", type=_count(0), default=100, help="rows printed per result")
     p.add_argument(
         "--var",
         action="append",

@@ -357,7 +357,7 @@ def open_delta(
     try:
         latest = deltalake.DeltaTable(uri, storage_options=storage_options)
     except Exception as exc:
-        raise DeltaSnapshotError(uri, f"cannot be opened: {exc}") from None
+        raise DeltaSnapshotError(uri, f"cannot be opened: {_first_line(exc)}") from None
     history = commit_history(latest)
     available = _available(history) or (latest.version(), latest.version())
     asked: str | None = None
@@ -391,7 +391,7 @@ def open_delta(
             table = deltalake.DeltaTable(uri, version=version, storage_options=storage_options)
         except Exception as exc:
             raise DeltaSnapshotError(
-                uri, f"cannot be loaded: {exc}", asked=asked, available=available
+                uri, f"cannot be loaded: {_first_line(exc)}", asked=asked, available=available
             ) from None
     else:
         table = latest
@@ -437,6 +437,13 @@ def open_delta(
     snap.output_schema  # noqa: B018 - validate columns now, not at first read
     _check_files_exist(snap, asked)
     return snap
+
+
+def _first_line(exc: BaseException) -> str:
+    """delta-rs appends the Rust error's debug form (``Error: Os { code: 2, … }``) on a
+    second line of its messages; the first line says it for a user."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def _as_expression(filter: Any) -> Any:
