@@ -135,7 +135,7 @@ def test_to_torch(spark: Any, tmp_path: Any) -> None:
     assert order != sorted(order)  # shuffled, not the stored order
     # 7 ranks over 300 rows: equal steps (43 rows each, 1 repeat marked) unless asked not to
     kw: dict[str, Any] = dict(world_size=7, pad_mask=True, cache_dir=cache)
-    ranks = [list(df.dl.to_torch(64, True, 7, rank=r, **kw)) for r in range(7)]
+    ranks = [list(df.dl.to_torch(64, shuffle=True, seed=7, rank=r, **kw)) for r in range(7)]
     assert [[len(b["label"]) for b in batches] for batches in ranks] == [[43]] * 7
     once = [x for bs in ranks for b in bs for x in b["label"][~b["pad_mask"]].tolist()]
     assert (
