@@ -152,6 +152,9 @@ trainer(2, [ckpt]).fit(model)
 # Resume the step-3 checkpoint (mid-epoch 0) and train the rest of that epoch.
 again = Model(kw)
 trainer(1).fit(again, ckpt_path=os.path.join(out, "ckpt", "step=3.ckpt"))
+# The step-6 checkpoint: epoch 0 on one device, epoch 1 after a step on two; train it out.
+later = Model(kw)
+trainer(2).fit(later, ckpt_path=os.path.join(out, "ckpt", "step=6.ckpt"))
 state = torch.load(os.path.join(out, "ckpt", "step=3.ckpt"), weights_only=False)
 refused = None
 if devices == 1:  # a checkpoint of another order is refused, not silently restarted
@@ -162,7 +165,7 @@ if devices == 1:  # a checkpoint of another order is refused, not silently resta
         refused = str(exc)
 rank = int(os.environ.get("LOCAL_RANK", 0))
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-    json.dump({"first": model.seen, "resumed": again.seen, "refused": refused,
+    json.dump({"first": model.seen, "resumed": again.seen, "later": later.seen, "refused": refused,
                "state": state["loops"]["fit_loop"]["state_dict"]["combined_loader"]}, f)
 """
 
@@ -194,6 +197,7 @@ def _check_lightning(runs: list[dict[str, Any]], steps: int) -> None:
         # Resumed at step 3: exactly the rest of epoch 0, the same batches.
         assert [row[1] for row in run["resumed"]] == list(range(3, steps))
         assert [row[2] for row in run["resumed"]] == [row[2] for row in epochs[0][3:]]
+        assert run["later"] == run["first"][6:]  # the same rows, epochs and batch indices
     for e in (0, 1):  # each epoch: every sample once over the ranks
         ids = [i for run in runs for row in run["first"] if row[0] == e for i in row[2]]
         assert sorted(ids) == list(range(N))
