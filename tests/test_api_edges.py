@@ -6,6 +6,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -272,3 +273,103 @@ def test_cli_delta_export_of_a_parquet_directory_suggests_the_format(
     assert "--format parquet" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "pq"), "--out", out, "--format", "parquet"]) == 0
     assert len(open_dataset(out)) == 2
+
+
+# ---------------------------------------------------------------- exact (torchvision) images
+
+
+def _sharp_jpeg(w: int, h: int, seed: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    cells = rng.integers(0, 2, size=(h // 4 + 1, w // 4 + 1, 3), dtype=np.uint8) * 255
+    pixels = np.repeat(np.repeat(cells, 4, axis=0), 4, axis=1)[:h, :w]  # hard edges
+    out = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(pixels)).save(out, format="JPEG", quality=95)
+    return out.getvalue()
+
+
+def _torchvision_reference(raw: bytes, resize: int | None, crop: int) -> np.ndarray:
+    """torchvision v2 ``Resize(resize)`` then ``CenterCrop(crop)`` on a uint8 tensor of the
+    full-resolution image, spelled out: shorter side to ``resize`` (longer one truncated),
+    antialiased bilinear in uint8 (float32 rounded back where torch has no uint8 kernel),
+    then the whole-pixel central crop (rounded offsets, zero padding when larger)."""
+    import io
+
+    import torch
+    import torch.nn.functional as functional
+    from PIL import Image
+
+    image = torch.from_numpy(np.asarray(Image.open(io.BytesIO(raw)).convert("RGB")).copy())
+    image = image.permute(2, 0, 1).contiguous()
+    h, w = image.shape[1:]
+    if resize is not None:
+        size = (int(resize * h / w), resize) if w <= h else (resize, int(resize * w / h))
+        native = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+        batch = image[None] if native else image[None].float()
+        batch = functional.interpolate(
+            batch, size=size, mode="bilinear", antialias=True, align_corners=False
+        )
+        image = batch[0] if native else batch[0].round().to(torch.uint8)
+    h, w = image.shape[1:]
+    if crop > h or crop > w:
+        dh, dw = max(crop - h, 0), max(crop - w, 0)
+        image = functional.pad(image, (dw // 2, (dw + 1) // 2, dh // 2, (dh + 1) // 2))
+        h, w = image.shape[1:]
+    top, left = round((h - crop) / 2.0), round((w - crop) / 2.0)
+    return image[:, top : top + crop, left : left + crop].permute(1, 2, 0).numpy()
+
+
+def test_exact_image_ops_equal_torchvision_at_full_resolution(tmp_path: Path) -> None:
+    sizes = [(500, 375), (375, 500), (333, 251), (97, 130)]
+    raws = [_sharp_jpeg(w, h, i) for i, (w, h) in enumerate(sizes)]
+    path = str(tmp_path / "img")
+    write_mds(pa.table({"image": pa.array(raws, pa.binary()), "id": range(len(raws))}), path)
+    ds = open_dataset(path)
+    exact = {"op": "image_decode", "column": "image", "exact": True}
+    ops: list[dict[str, Any]] = [
+        {"op": "resize", "column": "image", "size": 256},
+        {"op": "center_crop", "column": "image", "size": 224},
+    ]
+    (got,) = list(ds.iter_batches(len(raws), transforms=[exact, *ops]))
+    want = np.stack([_torchvision_reference(r, 256, 224) for r in raws])
+    assert got["image"].shape == want.shape == (len(raws), 224, 224, 3)
+    np.testing.assert_array_equal(got["image"], want)
+    (torch_batch,) = list(ds.to_torch(len(raws), transforms=[exact, *ops]))
+    np.testing.assert_array_equal(torch_batch["image"].numpy(), want)
+    # the default (reduced-scale decode, one fused resample) differs at sharp edges
+    default = {"op": "image_decode", "column": "image"}
+    (fast,) = list(ds.iter_batches(len(raws), transforms=[default, *ops]))
+    assert not np.array_equal(fast["image"][:3], want[:3])
+    # a shorter-side resize keeps torchvision's sizes (longer side truncated, not rounded)
+    shorter = [exact, {"op": "resize", "column": "image", "size": 96}]
+    (sized,) = list(ds.iter_batches(len(raws), transforms=shorter))
+    shapes = [tuple(image.shape[:2]) for image in sized["image"]]
+    assert shapes == [(96, 128), (128, 96), (96, 127), (128, 96)]
+    # a center crop larger than the image pads it with zeros, as torchvision does
+    crop = [exact, {"op": "center_crop", "column": "image", "size": 120}]
+    (padded,) = list(ds.iter_batches(len(raws), transforms=crop))
+    np.testing.assert_array_equal(padded["image"][3], _torchvision_reference(raws[3], None, 120))
+    assert padded["image"][3][0, 0].tolist() == [0, 0, 0]
+
+
+def test_exact_random_ops_are_reproducible_and_recorded_only_when_on(tmp_path: Path) -> None:
+    from spark_dl_core.transforms import ImageDecode
+
+    assert "exact" not in ImageDecode(column="image").model_dump()  # fingerprints unchanged
+    assert ImageDecode(column="image", exact=True).model_dump()["exact"] is True
+    raws = [_sharp_jpeg(120, 90, i) for i in range(6)]
+    path = str(tmp_path / "img")
+    write_mds(pa.table({"image": pa.array(raws, pa.binary())}), path)
+    ds = open_dataset(path)
+    ops = [
+        {"op": "image_decode", "column": "image", "exact": True},
+        {"op": "random_resized_crop", "column": "image", "size": 32},
+        {"op": "horizontal_flip", "column": "image"},
+    ]
+    first = [b["image"] for b in ds.iter_batches(3, transforms=ops, seed=4)]
+    again = [b["image"] for b in ds.iter_batches(3, transforms=ops, seed=4)]
+    assert all(a.shape == (3, 32, 32, 3) for a in first)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))

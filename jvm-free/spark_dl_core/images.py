@@ -98,6 +98,7 @@ class Plan:
     sources: np.ndarray  # (n, 2) original (h, w) of each sample
     inner: np.ndarray | None = None  # (n, 4) (top, left, bottom, right); None: no padding
     fill: int = 0
+    steps: tuple[tuple[tuple[Any, ...], ...], ...] | None = None  # exact: ops in order
 
     def rows(self, start: int, stop: int) -> Plan:
         return Plan(
@@ -108,6 +109,7 @@ class Plan:
             self.sources[start:stop],
             None if self.inner is None else self.inner[start:stop],
             self.fill,
+            self.steps[start:stop] if self.steps is not None else None,
         )
 
     def region(self, i: int) -> tuple[int, int, int, int] | None:
@@ -235,6 +237,101 @@ def plan_boxes(sizes: np.ndarray, ops: list[Any], key: bytes, indices: np.ndarra
     out = (int(outs[0][0]), int(outs[0][1])) if fixed else None
     sources = np.asarray(sizes, dtype=np.int64)
     return Plan(boxes, flips, out, outs, sources, inner if padded else None, fill)
+
+
+def _torchvision_size(h: int, w: int, size: int | tuple[int, int]) -> tuple[int, int]:
+    """torchvision's ``Resize`` output ``(h, w)``: an int sets the shorter side and the
+    longer one is truncated (not rounded)."""
+    if not isinstance(size, int):
+        return _pair(size)
+    short, long = (w, h) if w <= h else (h, w)
+    new_long = int(size * long / short)
+    return (new_long, size) if w <= h else (size, new_long)
+
+
+def plan_exact(sizes: np.ndarray, ops: list[Any], key: bytes, indices: np.ndarray) -> Plan:
+    """``exact=True``: per sample, the ops as torchvision runs them on the full image, one
+    after the other (``resize`` to torchvision's size, whole-pixel crops, ``center_crop``
+    padding with ``fill`` when the image is smaller). Random draws come from the same
+    generators, in the same order, as in :func:`plan_boxes`."""
+    n = len(sizes)
+    flips = np.zeros(n, dtype=bool)
+    outs = np.zeros((n, 2), dtype=np.int64)
+    random = any(isinstance(op, (RandomResizedCrop, HorizontalFlip)) for op in ops)
+    rngs = sample_rngs(key, indices) if random else []
+    steps: list[tuple[tuple[Any, ...], ...]] = []
+    for i in range(n):
+        h, w = int(sizes[i][0]), int(sizes[i][1])
+        todo: list[tuple[Any, ...]] = []
+        for op in ops:
+            if isinstance(op, HorizontalFlip):
+                if rngs[i].random() < op.p:
+                    todo.append(("flip",))
+                    flips[i] = not flips[i]
+                continue
+            if isinstance(op, Resize):
+                th, tw = _torchvision_size(h, w, op.size)
+            elif isinstance(op, CenterCrop):
+                th, tw = _pair(op.size)
+                if th > h or tw > w:  # torchvision pads with zeros, then crops
+                    dw, dh = max(tw - w, 0), max(th - h, 0)
+                    pad = (dw // 2, dh // 2, (dw + 1) // 2, (dh + 1) // 2)
+                    todo.append(("pad", *pad, op.fill))
+                    h, w = h + dh, w + dw
+                top, left = round((h - th) / 2.0), round((w - tw) / 2.0)
+                todo.append(("crop", top, left, th, tw))
+                h, w = th, tw
+                continue
+            elif isinstance(op, RandomResizedCrop):
+                x, y, cw, ch = _random_box(rngs[i], float(w), float(h), op)
+                todo.append(("crop", math.floor(y), math.floor(x), int(ch), int(cw)))
+                h, w = int(ch), int(cw)
+                th, tw = _pair(op.size)
+            else:
+                continue
+            if (th, tw) != (h, w):
+                todo.append(("resize", th, tw))
+                h, w = th, tw
+        steps.append(tuple(todo))
+        outs[i] = (h, w)
+    fixed = bool(n) and bool(np.all(outs == outs[0]))
+    out = (int(outs[0][0]), int(outs[0][1])) if fixed else None
+    boxes = np.zeros((n, 4), dtype=np.float64)
+    sources = np.asarray(sizes, dtype=np.int64)
+    return Plan(boxes, flips, out, outs, sources, steps=tuple(steps))
+
+
+def _native_uint8() -> bool:
+    """Whether torchvision resizes uint8 images on this CPU with torch's uint8 kernel
+    (AVX2/AVX512) rather than in float32 rounded back."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def run_steps(image: Any, steps: tuple[tuple[Any, ...], ...]) -> Any:
+    """Run one sample's ``exact`` steps on a ``[C, H, W]`` uint8 tensor (any device)."""
+    import torch
+    import torch.nn.functional as functional
+
+    for step in steps:
+        if step[0] == "flip":
+            image = image.flip(-1)
+        elif step[0] == "pad":
+            left, top, right, bottom, fill = step[1:]
+            image = functional.pad(image, (left, right, top, bottom), value=fill)
+        elif step[0] == "crop":
+            top, left, h, w = step[1:]
+            image = image[:, top : top + h, left : left + w]
+        else:
+            size = (int(step[1]), int(step[2]))
+            native = image.device.type == "cpu" and _native_uint8()
+            batch = image[None] if native else image[None].float()
+            batch = functional.interpolate(
+                batch, size=size, mode="bilinear", antialias=True, align_corners=False
+            )
+            image = batch[0] if native else batch[0].round_().to(torch.uint8)
+    return image
 
 
 # --------------------------------------------------------------------------- decoding
@@ -478,6 +575,7 @@ class ImagePipeline:
     geometry: list[Any] = field(default_factory=list)
     normalize: Normalize | None = None
     chw: bool = False
+    exact: bool = False  # full-resolution decode, ops one by one as torchvision
 
     @property
     def channels(self) -> int:
@@ -505,7 +603,7 @@ class ImagePipeline:
                 sizes[i] = image_size(raw)
             except Exception as exc:
                 raise ImageError(where(i, f"image header does not read: {exc}")) from None
-        return plan_boxes(sizes, self.geometry, key, indices)
+        return (plan_exact if self.exact else plan_boxes)(sizes, self.geometry, key, indices)
 
     def run_cpu(self, raws: list[bytes], plan: Plan, where: Any, alloc: Any = np.empty) -> Any:
         """Decode and transform a batch on the CPU: one array, or a list when sizes differ.
@@ -523,6 +621,9 @@ class ImagePipeline:
             batch = alloc((n, *plan.out, self.channels))
         images: list[np.ndarray] = []
         for i, raw in enumerate(raws):
+            if plan.steps is not None:
+                images.append(self._run_exact(raw, plan.steps[i], where, i, batch))
+                continue
             x0, y0, x1, y1 = plan.boxes[i]
             oh, ow = (int(v) for v in plan.sizes[i])
             flip = bool(plan.flips[i])
@@ -580,6 +681,30 @@ class ImagePipeline:
                 return self._finish_each(listed)
             return listed
         return self._finish(batch)
+
+    def _run_exact(
+        self,
+        raw: bytes,
+        steps: tuple[tuple[Any, ...], ...],
+        where: Any,
+        i: int,
+        batch: np.ndarray | None,
+    ) -> np.ndarray:
+        """One sample of ``exact=True``: full-resolution decode, then its steps in order."""
+        import torch
+
+        try:
+            pixels = decode_image(raw, self.mode)
+        except Exception as exc:
+            raise ImageError(where(i, f"image does not decode: {exc}")) from None
+        if not pixels.flags.writeable:  # PIL's buffer: torch wants memory it may write
+            pixels = pixels.copy()
+        image = run_steps(torch.from_numpy(pixels).permute(2, 0, 1), steps)
+        hwc = image.permute(1, 2, 0).numpy()
+        if batch is None:
+            return np.ascontiguousarray(hwc)
+        batch[i] = hwc
+        return batch[i]
 
     def _decode_only(self, raws: list[bytes], plan: Plan, where: Any, alloc: Any = np.empty) -> Any:
         """Full-size decode straight into one buffer (sizes are known from the headers)."""
@@ -642,6 +767,9 @@ class ImagePipeline:
 
         out = []
         for i, image in enumerate(images):
+            if plan.steps is not None:
+                out.append(run_steps(image, plan.steps[i]))
+                continue
             x0, y0, x1, y1 = plan.boxes[i]
             oh, ow = (int(v) for v in plan.sizes[i])
             region = plan.region(i)
@@ -724,7 +852,12 @@ def compile_pipelines(
                 )
             if op.column in pipelines:
                 raise SpecError(f"image_decode on column {op.column!r} is listed twice")
-            pipelines[op.column] = ImagePipeline(op.column, op.mode)
+            if op.exact and _resampler() is None:
+                raise SpecError(
+                    f"image_decode on column {op.column!r}: exact=True resamples as "
+                    "torchvision does, with torch; install torch"
+                )
+            pipelines[op.column] = ImagePipeline(op.column, op.mode, exact=op.exact)
             continue
         pipeline = pipelines.get(column) if column is not None else None
         if isinstance(op, image_ops):

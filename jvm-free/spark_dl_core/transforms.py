@@ -239,10 +239,17 @@ class _ImageOp(_Base):
 
 
 class ImageDecode(_ImageOp):
-    """Encoded image bytes (jpeg, png, pil…) to ``uint8`` pixels ``[H, W, C]``."""
+    """Encoded image bytes (jpeg, png, pil…) to ``uint8`` pixels ``[H, W, C]``.
+
+    ``exact=True``: decode at full resolution and run the geometric ops one after the
+    other as torchvision's (v2, tensor) transforms do, instead of one fused resample from
+    a reduced-scale decode (see docs/images.md for what it costs).
+    """
 
     op: Literal["image_decode"] = "image_decode"
     mode: Literal["RGB", "L"] = "RGB"
+    # left out of the spec's JSON when off, so existing fingerprints keep their meaning
+    exact: bool = Field(default=False, exclude_if=lambda value: not value)
 
 
 class Resize(_ImageOp):
