@@ -225,6 +225,7 @@ def test_datasets_without_stored_hashes_use_the_content_hash(tmp_path: Path) -> 
     meta = json.loads((path / META_FILE).read_text())
     for entry in meta["shards"]:
         del entry["stored_hashes"]
+    del meta["digest"], meta["index_digest"]  # as written then: no digests either
     (path / META_FILE).write_text(json.dumps(meta))
     ds = open_dataset(path)
     shard = ds.shards[0]
@@ -245,6 +246,7 @@ def test_datasets_with_no_hashes_at_all_warn_once(tmp_path: Path) -> None:
     path = tmp_path / "ds"
     write_mds(_ids(0, 200), str(path), {"shard_size": "1KiB"})
     (path / META_FILE).unlink()
+    (path / "spark_dl.index.arrow").unlink()  # it records spark_dl.json: Mosaic's have neither
     ds = open_dataset(path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -295,3 +297,37 @@ def test_one_version_per_distribution() -> None:
     assert spark_dl.__version__ == spark_dl_core.__version__
     assert importlib.metadata.version("spark-dl-core") == spark_dl_core.__version__
     assert importlib.metadata.version("spark-dl") == spark_dl.__version__
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["flip", "truncate", "wrong type", "removed with the compact index kept"],
+)
+def test_append_to_corrupted_metadata_is_refused_and_changes_nothing(
+    tmp_path: Path, damage: str
+) -> None:
+    """An append reads the dataset it extends through the checked reader: damaged metadata
+    refuses it naming the file, before any shard is written or any file replaced."""
+    from spark_dl_core.errors import MetadataError
+
+    path = tmp_path / "ds"
+    write_mds(_ids(0, 50), str(path), {"shard_size": "1KiB"})
+    meta = path / META_FILE
+    text = meta.read_bytes()
+    if damage == "flip":
+        at = text.index(b'"num_samples"') + 16
+        meta.write_bytes(text[:at] + b"7" + text[at + 1 :])
+    elif damage == "truncate":
+        meta.write_bytes(text[: len(text) // 2])
+    elif damage == "wrong type":
+        obj = json.loads(text)
+        obj["shards"][0]["samples"] = str(obj["shards"][0]["samples"])
+        del obj["digest"]
+        meta.write_text(json.dumps(obj))
+    else:
+        meta.unlink()
+    before = {p.name: p.read_bytes() for p in path.iterdir()}
+    with pytest.raises(MetadataError, match=r"spark_dl\.json") as info:
+        write_mds(_ids(50, 60), str(path), mode="append")
+    assert info.value.file.endswith(META_FILE)
+    assert {p.name: p.read_bytes() for p in path.iterdir()} == before

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from spark_dl_core import DatasetError, DatasetSpec, open_dataset, write_compact_index, write_mds
+from spark_dl_core.errors import MetadataError
 from spark_dl_core.format.compact import COMPACT_FILE
 from spark_dl_core.format.index import INDEX_FILE, META_FILE
 
@@ -81,11 +82,33 @@ def test_disagreeing_compact_index_is_refused_naming_the_shard(tmp_path: Path, f
         open_dataset(str(path))
 
 
-def test_corrupt_compact_index_names_the_file(tmp_path: Path) -> None:
+def test_corrupt_compact_index_falls_back_only_to_a_verified_index_json(tmp_path: Path) -> None:
+    """Damaged: index.json is read (with a warning) only when it matches the digest
+    spark_dl.json records; without that record the damage is an error naming the file."""
     path = _write(tmp_path / "ds")
+    good = list(open_dataset(str(path)).shards)
+    data = bytearray((path / COMPACT_FILE).read_bytes())
+    data[len(data) // 2] ^= 0x40  # one flipped bit in the Arrow bytes, caught by the digest
+    (path / COMPACT_FILE).write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match=r"spark_dl\.index\.arrow: digest .* reading index.json"):
+        ds = open_dataset(str(path))
+    assert ds._compact is None and list(ds.shards) == good
     (path / COMPACT_FILE).write_bytes(b"not arrow at all")
-    with pytest.raises(DatasetError, match=r"spark_dl\.index\.arrow"):
+    meta = json.loads((path / META_FILE).read_text())
+    del meta["index_digest"], meta["digest"]  # as written before the record existed
+    (path / META_FILE).write_text(json.dumps(meta))
+    with pytest.raises(MetadataError, match=r"spark_dl\.index\.arrow: truncated") as info:
         open_dataset(str(path))
+    assert info.value.file.endswith(COMPACT_FILE)
+
+
+def test_compact_index_of_version_1_is_passed_over(tmp_path: Path) -> None:
+    """Built by an older spark-dl (a bare Arrow file, no digest): never parsed."""
+    path = _write(tmp_path / "ds")
+    (path / COMPACT_FILE).write_bytes(b"ARROW1\0\0" + b"\xff" * 64)
+    with pytest.warns(UserWarning, match="older spark-dl"):
+        ds = open_dataset(str(path))
+    assert ds._compact is None and len(ds) == 3000
 
 
 def test_cli_index(tmp_path: Path) -> None:

@@ -415,6 +415,7 @@ def test_reads_datasets_without_spark_dl_metadata(spark: Any, tmp_path: Any) -> 
     )
     write_mds(table, path, DatasetSpec(columns={"img": "ndarray:float32:2,3"}))
     os.remove(os.path.join(path, "spark_dl.json"))
+    os.remove(os.path.join(path, "spark_dl.index.arrow"))  # Mosaic writes neither
     back = spark.read.format("mds").load(path)
     types = {f.name: f.dataType.simpleString() for f in back.schema.fields}
     assert types["u8"] == "smallint" and types["u32"] == "bigint" and types["f16"] == "float"

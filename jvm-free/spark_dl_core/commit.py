@@ -30,6 +30,7 @@ from .meta import (
     ShardRecords,
     build_meta,
     check_unique_columns,
+    meta_bytes,
     plans_from_meta,
     read_meta,
 )
@@ -282,8 +283,9 @@ def commit_dataset(
     if current is not None and current.meta is not None:
         previous = json.dumps(current.meta, indent=1, sort_keys=True).encode()
         store.write_bytes(PREVIOUS_META_FILE, previous)
-    store.write_bytes(META_FILE, json.dumps(meta, indent=1, sort_keys=True).encode())
-    commit_index(store, index_text(records.shards).encode())  # index.json, then its compact index
+    store.write_bytes(META_FILE, meta_bytes(meta))
+    # index.json, then its compact index (which records this metadata's fingerprint)
+    commit_index(store, index_text(records.shards).encode(), meta["fingerprint"])
     store.delete(PREVIOUS_META_FILE)  # committed: the fallback is no longer needed
     keep = {s.stored.basename for s in records.shards}
     for name in replaced:

@@ -56,6 +56,19 @@ class DatasetError(SparkDLError):
     """A dataset on storage is missing, malformed or unsafe to read."""
 
 
+class MetadataError(DatasetError):
+    """A metadata file (``index.json``, ``spark_dl.json``, the compact index) that is
+    corrupted, truncated or does not match what it should describe; names ``file`` and,
+    where one is to blame, the ``field``."""
+
+    def __init__(self, file: str, message: str, field: str | None = None) -> None:
+        where = f" field {field!r}" if field else ""
+        super().__init__(f"{file}{where}: {message}")
+        self.file = file
+        self.field = field
+        self.detail = message
+
+
 class DatasetExistsError(DatasetError):
     """A write with save mode ``error`` found a dataset already committed at its path."""
 

@@ -16,8 +16,14 @@ from typing import Any
 import pyarrow as pa
 import xxhash
 
-from .errors import DatasetError
-from .format.compact import COMPACT_FILE, CompactIndex, build_compact, index_digest
+from .errors import DatasetError, MetadataError
+from .format.compact import (
+    ARROW_MAGIC,
+    COMPACT_FILE,
+    CompactIndex,
+    build_compact,
+    index_digest,
+)
 from .format.compact import index_fingerprint as index_fingerprint
 from .format.index import INDEX_FILE, parse_index
 from .storage import Store
@@ -31,7 +37,7 @@ def _warn_once(key: str, message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=4)
 
 
-def commit_index(store: Store, index_bytes: bytes) -> None:
+def commit_index(store: Store, index_bytes: bytes, meta_fingerprint: str | None = None) -> None:
     """Write ``index.json`` (the commit point), then its compact index.
 
     The old compact index goes first, so a commit torn anywhere leaves either no compact
@@ -39,14 +45,20 @@ def commit_index(store: Store, index_bytes: bytes) -> None:
     """
     store.delete(COMPACT_FILE)
     store.write_bytes(INDEX_FILE, index_bytes)
-    write_compact_for(store, index_bytes)
+    write_compact_for(store, index_bytes, meta_fingerprint)
 
 
-def write_compact_for(store: Store, index_bytes: bytes | None = None) -> int:
-    """Write ``spark_dl.index.arrow`` for the ``index.json`` at ``store``; its shard count."""
+def write_compact_for(
+    store: Store, index_bytes: bytes | None = None, meta_fingerprint: str | None = None
+) -> int:
+    """Write ``spark_dl.index.arrow`` for the ``index.json`` at ``store``; its shard count.
+
+    ``meta_fingerprint``: the fingerprint of the ``spark_dl.json`` committed with it.
+    """
     text = store.read_bytes(INDEX_FILE) if index_bytes is None else index_bytes
     shards = parse_index(text, store.display(INDEX_FILE))
-    store.write_bytes(COMPACT_FILE, build_compact(shards, text, index_fingerprint(text)))
+    compact = build_compact(shards, text, index_fingerprint(text), meta_fingerprint)
+    store.write_bytes(COMPACT_FILE, compact)
     return len(shards)
 
 
@@ -64,7 +76,7 @@ def write_compact_index(
     return store.display(COMPACT_FILE)
 
 
-def _local_copy(store: Store, cache_dir: str | None) -> Any:
+def _local_copy(store: Store, cache_dir: str | None) -> str:
     """A remote compact index, downloaded once per machine (keyed by its size and tag)."""
     remote = store.path(COMPACT_FILE)
     info = store.fs.info(remote)
@@ -82,7 +94,7 @@ def _local_copy(store: Store, cache_dir: str | None) -> Any:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(temp, local)
-    return pa.memory_map(local)
+    return local
 
 
 def _local_digest(path: str, expected_size: int) -> str | None:
@@ -104,7 +116,9 @@ def read_compact(store: Store, cache_dir: str | None = None) -> CompactIndex | N
     file costs far less than parsing it). Remote: its size must match (one metadata call).
     A compact index that disagrees with ``index.json`` on any shard's sample count,
     basename or size is refused naming the shard; one that agrees but is out of date (the
-    file was rewritten) is ignored with a warning.
+    file was rewritten), or one of version 1 (no digest), is ignored with a warning. A
+    corrupted one raises :class:`MetadataError` naming it (``read_meta`` decides whether
+    ``index.json`` may be read instead).
     """
     shown = store.display(COMPACT_FILE)
     if not store.exists(COMPACT_FILE):
@@ -114,10 +128,19 @@ def read_compact(store: Store, cache_dir: str | None = None) -> CompactIndex | N
             f"instead, slow at many shards. Build it with `spark-dl index {store.display()}`",
         )
         return None
-    data = (
-        _local_copy(store, cache_dir) if store.remote else pa.memory_map(store.path(COMPACT_FILE))
-    )
-    compact = CompactIndex(data, shown)
+    try:  # mapped: every writer replaces the file whole, so the bytes checked stay the same
+        local = _local_copy(store, cache_dir) if store.remote else store.path(COMPACT_FILE)
+        data = pa.memory_map(local).read_buffer()
+    except OSError as exc:
+        raise MetadataError(shown, f"cannot be read ({exc})") from None
+    if data[: len(ARROW_MAGIC)].to_pybytes() == ARROW_MAGIC:  # version 1: no digest to check
+        _warn_once(
+            store.display() + "|v1",
+            f"{shown} was built by an older spark-dl (no digest); reading index.json instead. "
+            f"Rebuild it with `spark-dl index {store.display()}`",
+        )
+        return None
+    compact = CompactIndex(data, shown)  # checks its digest before parsing (MetadataError)
     if store.remote:
         same = int(store.fs.size(store.path(INDEX_FILE))) == compact.index_bytes
     else:

@@ -10,20 +10,33 @@ after a commit torn between its metadata writes (see :mod:`spark_dl_core.commit`
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
 import datetime as _dt
 import functools
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import numpy as np
 import pyarrow as pa
+import xxhash
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._version import __version__
-from .errors import DatasetError, NotOurDatasetError, SpecError
+from .errors import DatasetError, MetadataError, NotOurDatasetError, SparkDLError, SpecError
+from .format.compact import COMPACT_FILE, index_digest
 from .format.encodings import get_encoding, infer_encoding
-from .format.index import INDEX_FILE, META_FILE, PREVIOUS_META_FILE, ShardInfo, parse_index
+from .format.index import (
+    INDEX_FILE,
+    META_FILE,
+    PREVIOUS_META_FILE,
+    ShardInfo,
+    index_text,
+    parse_index,
+)
 from .format.shard import Layout
 from .indexing import read_compact
 from .spec import NULL_SUFFIX, DatasetSpec
@@ -136,8 +149,12 @@ def fingerprint(spec: DatasetSpec, plans: list[ColumnPlan], content_hashes: list
     The stored-file hashes are left out on purpose: they follow from content and spec, and
     leaving them out keeps the fingerprints of datasets written before they existed.
     """
+    return _fingerprint(spec.canonical(), plans, content_hashes)
+
+
+def _fingerprint(spec: dict[str, Any], plans: list[ColumnPlan], content_hashes: list[str]) -> str:
     payload = {
-        "spec": spec.canonical(),
+        "spec": spec,
         "columns": [[p.name, str(p.arrow_type), p.encoding, p.null_mask] for p in plans],
         "shards": content_hashes,
     }
@@ -217,7 +234,106 @@ def build_meta(
         "num_samples": sum(s.samples for s in records.shards),
         "fingerprint": fingerprint(spec, plans, records.content_hashes),
         "source": source or {},
+        # the index.json this metadata goes with: a reader checks it before trusting either
+        "index_digest": index_digest(index_text(records.shards).encode()),
     }
+
+
+def _meta_digest(meta: dict[str, Any]) -> str:
+    body = {k: v for k, v in meta.items() if k != "digest"}
+    return str(xxhash.xxh3_128_hexdigest(json.dumps(body, sort_keys=True).encode()))
+
+
+def meta_bytes(meta: dict[str, Any]) -> bytes:
+    """``spark_dl.json``'s bytes, sealed with a digest of the content (``meta`` gets it too),
+    checked by :func:`read_meta` before any value is used."""
+    meta["digest"] = _meta_digest(meta)
+    return json.dumps(meta, indent=1, sort_keys=True).encode()
+
+
+# --------------------------------------------------------------------------- the model
+
+_Count = Annotated[int, Field(ge=0, lt=1 << 62)]
+_Dim = Annotated[int, Field(ge=0, lt=1 << 31)]
+
+
+class _Strict(BaseModel):
+    # strict: "5" is not 5; extra fields (from newer writers) are kept and sealed by the digest
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class _ShardEntry(_Strict):
+    basename: str
+    samples: _Count
+    content_hash: str
+    stored_hashes: dict[str, str] | None = None
+    shapes: dict[str, Annotated[list[_Dim], Field(max_length=32)] | None] | None = None
+
+
+class _ColumnEntry(_Strict):
+    encoding: str
+    arrow_type: str = ""
+    null_mask: str | None = None
+
+
+class MetaFile(_Strict):
+    """The fields of ``spark_dl.json`` and their types, as :func:`read_meta` checks them."""
+
+    format: Literal["spark-dl"]
+    format_version: Literal[1]
+    writer: str = ""
+    created: str = ""
+    spec: dict[str, Any]
+    arrow_schema: str
+    columns: dict[str, _ColumnEntry]
+    shards: list[_ShardEntry]
+    num_samples: _Count
+    fingerprint: str
+    source: dict[str, Any] = Field(default_factory=dict)
+    index_digest: str | None = None  # absent in files written before it existed
+    digest: str | None = None
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "(top level)"
+
+
+def _check_meta(meta: Any, shown: str) -> dict[str, Any]:
+    """Every check of ``spark_dl.json``'s content, each failure a MetadataError naming
+    the file and the field; the parsed dict is returned unchanged."""
+    if not isinstance(meta, dict):
+        raise MetadataError(shown, f"expected an object, got {type(meta).__name__}")
+    if "digest" in meta and meta["digest"] != _meta_digest(meta):
+        raise MetadataError(shown, "does not match the file's content (corrupted)", "digest")
+    try:
+        model = MetaFile.model_validate(meta)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        message = str(err.get("msg", "invalid"))
+        raise MetadataError(shown, message, _field(err.get("loc", ()))) from None
+    try:
+        DatasetSpec(**model.spec)
+    except (SparkDLError, TypeError, ValueError) as exc:
+        raise MetadataError(shown, str(exc), "spec") from None
+    try:
+        plans = plans_from_meta(meta)
+    except (binascii.Error, ValueError, OSError, KeyError, pa.ArrowException) as exc:
+        raise MetadataError(
+            shown, f"does not describe the columns ({exc})", "arrow_schema"
+        ) from None
+    if sorted(p.name for p in plans) != sorted(model.columns):
+        raise MetadataError(shown, "names other columns than arrow_schema", "columns")
+    for p in plans:
+        try:
+            get_encoding(p.encoding)
+        except (SparkDLError, ValueError) as exc:
+            raise MetadataError(shown, str(exc), f"columns.{p.name}.encoding") from None
+    hashes = [m.content_hash for m in model.shards]
+    if _fingerprint(meta["spec"], plans, hashes) != model.fingerprint:
+        raise MetadataError(shown, "does not match the spec, columns and shards", "fingerprint")
+    if model.num_samples != sum(m.samples for m in model.shards):
+        raise MetadataError(shown, "is not the sum of the shards' samples", "num_samples")
+    return meta
 
 
 # --------------------------------------------------------------------------- reading
@@ -245,26 +361,40 @@ class Committed:
 def _meta_file(store: Store, name: str) -> dict[str, Any] | None:
     if not store.exists(name):
         return None
+    shown = store.display(name)
     try:
         meta = json.loads(store.read_bytes(name))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"{store.display(name)}: not valid JSON ({exc})") from None
-    if (
-        not isinstance(meta, dict)
-        or meta.get("format") != META_FORMAT
-        or not isinstance(meta.get("shards"), list)
-        or not all(isinstance(m, dict) and "basename" in m for m in meta["shards"])
-    ):
-        raise DatasetError(f"{store.display(name)}: not a spark-dl metadata file")
-    return meta
+    except (ValueError, RecursionError) as exc:
+        raise MetadataError(shown, f"not valid JSON ({exc})") from None
+    return _check_meta(meta, shown)
 
 
 def _basenames(shards: list[ShardInfo]) -> list[str]:
     return [s.stored.basename for s in shards]
 
 
-def _describes(meta: dict[str, Any], names: list[str]) -> bool:
-    return [m["basename"] for m in meta["shards"]] == names
+def _describes(meta: dict[str, Any], names: Any, index_id: str) -> bool:
+    """Whether ``meta`` is the metadata of the index read (its digest ``index_id``)."""
+    if meta.get("index_digest") is not None:
+        return bool(meta["index_digest"] == index_id)
+    return [m["basename"] for m in meta["shards"]] == names()
+
+
+def _check_samples(meta: dict[str, Any], shards: Any, shown: str) -> None:
+    counts = shards.samples if hasattr(shards, "samples") else [s.samples for s in shards]
+    recorded = np.fromiter((m["samples"] for m in meta["shards"]), np.int64, len(meta["shards"]))
+    if len(recorded) != len(counts) or not np.array_equal(recorded, np.asarray(counts)):
+        raise MetadataError(shown, "sample counts differ from the index's", "shards")
+
+
+def _compact_if_any(store: Store, cache_dir: str | None) -> Any:
+    """The compact index when one is there and sound (None otherwise), without warnings."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return read_compact(store, cache_dir) if store.exists(COMPACT_FILE) else None
+    except DatasetError:
+        return None
 
 
 def read_meta(
@@ -272,38 +402,89 @@ def read_meta(
 ) -> Committed | None:
     """The committed dataset at ``store``, or None when it has no ``index.json``.
 
-    ``spark_dl.json`` counts only if it lists exactly the index's shards. A commit writes
+    ``spark_dl.json`` counts only if it describes the index read: the index digest it
+    records matches (older files: it lists exactly the index's shards). A commit writes
     it before the index and keeps the replaced one as ``spark_dl.prev.json`` until the
     index lands; a reader that finds the new metadata beside the old index (a torn commit)
     uses the previous file instead. An overwrite racing between our two reads is retried.
     ``compact``: take the shards from the compact index when there is one (see
-    :mod:`spark_dl_core.indexing`; ``shards`` is then a lazy ShardTable).
+    :mod:`spark_dl_core.indexing`; ``shards`` is then a lazy ShardTable). A damaged compact
+    index is passed over with a warning only when ``index.json`` matches the digest our
+    metadata records; otherwise its :class:`MetadataError` is raised. Every file is checked
+    before its values are used; each failure is a :class:`MetadataError` naming the file.
     """
     error: DatasetError | None = None
+    compact_shown = store.display(COMPACT_FILE)
     for _ in range(3):
         if not store.exists(INDEX_FILE):
             return None
-        found = read_compact(store, cache_dir) if compact else None
+        damaged: MetadataError | None = None
+        found = None
+        if compact:
+            try:
+                found = read_compact(store, cache_dir)
+            except MetadataError as exc:
+                if exc.file != compact_shown:
+                    raise
+                damaged = exc
         text: bytes | None = None
         if found is not None:
             shards: Any = found.shards
             names = found.basenames
+            index_id = found.index_digest
         else:
             text = store.read_bytes(INDEX_FILE)
             shards = parse_index(text, store.display(INDEX_FILE))
             names = functools.partial(_basenames, shards)
+            index_id = index_digest(text)
+        chosen: tuple[dict[str, Any], str] | None = None
         try:
             current = _meta_file(store, META_FILE)
         except DatasetError as exc:  # a damaged file still has the fallback below
             current, error = None, exc
-        else:
-            if current is None:
-                return Committed(shards, None, text, None, found)
-            if _describes(current, names()):
-                return Committed(shards, current, text, META_FILE, found)
-        previous = _meta_file(store, PREVIOUS_META_FILE)
-        if previous is not None and _describes(previous, names()):
-            return Committed(shards, previous, text, PREVIOUS_META_FILE, found)
-        if error is not None:
-            raise error
-    raise DatasetError(f"{store.display()}: spark_dl.json does not match index.json")
+        if current is not None and _describes(current, names, index_id):
+            chosen = (current, META_FILE)
+        elif current is not None or error is not None:
+            previous = _meta_file(store, PREVIOUS_META_FILE)
+            if previous is not None and _describes(previous, names, index_id):
+                chosen = (previous, PREVIOUS_META_FILE)
+            elif error is not None:
+                raise error
+            else:
+                continue
+        meta, meta_file = chosen if chosen else (None, None)
+        if damaged is not None:
+            if meta is None or meta.get("index_digest") is None:
+                raise MetadataError(
+                    damaged.file,
+                    f"{damaged.detail}; index.json cannot be "
+                    f"checked without spark_dl.json's index digest. Rebuild it with "
+                    f"`spark-dl index {store.display()}` (or delete it to read index.json)",
+                    damaged.field,
+                )
+            warnings.warn(
+                f"{damaged}; reading index.json, which matches spark_dl.json. Rebuild it "
+                f"with `spark-dl index {store.display()}`",
+                UserWarning,
+                stacklevel=2,
+            )
+        if meta is None and found is None and damaged is None and not compact:
+            found = _compact_if_any(store, cache_dir)  # does it record spark_dl.json?
+        if found is not None and found.meta_fingerprint is not None:
+            if meta is None:
+                raise MetadataError(
+                    store.display(META_FILE),
+                    "is missing; the compact index records the dataset's spark-dl metadata",
+                )
+            if meta.get("fingerprint") != found.meta_fingerprint:
+                raise MetadataError(
+                    store.display(str(meta_file)),
+                    f"differs from the one the compact index records ({found.meta_fingerprint})",
+                    "fingerprint",
+                )
+        if meta is not None:
+            _check_samples(meta, shards, store.display(str(meta_file)))
+        return Committed(shards, meta, text, meta_file, found if compact else None)
+    raise MetadataError(
+        store.display(META_FILE), "does not describe index.json", field="index_digest"
+    )

@@ -12,6 +12,7 @@ is asked for.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
@@ -19,11 +20,27 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from ..errors import DatasetError
+from ..errors import DatasetError, MetadataError
 from .index import FileInfo, ShardInfo, check_basename
 
 COMPACT_FILE = "spark_dl.index.arrow"
-COMPACT_VERSION = 1
+COMPACT_VERSION = 2
+# The file is a header, then the Arrow IPC file: the header's digest is checked before the
+# IPC reader sees a byte (a malformed IPC file can crash the process that parses it).
+COMPACT_MAGIC = b"SPDLCIX2"
+_HEADER = struct.Struct("<8sQ16s")  # magic, IPC length, xxh3-128 of the IPC bytes
+ARROW_MAGIC = b"ARROW1"  # a version 1 file: the bare IPC file, no digest
+_MAX_COUNT = 1 << 62  # samples or bytes beyond this cannot be real (and overflow sums)
+_FIXED_COLUMNS = {
+    "samples": pa.int64(),
+    "raw_basename": pa.string(),
+    "raw_bytes": pa.int64(),
+    "zip_basename": pa.string(),
+    "zip_bytes": pa.int64(),
+    "compression": pa.string(),
+    "size_limit": pa.int64(),
+    "hashes": pa.string(),
+}
 
 
 def index_digest(data: bytes | memoryview) -> str:
@@ -103,7 +120,12 @@ def _hash_columns(prefix: str, files: list[FileInfo | None]) -> dict[str, pa.Arr
     }
 
 
-def build_compact(shards: Sequence[ShardInfo], index_bytes: bytes, fingerprint: str) -> bytes:
+def build_compact(
+    shards: Sequence[ShardInfo],
+    index_bytes: bytes,
+    fingerprint: str,
+    meta_fingerprint: str | None = None,
+) -> bytes:
     """The compact index of ``shards`` (as listed in ``index_bytes``, index.json's text)."""
     first = shards[0] if len(shards) else None
     for i, s in enumerate(shards):
@@ -132,19 +154,28 @@ def build_compact(shards: Sequence[ShardInfo], index_bytes: bytes, fingerprint: 
         "encodings": first.column_encodings if first else [],
         "sizes": first.column_sizes if first else [],
     }
-    return compact_from_columns(columns, config, index_bytes, fingerprint)
+    return compact_from_columns(columns, config, index_bytes, fingerprint, meta_fingerprint)
 
 
 def compact_from_columns(
-    columns: dict[str, pa.Array], config: dict[str, Any], index_bytes: bytes, fingerprint: str
+    columns: dict[str, pa.Array],
+    config: dict[str, Any],
+    index_bytes: bytes,
+    fingerprint: str,
+    meta_fingerprint: str | None = None,
 ) -> bytes:
     """The compact index file from its columns (see :func:`build_compact` for their names)
-    and the column layout ``config`` (``names``, ``encodings``, ``sizes``)."""
+    and the column layout ``config`` (``names``, ``encodings``, ``sizes``).
+
+    ``meta_fingerprint``: the fingerprint ``spark_dl.json`` recorded when the index was
+    built (None: the dataset had none), so a reader can tell a removed one from none.
+    """
     meta = {
         "version": COMPACT_VERSION,
         "index_digest": index_digest(index_bytes),
         "index_bytes": len(index_bytes),
         "fingerprint": fingerprint,
+        "meta_fingerprint": meta_fingerprint,
         "columns": config,
     }
     schema = pa.schema(
@@ -155,18 +186,17 @@ def compact_from_columns(
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, schema) as writer:
         writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
+    ipc = sink.getvalue()
+    header = _HEADER.pack(COMPACT_MAGIC, ipc.size, xxhash.xxh3_128_digest(memoryview(ipc)))
+    return header + ipc.to_pybytes()
 
 
 def _int64s(table: pa.Table, name: str, source: str) -> np.ndarray:
     """An int64 column without nulls as numpy, straight from the Arrow buffers (pyarrow's
     ``to_numpy`` imports pandas on first use: a second of start-up on a training node)."""
-    try:
-        column = table.column(name)
-    except KeyError:
-        raise DatasetError(f"{source}: compact index lacks column {name!r}") from None
-    if column.type != pa.int64() or column.null_count:
-        raise DatasetError(f"{source}: compact index column {name!r} is not int64 without nulls")
+    column = table.column(name)
+    if column.null_count:
+        raise MetadataError(source, "has nulls", field=name)
     parts = [
         np.frombuffer(c.buffers()[1], dtype="<i8", count=len(c), offset=c.offset * 8)
         for c in column.chunks
@@ -175,34 +205,107 @@ def _int64s(table: pa.Table, name: str, source: str) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
 
 
+def verified_payload(data: Any, source: str) -> pa.Buffer | None:
+    """The Arrow IPC bytes of a compact index file, after its header's digest is checked
+    (None: a version 1 file, which carries no digest and is not parsed at all)."""
+    buffer = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    if buffer.size >= len(ARROW_MAGIC) and buffer[: len(ARROW_MAGIC)].to_pybytes() == ARROW_MAGIC:
+        return None
+    if buffer.size < _HEADER.size:
+        raise MetadataError(source, f"truncated: {buffer.size} bytes, no compact index header")
+    magic, length, digest = _HEADER.unpack(buffer[: _HEADER.size].to_pybytes())
+    if magic != COMPACT_MAGIC:
+        raise MetadataError(source, f"not a spark-dl compact index (starts with {magic!r})")
+    payload = buffer.slice(_HEADER.size)
+    if length != payload.size:
+        raise MetadataError(source, f"header says {length} bytes follow, {payload.size} do")
+    if xxhash.xxh3_128_digest(memoryview(payload)) != digest:
+        raise MetadataError(source, "digest does not match its bytes (the file is corrupted)")
+    return payload
+
+
+def _config(meta: dict[str, Any], source: str) -> tuple[list[str], list[str], list[Any]]:
+    cols = meta.get("columns")
+    if not isinstance(cols, dict):
+        raise MetadataError(source, "not an object", field="columns")
+    names, encodings, sizes = cols.get("names"), cols.get("encodings"), cols.get("sizes")
+    if not (
+        isinstance(names, list)
+        and isinstance(encodings, list)
+        and isinstance(sizes, list)
+        and len(names) == len(encodings) == len(sizes)
+        and all(isinstance(n, str) for n in names + encodings)
+        and all(z is None or (type(z) is int and 0 <= z < _MAX_COUNT) for z in sizes)
+    ):
+        raise MetadataError(source, "names/encodings/sizes are malformed", field="columns")
+    return names, encodings, sizes
+
+
 class CompactIndex:
-    """A parsed compact index: the shard table and what it says about ``index.json``."""
+    """A parsed compact index: the shard table and what it says about ``index.json``.
+
+    Construct it from the bytes of a version 2 file (see :func:`verified_payload`): the
+    digest is checked first, then the IPC file is read and validated in full, its columns
+    and types checked, and counts and sizes bounded before anything is sized by them.
+    """
 
     def __init__(self, data: Any, source: str) -> None:
+        payload = verified_payload(data, source)
+        if payload is None:
+            raise MetadataError(source, "version 1 (no digest); rebuild it")
         try:
-            reader = pa.ipc.open_file(data)
+            reader = pa.ipc.open_file(pa.BufferReader(payload))
             table = reader.read_all()
+            table.validate(full=True)
             meta = json.loads((reader.schema.metadata or {})[b"spark_dl"])
-        except (pa.ArrowInvalid, KeyError, ValueError, OSError) as exc:
-            raise DatasetError(f"{source}: not a spark-dl compact index ({exc})") from None
-        if meta.get("version") != COMPACT_VERSION:
-            raise DatasetError(f"{source}: compact index version {meta.get('version')!r}")
+        except (pa.ArrowInvalid, KeyError, ValueError, OSError, RecursionError) as exc:
+            raise MetadataError(source, f"not a spark-dl compact index ({exc})") from None
+        if not isinstance(meta, dict) or meta.get("version") != COMPACT_VERSION:
+            version = meta.get("version") if isinstance(meta, dict) else meta
+            raise MetadataError(source, f"compact index version {version!r}", field="version")
+        for name, kind in [
+            ("index_digest", str),
+            ("index_bytes", int),
+            ("fingerprint", str),
+        ]:
+            if type(meta.get(name)) is not kind:
+                raise MetadataError(source, f"expected {kind.__name__}", field=name)
+        if not (meta.get("meta_fingerprint") is None or type(meta["meta_fingerprint"]) is str):
+            raise MetadataError(source, "expected a string or null", field="meta_fingerprint")
+        for field in table.schema:
+            want = _FIXED_COLUMNS.get(field.name)
+            if want is None and field.name.startswith(("raw_hash_", "zip_hash_")):
+                want = pa.string()
+            if want is None or field.type != want:
+                raise MetadataError(source, f"unexpected column of type {field.type}", field.name)
+        missing = sorted(set(_FIXED_COLUMNS) - set(table.column_names))
+        if missing:
+            raise MetadataError(source, "compact index lacks the column", field=missing[0])
         self.source = source
         self.index_digest = str(meta["index_digest"])
         self.index_bytes = int(meta["index_bytes"])
         self.fingerprint = str(meta["fingerprint"])
-        cols = meta["columns"]
-        self.column_names = [str(n) for n in cols["names"]]
-        self.column_encodings = [str(e) for e in cols["encodings"]]
-        self.column_sizes = list(cols["sizes"])
+        self.meta_fingerprint: str | None = meta.get("meta_fingerprint")
+        self.column_names, self.column_encodings, self.column_sizes = _config(meta, source)
         self.table = table
+        for name in ("raw_basename", "hashes"):
+            if table.column(name).null_count:
+                raise MetadataError(source, "has nulls", field=name)
         samples = _int64s(table, "samples", source)
         raw = _int64s(table, "raw_bytes", source)
         zipped = _int64s(table, "zip_bytes", source)
         stored = np.where(zipped < 0, raw, zipped)
-        if len(samples) and (samples.min() < 0 or raw.min() < 0):
-            bad = int(np.flatnonzero((samples < 0) | (raw < 0))[0])
-            raise DatasetError(f"{source} shard {bad}: negative sample count or size")
+        if len(samples):
+            bad = (
+                (samples < 0)
+                | (samples > raw // 4 - 2)
+                | (raw >= _MAX_COUNT)
+                | (zipped < -1)
+                | (zipped >= _MAX_COUNT)
+            )
+            if bad.any() or int(samples.max()) * len(samples) >= _MAX_COUNT:
+                first = int(np.flatnonzero(bad)[0]) if bad.any() else 0
+                raise MetadataError(f"{source} shard {first}", "sample count or size out of range")
         self.shards = ShardTable(samples, raw, stored, self._info)
 
     def _value(self, name: str, i: int) -> Any:
@@ -234,9 +337,18 @@ class CompactIndex:
             column_encodings=list(self.column_encodings),
             column_sizes=list(self.column_sizes),
             compression=self._value("compression", i),
-            hashes=list(json.loads(self._value("hashes", i))),
+            hashes=self._hash_names(i),
             size_limit=self._value("size_limit", i),
         )
+
+    def _hash_names(self, i: int) -> list[str]:
+        try:
+            names = json.loads(self._value("hashes", i))
+        except (ValueError, RecursionError):
+            names = None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise MetadataError(f"{self.source} shard {i}", "not a list of names", "hashes")
+        return names
 
     def basenames(self) -> list[str]:
         """Stored file names of every shard (compressed name where compressed)."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import posixpath
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
-from ..errors import DatasetError
+from ..errors import DatasetError, MetadataError
 
 INDEX_FILE = "index.json"
 META_FILE = "spark_dl.json"
@@ -116,33 +116,47 @@ def check_basename(name: object, where: str) -> str:
     return name
 
 
-def _file_info(obj: Any, where: str) -> FileInfo:
+_MAX_INT = 1 << 62  # counts and sizes beyond this are not real (and overflow int64 sums)
+
+
+def _count(value: Any) -> TypeGuard[int]:
+    """A JSON integer in range (``true`` is not 1 here)."""
+    return type(value) is int and 0 <= value < _MAX_INT
+
+
+def _file_info(obj: Any, source: str, where: str) -> FileInfo:
     if not isinstance(obj, dict):
-        raise DatasetError(f"{where}: expected an object, got {type(obj).__name__}")
+        raise MetadataError(source, f"expected an object, got {type(obj).__name__}", where)
     size = obj.get("bytes")
     hashes = obj.get("hashes") or {}
-    if not isinstance(size, int) or size < 0 or not isinstance(hashes, dict):
-        raise DatasetError(f"{where}: malformed file entry {obj!r}")
-    return FileInfo(check_basename(obj.get("basename"), where), size, dict(hashes))
+    if not _count(size):
+        raise MetadataError(source, f"malformed size {size!r}", f"{where}.bytes")
+    if not isinstance(hashes, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in hashes.items()
+    ):
+        raise MetadataError(source, f"malformed hashes {hashes!r}", f"{where}.hashes")
+    return FileInfo(check_basename(obj.get("basename"), f"{source} {where}"), size, dict(hashes))
 
 
 def parse_index(text: str | bytes, source: str) -> list[ShardInfo]:
-    """Validate and parse an ``index.json``; errors name ``source`` and the shard."""
+    """Validate and parse an ``index.json``; errors (:class:`MetadataError`) name ``source``
+    and the field (``shards[3].samples``), and every value is type- and range-checked
+    before it is used."""
     try:
         obj = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"{source}: not valid JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise MetadataError(source, f"not valid JSON ({exc})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("shards"), list):
-        raise DatasetError(f"{source}: no 'shards' list; is this an MDS dataset?")
-    if obj.get("version") != INDEX_VERSION:
-        raise DatasetError(f"{source}: index version {obj.get('version')!r}, expected 2")
+        raise MetadataError(source, "no 'shards' list; is this an MDS dataset?", "shards")
+    if obj.get("version") != INDEX_VERSION or type(obj.get("version")) is not int:
+        raise MetadataError(source, f"index version {obj.get('version')!r}, expected 2", "version")
     shards = []
     for i, entry in enumerate(obj["shards"]):
-        where = f"{source} shard {i}"
+        where = f"shards[{i}]"
         if not isinstance(entry, dict):
-            raise DatasetError(f"{where}: expected an object")
+            raise MetadataError(source, "expected an object", where)
         if entry.get("format") != "mds":
-            raise DatasetError(f"{where}: format {entry.get('format')!r} is not 'mds'")
+            raise MetadataError(source, f"{entry.get('format')!r} is not 'mds'", f"{where}.format")
         names, encodings, sizes = (
             entry.get("column_names"),
             entry.get("column_encodings"),
@@ -153,28 +167,45 @@ def parse_index(text: str | bytes, source: str) -> list[ShardInfo]:
             and isinstance(encodings, list)
             and isinstance(sizes, list)
             and len(names) == len(encodings) == len(sizes)
+            and all(isinstance(n, str) for n in names + encodings)
+            and all(z is None or _count(z) for z in sizes)
         ):
-            raise DatasetError(f"{where}: column_names/encodings/sizes are malformed")
+            raise MetadataError(
+                source, "column_names/encodings/sizes are malformed", f"{where}.column_names"
+            )
         samples = entry.get("samples")
-        if not isinstance(samples, int) or samples < 0:
-            raise DatasetError(f"{where}: malformed sample count {samples!r}")
-        raw_info = _file_info(entry.get("raw_data"), where)
+        if not _count(samples):
+            raise MetadataError(source, f"malformed sample count {samples!r}", f"{where}.samples")
+        raw_info = _file_info(entry.get("raw_data"), source, f"{where}.raw_data")
         if 4 * (samples + 2) > raw_info.bytes:
-            raise DatasetError(
-                f"{where}: {samples} samples cannot fit in a shard of {raw_info.bytes} bytes"
+            raise MetadataError(
+                source,
+                f"{samples} samples cannot fit in a shard of {raw_info.bytes} bytes",
+                f"{where}.samples",
             )
         zip_entry = entry.get("zip_data")
+        compression, hashes, limit = (
+            entry.get("compression"),
+            entry.get("hashes") or [],
+            entry.get("size_limit"),
+        )
+        if not (compression is None or isinstance(compression, str)):
+            raise MetadataError(source, f"malformed {compression!r}", f"{where}.compression")
+        if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
+            raise MetadataError(source, f"malformed {hashes!r}", f"{where}.hashes")
+        if not (limit is None or _count(limit)):
+            raise MetadataError(source, f"malformed {limit!r}", f"{where}.size_limit")
         shards.append(
             ShardInfo(
                 samples=samples,
                 raw_data=raw_info,
-                zip_data=_file_info(zip_entry, where) if zip_entry else None,
-                column_names=[str(n) for n in names],
-                column_encodings=[str(e) for e in encodings],
+                zip_data=_file_info(zip_entry, source, f"{where}.zip_data") if zip_entry else None,
+                column_names=list(names),
+                column_encodings=list(encodings),
                 column_sizes=sizes,
-                compression=entry.get("compression"),
-                hashes=list(entry.get("hashes") or []),
-                size_limit=entry.get("size_limit"),
+                compression=compression,
+                hashes=list(hashes),
+                size_limit=limit,
             )
         )
     return shards
