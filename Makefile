@@ -12,7 +12,7 @@ export PYSPARK_DRIVER_PYTHON := $(PY)
 export SPARK_DL_MOSAIC_PYTHON := $(abspath $(MOSAIC_VENV))/bin/python
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install mosaic-env browser-env demo test lint typecheck pytest bench clean
+.PHONY: install mosaic-env browser-env demo test lint typecheck pytest bench fuzz clean
 
 install: $(VENV)/.installed
 
@@ -62,6 +62,11 @@ test: lint typecheck pytest
 
 bench: install
 	$(PY) bench/format_bench.py
+
+# Randomly corrupted datasets read in worker processes: prints the outcome counts.
+FUZZ_CASES ?= 100000
+fuzz: install
+	$(PY) bench/fuzz.py --cases $(FUZZ_CASES)
 
 clean:
 	rm -rf $(VENV) $(MOSAIC_VENV) .pytest_cache .mypy_cache .ruff_cache demo-output bench-output

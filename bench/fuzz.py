@@ -1,0 +1,578 @@
+"""Fuzz harness: randomly corrupted copies of small datasets, read as a user would.
+
+Every file of a dataset is mutated (byte flips, bit flips, truncation, insertions,
+deletions, JSON values of other types, removed keys, removed or emptied files) across
+datasets of every encoding family, raw and zstd shards, with and without the compact
+index. Each case is read in a worker subprocess under a memory limit; the parent gives
+each case a timeout, so a crash (signal) or a hang is counted instead of ending the run.
+Workers take many cases each; a case whose worker dies or stalls is run again alone to
+confirm it. Outcome classes:
+
+- ``same``: read in full, equal to the original (values, columns, length, fingerprint);
+- ``typed``: a ``SparkDLError`` naming the mutated file (``typed_unnamed``: not naming it);
+- ``no_metadata``: read in full as a dataset without spark-dl metadata, after
+  ``spark_dl.json`` was removed from a dataset that has no compact index either (nothing
+  records that it had one: it is a valid dataset as another MDS writer would write it);
+- ``untyped``: any other exception; ``different``: read in full, not equal to the original;
+- ``crash``: the process died (signal or exit); ``hang``: no answer within the timeout.
+
+``python bench/fuzz.py --cases 100000`` (``make fuzz``) prints the counts; ``--targets``
+adds the CLI (``inspect``, ``verify``) beside the plain read; ``--json`` prints them as
+JSON. The exit status is 1 when any case ended untyped, different, crashed or hung.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import resource
+import selectors
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+BAD = ("untyped", "different", "crash", "hang")
+OUTCOMES = ("same", "typed", "typed_unnamed", "no_metadata", *BAD)
+METADATA = ("index.json", "spark_dl.json", "spark_dl.index.arrow")
+META_FILE = METADATA[1]
+KINDS = (
+    "flip",
+    "bit",
+    "truncate",
+    "insert",
+    "delete",
+    "json_type",
+    "json_number",
+    "json_key",
+    "remove",
+    "empty",
+)
+MEMORY_LIMIT = 3 << 30  # a case allocating beyond this fails (MemoryError: untyped)
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+def _png(i: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (4 + i % 3, 3), (i * 7 % 256, 0, 0)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _jpeg(i: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (16, 8 + i % 4), (0, i * 5 % 256, 9)).save(out, format="JPEG")
+    return out.getvalue()
+
+
+def _tables() -> dict[str, tuple[Any, dict[str, str]]]:
+    """Two tables covering the encoding families, with the spec's column encodings."""
+    import decimal
+
+    import numpy as np
+    import pyarrow as pa
+
+    n = 40
+    mixed = pa.table(
+        {
+            "i8": pa.array(np.arange(n) % 100, pa.int8()),
+            "u16": pa.array(np.arange(n) * 3, pa.uint16()),
+            "i64": pa.array(np.arange(n) * 1_000_003, pa.int64()),
+            "u64": pa.array(np.arange(n), pa.uint64()),
+            "f16": pa.array(np.arange(n) / 4, pa.float16()),
+            "f64": pa.array(np.arange(n) / 3, pa.float64()),
+            "flag": pa.array([i % 2 == 0 for i in range(n)]),
+            "text": [f"row {i} " * (i % 4) for i in range(n)],
+            "maybe": pa.array([None if i % 5 == 0 else f"m{i}" for i in range(n)]),
+            "blob": pa.array([bytes([i]) * (i % 6) for i in range(n)], pa.binary()),
+            "vec": pa.array([[float(i), 1.0, 2.0] for i in range(n)], pa.list_(pa.float32(), 3)),
+            "tokens": pa.array([list(range(i % 9)) for i in range(n)], pa.list_(pa.int16())),
+            "dense": pa.array([[i, i + 1] for i in range(n)], pa.list_(pa.int32())),
+            "any": pa.array([[float(i)] * (i % 3 + 1) for i in range(n)], pa.list_(pa.float64())),
+            "ts": pa.array(np.arange(n) * 10**9, pa.timestamp("ns")),
+            "price": pa.array([decimal.Decimal(f"{i}.25") for i in range(n)], pa.decimal128(8, 2)),
+            "si": pa.array(np.arange(n) - 7, pa.int64()),
+            "sf": pa.array(np.arange(n) * 0.5, pa.float64()),
+            "meta": [{"k": i, "v": [i] * (i % 3)} for i in range(n)],
+        }
+    )
+    mixed_columns = {"any": "ndarray", "si": "str_int", "sf": "str_float", "u64": "uint64"}
+    media = pa.table(
+        {
+            "id": pa.array(np.arange(n), pa.int32()),
+            "png": pa.array([_png(i) for i in range(n)], pa.binary()),
+            "jpeg": pa.array([_jpeg(i) for i in range(n)], pa.binary()),
+            "caption": [f"image {i}" for i in range(n)],
+        }
+    )
+    return {
+        "mixed": (mixed, mixed_columns),
+        "media": (media, {"png": "png", "jpeg": "jpeg"}),
+    }
+
+
+def build_datasets(root: Path) -> dict[str, Path]:
+    """Pristine datasets: each table, raw and zstd shards, with and without the compact
+    index (raw ones record content hashes only, zstd ones xxh64 file hashes as well)."""
+    from spark_dl_core import DatasetSpec, write_mds
+    from spark_dl_core.format.compact import COMPACT_FILE
+
+    out: dict[str, Path] = {}
+    for table_name, (table, columns) in _tables().items():
+        for compression in (None, "zstd"):
+            for compact in (True, False):
+                name = f"{table_name}-{compression or 'raw'}-{'compact' if compact else 'json'}"
+                spec = DatasetSpec(
+                    shard_size="3KiB" if table_name == "mixed" else "8KiB",
+                    compression=compression,
+                    hashes=["xxh64"] if compression else [],
+                    nulls="mask",
+                    columns=columns,
+                )
+                path = root / name
+                write_mds(table, str(path), spec)
+                if not compact:
+                    (path / COMPACT_FILE).unlink()
+                out[name] = path
+    return out
+
+
+# --------------------------------------------------------------------------- mutations
+
+
+def _json_nodes(obj: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    nodes = [path]
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            nodes += _json_nodes(v, (*path, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            nodes += _json_nodes(v, (*path, i))
+    return nodes
+
+
+def _set(obj: Any, path: tuple[Any, ...], value: Any, delete: bool = False) -> Any:
+    if not path:
+        return value
+    parent = obj
+    for part in path[:-1]:
+        parent = parent[part]
+    if delete:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return obj
+
+
+_OTHER_VALUES: list[Any] = [
+    None,
+    True,
+    0,
+    -1,
+    7,
+    2**31,
+    2**63,
+    10**30,
+    1.5,
+    float("nan"),
+    "",
+    "x",
+    "../../etc/passwd",
+    [],
+    [1, "a"],
+    {},
+    {"a": 1},
+]
+
+
+def mutate(data: bytes, kind: str, rng: random.Random) -> bytes | None:
+    """``data`` mutated by ``kind`` (None: remove the file)."""
+    if kind == "remove":
+        return None
+    if kind == "empty":
+        return b""
+    if kind.startswith("json_"):
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            kind = "flip"
+        else:
+            nodes = _json_nodes(obj)
+            target = rng.choice(nodes[1:] or nodes)
+            if kind == "json_key" and target:
+                obj = _set(obj, target, None, delete=True)
+            elif kind == "json_number":
+                value: Any = rng.choice([0, -1, 1, 2**31, 2**62, 2**64, -(2**63), 3])
+                numbers = [p for p in nodes if type(_get(obj, p)) is int]
+                if numbers:
+                    target = rng.choice(numbers)
+                    value = rng.choice([_get(obj, target) + rng.choice([-1, 1]), value])
+                obj = _set(obj, target, value)
+            else:
+                obj = _set(obj, target, rng.choice(_OTHER_VALUES))
+            return json.dumps(obj, indent=1, sort_keys=rng.random() < 0.5).encode()
+    buf = bytearray(data)
+    if not buf and kind != "insert":
+        return bytes(rng.randbytes(rng.randint(1, 16)))
+    if kind == "flip":
+        for _ in range(rng.randint(1, 4)):
+            buf[rng.randrange(len(buf))] = rng.randrange(256)
+    elif kind == "bit":
+        at = rng.randrange(len(buf))
+        buf[at] ^= 1 << rng.randrange(8)
+    elif kind == "truncate":
+        del buf[rng.randrange(len(buf)) :]
+    elif kind == "insert":
+        at = rng.randint(0, len(buf))
+        buf[at:at] = rng.randbytes(rng.randint(1, 16))
+    elif kind == "delete":
+        at = rng.randrange(len(buf))
+        del buf[at : at + rng.randint(1, 64)]
+    return bytes(buf)
+
+
+def _get(obj: Any, path: tuple[Any, ...]) -> Any:
+    for part in path:
+        obj = obj[part]
+    return obj
+
+
+def plan_cases(
+    datasets: dict[str, Path], count: int, seed: int, targets: list[str]
+) -> list[dict[str, Any]]:
+    """``count`` cases, reproducible from ``seed``: metadata files get most of them (they
+    are few and parsed first), shards the rest."""
+    rng = random.Random(seed)
+    files = {
+        name: sorted(p.name for p in path.iterdir() if p.is_file())
+        for name, path in datasets.items()
+    }
+    cases = []
+    for i in range(count):
+        name = rng.choice(sorted(datasets))
+        meta = [f for f in files[name] if f in METADATA]
+        shards = [f for f in files[name] if f not in METADATA]
+        file = rng.choice(meta if rng.random() < 0.7 else shards)
+        cases.append(
+            {
+                "id": i,
+                "dataset": name,
+                "file": file,
+                "kind": rng.choice(KINDS),
+                "seed": rng.getrandbits(32),
+                "target": targets[i % len(targets)],
+            }
+        )
+    return cases
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _canon(value: Any, h: Any) -> None:
+    import numpy as np
+
+    if hasattr(value, "offsets") and hasattr(value, "values"):  # a jagged batch
+        _canon(np.asarray(value.values), h)
+        _canon(np.asarray(value.offsets), h)
+    elif isinstance(value, np.ndarray) and value.dtype != object:
+        h.update(f"{value.dtype.str}{value.shape}".encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, (np.ndarray, list, tuple)):
+        h.update(f"[{len(value)}".encode())
+        for v in value:
+            _canon(v, h)
+    else:
+        h.update(repr(value).encode())
+
+
+def snapshot(path: str) -> str:
+    """A digest of everything a reader gets: facts, then every batch in order."""
+    from spark_dl_core import open_dataset
+
+    ds = open_dataset(path)
+    h = hashlib.sha256(repr((len(ds), ds.fingerprint, ds.columns)).encode())
+    for batch in ds.iter_batches(batch_size=16, shuffle=True, seed=3):
+        for name in sorted(batch):
+            h.update(name.encode())
+            _canon(batch[name], h)
+    for batch in ds.iter_batches(batch_size=64, images="numpy"):
+        for name in ("png", "jpeg"):
+            if name in batch:
+                _canon(batch[name], h)
+    return h.hexdigest()
+
+
+def _cli(command: str, path: str) -> str:
+    import contextlib
+    import io
+
+    from spark_dl.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()) as err:
+        code = main([command, "--json", path] if command == "inspect" else [command, path])
+    if code == 1:
+        raise _CliFailed(err.getvalue())
+    if code != 0:
+        raise RuntimeError(f"spark-dl {command} exited {code}: {err.getvalue()}")
+    text = out.getvalue().replace(path, "<path>")
+    if command == "verify":  # "ok" must mean the data is the original's
+        text += snapshot(path)
+    return command + hashlib.sha256(text.encode()).hexdigest()
+
+
+class _CliFailed(Exception):
+    """The CLI reported a deliberate error (exit code 1, one line naming the problem)."""
+
+
+def run_target(target: str, path: str) -> str:
+    if target == "read":
+        return snapshot(path)
+    if target == "selftest-abort":  # the harness's own tests: a crash and a hang are counted
+        os.abort()
+    if target == "selftest-hang":
+        time.sleep(3600)
+    return _cli(target.removeprefix("cli-"), path)
+
+
+def run_case(case: dict[str, Any], pristine: dict[str, str], work: Path) -> dict[str, Any]:
+    """Mutate a copy of the case's dataset and read it; the outcome and a detail."""
+    from spark_dl_core import SparkDLError
+
+    target = work / f"case-{case['id']}"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(pristine[case["dataset"]], target)
+    has_compact = (target / METADATA[2]).exists()
+    victim = target / case["file"]
+    mutated = mutate(victim.read_bytes(), case["kind"], random.Random(case["seed"]))
+    if mutated is None:
+        victim.unlink()
+    else:
+        victim.write_bytes(mutated)
+    expected_key = f"{case['dataset']}|{case['target']}"
+    try:
+        if expected_key not in _EXPECTED:
+            _EXPECTED[expected_key] = run_target(case["target"], pristine[case["dataset"]])
+        got = run_target(case["target"], str(target))
+    except (SparkDLError, _CliFailed) as exc:
+        text = str(exc)
+        named = case["file"] in text
+        return {"outcome": "typed" if named else "typed_unnamed", "detail": text[:300]}
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        tb = traceback.format_exc(limit=-3)
+        return {"outcome": "untyped", "detail": f"{type(exc).__name__}: {exc}"[:300], "tb": tb}
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+    if got == _EXPECTED[expected_key]:
+        return {"outcome": "same", "detail": ""}
+    if case["kind"] == "remove" and case["file"] == META_FILE and not has_compact:
+        # nothing records that the dataset had spark-dl metadata: it is now a valid dataset
+        # as another MDS writer would write it, read without our column types
+        return {"outcome": "no_metadata", "detail": ""}
+    return {"outcome": "different", "detail": ""}
+
+
+_EXPECTED: dict[str, str] = {}
+
+
+def worker(cases_file: str, pristine_file: str) -> None:
+    """Run cases in order, announcing each before it starts (so a death names it)."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash ends at once, with no core file
+    cases = json.loads(Path(cases_file).read_text())
+    pristine = json.loads(Path(pristine_file).read_text())
+    import spark_dl_core  # noqa: F401  (imported before the first case's clock starts)
+
+    if any(c["target"].startswith("cli-") for c in cases):
+        import spark_dl.cli  # noqa: F401
+    with tempfile.TemporaryDirectory(prefix="spark-dl-fuzz-") as work:
+        for case in cases:
+            print(f"S {case['id']}", flush=True)
+            result = run_case(case, pristine, Path(work))
+            print("R " + json.dumps({"id": case["id"], **result}), flush=True)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _run_batch(
+    cases: list[dict[str, Any]], pristine_file: str, scratch: Path, timeout: float
+) -> list[dict[str, Any]]:
+    """Run ``cases`` in as few workers as survive them; returns one result per case, with
+    any case that killed or stalled its worker confirmed by running it alone."""
+    results: dict[int, dict[str, Any]] = {}
+    pending = list(cases)
+    while pending:
+        died, status = _run_worker(pending, pristine_file, scratch, timeout, results)
+        pending = [c for c in pending if c["id"] not in results]
+        if died is None:
+            continue
+        alone: dict[int, dict[str, Any]] = {}
+        again, why = _run_worker([died], pristine_file, scratch, timeout, alone)
+        if again is None:  # it passes alone: record what it did then, noting the first death
+            results[died["id"]] = {**alone[died["id"]], "flaky": status}
+        else:
+            results[died["id"]] = {"id": died["id"], "outcome": why[0], "detail": why[1]}
+        pending = [c for c in pending if c["id"] not in results]
+    return [{**c, **results[c["id"]]} for c in cases]
+
+
+def _run_worker(
+    cases: list[dict[str, Any]],
+    pristine_file: str,
+    scratch: Path,
+    timeout: float,
+    results: dict[int, dict[str, Any]],
+) -> tuple[dict[str, Any] | None, tuple[str, str]]:
+    """One worker over ``cases``; fills ``results``. Returns the case it died or stalled
+    in (None if it finished) and ("crash" | "hang", detail)."""
+    fd, cases_file = tempfile.mkstemp(dir=scratch, suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(cases, f)
+    by_id = {c["id"]: c for c in cases}
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--worker", cases_file, pristine_file],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    current: int | None = None
+    deadline = time.monotonic() + max(120.0, timeout)  # start-up: imports, on a busy machine
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                proc.kill()
+                proc.wait()
+                stalled = by_id[current] if current is not None else cases[0]
+                return stalled, ("hang", f"no answer within {timeout:.0f} s")
+            line = proc.stdout.readline()
+            if not line:
+                code = proc.wait()
+                if current is None and len(results) >= len(cases):
+                    return None, ("", "")
+                err = (proc.stderr.read() if proc.stderr else "")[-300:]
+                died = by_id[current] if current is not None else cases[0]
+                return died, ("crash", f"exit {code}: {err.strip()}")
+            if line.startswith("S "):
+                current = int(line[2:])
+                deadline = time.monotonic() + timeout
+            elif line.startswith("R "):
+                result = json.loads(line[2:])
+                results[result["id"]] = result
+                current = None
+                deadline = time.monotonic() + timeout
+                if len(results) >= len(cases) and all(c["id"] in results for c in cases):
+                    proc.wait()
+                    return None, ("", "")
+    finally:
+        sel.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.unlink(cases_file)
+
+
+def run(
+    count: int,
+    seed: int = 0,
+    jobs: int | None = None,
+    batch: int = 250,
+    timeout: float = 30.0,
+    targets: list[str] | None = None,
+    scratch: Path | None = None,
+) -> tuple[Counter[str], list[dict[str, Any]]]:
+    """Build the datasets, run ``count`` cases; the outcome counts and every bad case."""
+    own = scratch is None
+    root = Path(tempfile.mkdtemp(prefix="spark-dl-fuzz-")) if scratch is None else scratch
+    try:
+        pristine_file = root / "pristine.json"
+        if pristine_file.exists():  # built by an earlier run in this scratch directory
+            datasets = {k: Path(v) for k, v in json.loads(pristine_file.read_text()).items()}
+        else:
+            datasets = build_datasets(root / "pristine")
+            pristine_file.write_text(json.dumps({k: str(v) for k, v in datasets.items()}))
+        cases = plan_cases(datasets, count, seed, targets or ["read"])
+        batches = [cases[i : i + batch] for i in range(0, len(cases), batch)]
+        counts: Counter[str] = Counter()
+        bad: list[dict[str, Any]] = []
+        with ThreadPoolExecutor(jobs or os.cpu_count() or 2) as pool:
+            for results in pool.map(
+                lambda b: _run_batch(b, str(pristine_file), root, timeout), batches
+            ):
+                for r in results:
+                    counts[r["outcome"]] += 1
+                    if r["outcome"] in BAD or r.get("flaky"):
+                        bad.append(r)
+        return counts, bad
+    finally:
+        if own:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument("--batch", type=int, default=250, help="cases per worker process")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per case")
+    parser.add_argument(
+        "--targets", default="read", help="comma-separated: read, cli-inspect, cli-verify"
+    )
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(*args.worker)
+        return
+    started = time.perf_counter()
+    counts, bad = run(
+        args.cases, args.seed, args.jobs, args.batch, args.timeout, args.targets.split(",")
+    )
+    took = time.perf_counter() - started
+    if args.json:
+        print(json.dumps({"counts": counts, "bad": bad, "seconds": took}, indent=1))
+    else:
+        total = sum(counts.values())
+        print(f"{total:,} cases (seed {args.seed}) in {took:.0f} s")
+        for outcome in OUTCOMES:
+            print(f"  {outcome:<14} {counts.get(outcome, 0):>9,}")
+        for r in bad[:50]:
+            print(
+                f"  {r['outcome']}: case {r['id']} {r['dataset']} {r['file']} {r['kind']} "
+                f"{r['target']}: {r['detail']}"
+            )
+    sys.exit(1 if any(counts.get(o) for o in BAD) else 0)
+
+
+if __name__ == "__main__":
+    main()
