@@ -738,6 +738,10 @@ class Dataset:
             )
         chosen = settings_from(settings, kwargs)
         chosen.only("numpy iteration", frozenset())
+        if chosen.pack is not None:  # packed token rows (spark_dl_core.packing)
+            from .packing import iter_packed
+
+            return iter_packed(self, chosen, state)
         check_pad_mask(chosen, self.layout.names)
         epoch = chosen.epoch
         if state is not None:
@@ -872,7 +876,8 @@ class Dataset:
 
         if settings is None:
             kwargs["batch_size"] = batch_size
-        return adapter("torch")(self, settings_from(settings, kwargs))
+        chosen = settings_from(settings, kwargs)
+        return adapter("torch" if chosen.pack is None else "torch_packed")(self, chosen)
 
     def to_tf(
         self,
@@ -892,7 +897,9 @@ class Dataset:
 
         if settings is None:
             kwargs["batch_size"] = batch_size
-        return adapter("tf")(self, settings_from(settings, kwargs), state=state, **resume)
+        chosen = settings_from(settings, kwargs)
+        name = "tf" if chosen.pack is None else "tf_packed"
+        return adapter(name)(self, chosen, state=state, **resume)
 
 
 def _merge(parts: list[tuple[np.ndarray, Batch]], n: int) -> Batch:

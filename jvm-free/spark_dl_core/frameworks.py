@@ -16,7 +16,12 @@ from typing import Any
 from .errors import SpecError
 
 # name -> module that registers the adapter when imported (like an entry point).
-ADAPTER_MODULES = {"torch": "spark_dl_core.torch_loader", "tf": "spark_dl_core.tf_loader"}
+ADAPTER_MODULES = {
+    "torch": "spark_dl_core.torch_loader",
+    "tf": "spark_dl_core.tf_loader",
+    "torch_packed": "spark_dl_core.torch_packed",  # loaders with pack= (packed token rows)
+    "tf_packed": "spark_dl_core.tf_packed",
+}
 _ADAPTERS: dict[str, Callable[..., Any]] = {}
 
 

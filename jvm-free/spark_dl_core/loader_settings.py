@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .errors import SpecError
+from .errors import PackError, SpecError
 from .meta import column_names
 from .order import DEFAULT_WINDOW
+from .packing import parse_pack
 from .reader import DEFAULT_PREFETCH_BYTES, BatchReader
 
 _IMAGES = ("bytes", "pil", "numpy")
@@ -35,6 +36,8 @@ class LoaderSettings:
     PyTorch only: ``num_workers``, ``prefetch_factor``, ``pin_memory``,
     ``persistent_workers`` (refused: each pass has its own plan), ``multiprocessing_context``,
     ``group``, ``progress``. TensorFlow only: ``as_tuple``. Telemetry: ``trace_path``.
+    Packing: ``pack`` (a dict or :class:`~spark_dl_core.packing.PackSpec`): batches of
+    fixed-length token rows instead of samples (see :mod:`spark_dl_core.packing`).
     """
 
     batch_size: int = 256
@@ -62,6 +65,7 @@ class LoaderSettings:
     progress: bool = False
     as_tuple: tuple[Any, Any] | None = None
     trace_path: str | None = None
+    pack: Any = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, what: str) -> None:
@@ -102,6 +106,16 @@ class LoaderSettings:
         )
         names = column_names(self.columns, "loader setting columns")
         object.__setattr__(self, "columns", None if names is None else tuple(names))
+        if self.pack is not None:
+            object.__setattr__(self, "pack", parse_pack(self.pack))
+            for name in ("columns", "transforms"):
+                if getattr(self, name):
+                    raise PackError(
+                        f"loader setting {name}={getattr(self, name)!r}: a packed loader "
+                        "yields input_ids, labels, position_ids, cu_seqlens and max_seqlen "
+                        "from the pack column; leave it out",
+                        field=name,
+                    )
         if self.transforms:
             for t in self.transforms:
                 need(
@@ -168,6 +182,7 @@ _COMMON = frozenset(
         "prefetch_bytes",
         "transforms",
         "device",
+        "pack",
     }
 )
 TORCH_ONLY = frozenset(

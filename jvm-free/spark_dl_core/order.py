@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 
 import numpy as np
 
-from .errors import SpecError
+from .errors import PackError, SpecError
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -559,15 +559,21 @@ class LoaderState:
     drop_last: bool
     consumed: int
     version: int = ORDER_VERSION
+    # Packed loaders: {"settings": pack settings, "rows": global rows consumed, "version"}
+    # (see spark_dl_core.packing); ``consumed`` is then 0.
+    pack: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.pack is None:
+            del out["pack"]
+        return out
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> LoaderState:
         if not isinstance(state, dict):
             raise SpecError(f"loader state must be a dict, got {type(state).__name__}")
-        missing = {f for f in cls.__dataclass_fields__ if f != "version"} - set(state)
+        missing = {f for f in cls.__dataclass_fields__ if f not in ("version", "pack")} - set(state)
         if missing:
             raise SpecError(f"loader state lacks {sorted(missing)}; was it made by spark-dl?")
         version = state.get("version", 1)
@@ -581,7 +587,15 @@ class LoaderState:
         return cls(**{k: state[k] for k in cls.__dataclass_fields__ if k in state})
 
     def check(self, dataset: Dataset, **settings: Any) -> None:
-        """Raise if this state belongs to another dataset or other order settings."""
+        """Raise if this state belongs to another dataset or other order settings. A packed
+        position is refused unless ``pack`` (the loader's pack settings) is given."""
+        if self.pack is not None and settings.pop("pack", None) is None:
+            raise PackError(
+                "loader state is a position in packed rows (saved with pack=); pass the same "
+                "pack= to resume it",
+                field="pack",
+            )
+        settings.pop("pack", None)
         if self.fingerprint != dataset.fingerprint:
             raise SpecError(
                 f"loader state is for dataset {self.fingerprint[:16]}…, but {dataset.path} has "

@@ -60,9 +60,11 @@ def tokenizer_facts(path: str, column: str, eos: str | None, bos: str | None) ->
     data = read_tokenizer_file(path, column)
     digest = hashlib.sha256(data).hexdigest()
     tokenizer = _parse(data, path, column)
+    added = tokenizer.get_added_tokens_decoder()
     facts: dict[str, Any] = {
         "digest": digest,
         "vocab_size": int(tokenizer.get_vocab_size(with_added_tokens=True)),
+        "special_ids": sorted(int(i) for i, t in added.items() if t.special),
     }
     for name, token in (("eos", eos), ("bos", bos)):
         if token is None:

@@ -328,8 +328,9 @@ class Tokenize(_Base):
     tokens, else ``list<int32>``; stored as ``ndarray:uint16`` / ``ndarray:int32``); the
     text column is kept (add a ``drop`` op after this one to leave it out). ``bos_token`` /
     ``eos_token`` are added around each document, ``max_length`` cuts documents (specials
-    included). ``digest``, ``vocab_size``, ``eos_id`` and ``bos_id`` are filled in when the
-    write is planned (:func:`resolve_write_ops`): the file's sha256 is part of the spec.
+    included). ``digest``, ``vocab_size``, ``eos_id``, ``bos_id`` and ``special_ids`` are
+    filled in when the write is planned (:func:`resolve_write_ops`): the file's sha256 is
+    part of the spec.
     """
 
     op: Literal["tokenize"] = "tokenize"
@@ -343,6 +344,7 @@ class Tokenize(_Base):
     vocab_size: int | None = None
     eos_id: int | None = None
     bos_id: int | None = None
+    special_ids: list[int] | None = None
 
     def resolved(self) -> Tokenize:
         """This op with the tokenizer file's digest and facts recorded (reads the file)."""

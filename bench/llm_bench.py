@@ -1,0 +1,350 @@
+"""LLM data (issue #18): packed token rows, ``bin`` fill, tokenizing inside Spark.
+
+Cases, each in a fresh subprocess (frameworks imported before the clock), in alternating
+rounds; the table shows medians and the ratios the issue targets:
+
+packed ``concat`` (documents of 256-4096 uint16 tokens, seq_len 2048, batch 8, in-process,
+warm pass: the second pass of one loader, i.e. the next epoch):
+- ``pack_ours``: ``ds.to_torch(shuffle=True, pack={"seq_len": 2048})``: input_ids, labels,
+  position_ids (int64 [8, 2048]) and cu_seqlens + max_seqlen
+- ``pack_litdata``: LitData 0.2.76 ``StreamingDataset(item_loader=TokensLoader(
+  block_size=2049), shuffle=True)`` + ``StreamingDataLoader(batch_size=8)`` over the same
+  documents (its side environment: ``SPARK_DL_LITDATA_PYTHON``, default
+  ``.venv-litdata/bin/python``; without it the case is reported as not run)
+- ``pack_limit``: the memory-bandwidth limit for the bytes produced: each batch's 16,384
+  uint16 tokens widened into three new int64 [8, 2048] arrays (24 bytes written per token,
+  fresh memory per batch as a loader's batches are), nothing else
+
+``bin`` fill: documents of log-normal lengths (median 600 tokens, sigma 1.0), seq_len 2048,
+``ds.to_torch(pack={"mode": "bin"})``: ``stats()["fill"]`` and tokens/s.
+
+tokenize: the same texts (synthetic sentences) through a BPE tokenizer (vocabulary 8,000,
+trained here): ``tok_spark`` is ``df.write.format("mds")`` with the ``tokenize`` op on a
+``local[2]`` session (2 input files, so 2 tasks; after a warm-up write), ``tok_plain`` the
+same ``encode_batch`` loop over batches of 10,000 texts in one process (the tokenizer's own
+threads use both cores).
+
+Usage: ``python bench/llm_bench.py [--dir DIR] [--rounds 3] [--docs 20000]
+[--texts 100000] [--only pack,bin,tokenize]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+LITDATA_PYTHON = Path(
+    os.environ.get("SPARK_DL_LITDATA_PYTHON", ROOT / ".venv-litdata" / "bin" / "python")
+)
+SEQ, BATCH = 2048, 8
+
+
+# --------------------------------------------------------------------------- data
+
+
+def make_docs(directory: Path, docs: int) -> None:
+    """The packing corpus as MDS (ours) and as LitData chunks (if its environment exists)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from spark_dl_core import DatasetSpec, write_mds
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(256, 4097, size=docs)
+    flat = rng.integers(0, 50_000, size=int(lengths.sum()), dtype=np.uint16)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    np.save(directory / "flat.npy", flat)
+    np.save(directory / "offsets.npy", offsets)
+    tokens = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat))
+    write_mds(pa.table({"tokens": tokens}), str(directory / "mds"), DatasetSpec())
+    lognormal = np.clip(rng.lognormal(np.log(600), 1.0, size=docs), 1, 32_768).astype(np.int64)
+    loff = np.concatenate([[0], np.cumsum(lognormal)]).astype(np.int32)
+    values = pa.array(np.ones(int(loff[-1]), dtype=np.uint16))
+    table = pa.table({"tokens": pa.ListArray.from_arrays(pa.array(loff), values)})
+    write_mds(table, str(directory / "lognormal"), DatasetSpec())
+    if LITDATA_PYTHON.exists():
+        subprocess.run(
+            [str(LITDATA_PYTHON), __file__, "--case", "litdata_write", "--dir", str(directory)],
+            check=True,
+        )
+
+
+def litdata_doc(i: int) -> Any:
+    """One document for ``litdata.optimize`` (module level: it pickles the function)."""
+    import numpy as np
+    import torch
+
+    directory = Path(os.environ["LLM_BENCH_DIR"])
+    flat = np.load(directory / "flat.npy", mmap_mode="r")
+    offsets = np.load(directory / "offsets.npy")
+    return torch.from_numpy(np.array(flat[offsets[i] : offsets[i + 1]]).astype(np.int32))
+
+
+def make_texts(directory: Path, texts: int) -> None:
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    random.seed(0)
+    common = ["the", "a", "of", "to", "and", "in", "is", "it", "for", "on"]
+    words = [f"w{i}" for i in range(3000)] + common * 50
+    rows = [" ".join(random.choices(words, k=random.randint(10, 90))) for _ in range(texts)]
+    (directory / "texts").mkdir(exist_ok=True)
+    half = len(rows) // 2
+    pq.write_table(pa.table({"text": rows[:half]}), directory / "texts" / "part-0.parquet")
+    pq.write_table(pa.table({"text": rows[half:]}), directory / "texts" / "part-1.parquet")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=8000,
+        special_tokens=["<pad>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(rows[:20_000], trainer)
+    tok.save(str(directory / "tokenizer.json"))
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def case_pack_ours(directory: Path) -> dict[str, Any]:
+    import torch  # noqa: F401  (imported before the clock)
+
+    from spark_dl_core import open_dataset
+
+    ds = open_dataset(str(directory / "mds"))
+    loader = ds.to_torch(
+        batch_size=BATCH, shuffle=True, seed=0, pack={"column": "tokens", "seq_len": SEQ}
+    )
+    for _ in loader:  # cold pass: page cache, document lengths
+        pass
+    started = time.perf_counter()
+    for _batch in loader:
+        pass
+    seconds = time.perf_counter() - started
+    tokens = loader.stats()["tokens"]
+    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens}
+
+
+def case_pack_limit(directory: Path) -> dict[str, Any]:
+    import numpy as np
+
+    flat = np.load(directory / "flat.npy")
+    n = BATCH * SEQ
+    rows = len(flat) // n
+    kept = []
+    for k in range(rows):  # warm
+        kept = [flat[k * n : (k + 1) * n].astype(np.int64).reshape(BATCH, SEQ) for _ in range(3)]
+    started = time.perf_counter()
+    for k in range(rows):
+        kept = [flat[k * n : (k + 1) * n].astype(np.int64).reshape(BATCH, SEQ) for _ in range(3)]
+    seconds = time.perf_counter() - started
+    del kept
+    return {"tokens_per_s": rows * n / seconds, "seconds": seconds, "tokens": rows * n}
+
+
+def case_litdata_write(directory: Path) -> dict[str, Any]:
+    import numpy as np
+    from litdata import optimize
+    from litdata.streaming.item_loader import TokensLoader
+
+    os.environ["LLM_BENCH_DIR"] = str(directory)
+    docs = len(np.load(directory / "offsets.npy")) - 1
+    optimize(
+        fn=litdata_doc,
+        inputs=list(range(docs)),
+        output_dir=str(directory / "litdata"),
+        chunk_bytes="64MB",
+        item_loader=TokensLoader(),
+        num_workers=1,
+    )
+    return {}
+
+
+def case_pack_litdata(directory: Path) -> dict[str, Any]:
+    import torch  # noqa: F401
+    from litdata import StreamingDataLoader, StreamingDataset
+    from litdata.streaming.item_loader import TokensLoader
+
+    ds = StreamingDataset(
+        input_dir=str(directory / "litdata"),
+        item_loader=TokensLoader(block_size=SEQ + 1),
+        shuffle=True,
+        seed=0,
+    )
+    loader = StreamingDataLoader(ds, batch_size=BATCH, num_workers=0)
+    for _ in loader:
+        pass
+    started = time.perf_counter()
+    rows = 0
+    for batch in loader:
+        rows += len(batch)
+    seconds = time.perf_counter() - started
+    return {"tokens_per_s": rows * SEQ / seconds, "seconds": seconds, "tokens": rows * SEQ}
+
+
+def case_bin(directory: Path) -> dict[str, Any]:
+    import torch  # noqa: F401
+
+    from spark_dl_core import open_dataset
+
+    ds = open_dataset(str(directory / "lognormal"))
+    pack = {"column": "tokens", "seq_len": SEQ, "mode": "bin"}
+    loader = ds.to_torch(batch_size=BATCH, shuffle=True, seed=0, pack=pack)
+    started = time.perf_counter()
+    for _ in loader:
+        pass
+    seconds = time.perf_counter() - started
+    stats = loader.stats()
+    return {"fill": stats["fill"], "tokens_per_s": stats["tokens"] / seconds, "seconds": seconds}
+
+
+def case_tok_plain(directory: Path) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+    from tokenizers import Tokenizer
+
+    texts = [
+        t
+        for part in sorted((directory / "texts").glob("*.parquet"))
+        for t in pq.read_table(part).column("text").to_pylist()
+    ]
+    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    started = time.perf_counter()
+    for k in range(0, len(texts), 10_000):
+        tok.encode_batch_fast(texts[k : k + 10_000], add_special_tokens=False)
+    seconds = time.perf_counter() - started
+    return {"rows_per_s": len(texts) / seconds, "seconds": seconds}
+
+
+def case_tok_spark(directory: Path) -> dict[str, Any]:
+    from pyspark.sql import SparkSession
+
+    import spark_dl
+
+    spark = (
+        SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+    )
+    spark_dl.register(spark)
+    spec = {
+        "transforms": [
+            {
+                "op": "tokenize",
+                "column": "text",
+                "tokenizer": str(directory / "tokenizer.json"),
+                "eos_token": "</s>",
+            },
+            {"op": "drop", "columns": ["text"]},
+        ]
+    }
+    df = spark.read.parquet(str(directory / "texts"))
+    rows = df.count()
+    warm = df.limit(2000).repartition(2)
+    warm.write.format("mds").mode("overwrite").option("spec", json.dumps(spec)).save(
+        str(directory / "tok-warm")
+    )
+    started = time.perf_counter()
+    df.write.format("mds").mode("overwrite").option("spec", json.dumps(spec)).save(
+        str(directory / "tok-mds")
+    )
+    seconds = time.perf_counter() - started
+    spark.stop()
+    return {"rows_per_s": rows / seconds, "seconds": seconds}
+
+
+CASES = {
+    "pack_ours": case_pack_ours,
+    "pack_limit": case_pack_limit,
+    "pack_litdata": case_pack_litdata,
+    "litdata_write": case_litdata_write,
+    "bin": case_bin,
+    "tok_plain": case_tok_plain,
+    "tok_spark": case_tok_spark,
+}
+GROUPS = {
+    "pack": ["pack_ours", "pack_litdata", "pack_limit"],
+    "bin": ["bin"],
+    "tokenize": ["tok_plain", "tok_spark"],
+}
+
+
+def run_case(name: str, directory: Path) -> dict[str, Any] | None:
+    python = str(LITDATA_PYTHON) if name == "pack_litdata" else sys.executable
+    if name == "pack_litdata" and not LITDATA_PYTHON.exists():
+        return None
+    out = subprocess.run(
+        [python, __file__, "--case", name, "--dir", str(directory)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        print(f"{name} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
+        return None
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dir")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--docs", type=int, default=20_000)
+    parser.add_argument("--texts", type=int, default=100_000)
+    parser.add_argument("--only", default="pack,bin,tokenize")
+    parser.add_argument("--case")
+    args = parser.parse_args()
+    if args.case:
+        print(json.dumps(CASES[args.case](Path(args.dir))))
+        return
+    directory = Path(args.dir or tempfile.mkdtemp(prefix="llm-bench-"))
+    groups = args.only.split(",")
+    if not (directory / "mds").exists() and ({"pack", "bin"} & set(groups)):
+        make_docs(directory, args.docs)
+    if "tokenize" in groups and not (directory / "tokenizer.json").exists():
+        make_texts(directory, args.texts)
+    names = [n for g in groups for n in GROUPS[g]]
+    results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for _ in range(args.rounds):
+        for name in names:
+            got = run_case(name, directory)
+            if got is not None:
+                results[name].append(got)
+
+    def median(name: str, key: str) -> float | None:
+        values = [r[key] for r in results.get(name, []) if key in r]
+        return statistics.median(values) if values else None
+
+    print(f"\n{'case':<14} {'median':>16}  (runs)")
+    for name in names:
+        key = "rows_per_s" if name.startswith("tok") else "tokens_per_s"
+        value = median(name, key)
+        shown = "not run" if value is None else f"{value / 1e6:,.1f}M {key.split('_')[0]}/s"
+        extra = f"  fill {median(name, 'fill'):.3f}" if name == "bin" and value else ""
+        print(f"{name:<14} {shown:>16}  ({len(results[name])}){extra}")
+    ours, lit, limit = (
+        median("pack_ours", "tokens_per_s"),
+        median("pack_litdata", "tokens_per_s"),
+        median("pack_limit", "tokens_per_s"),
+    )
+    if ours and lit:
+        print(f"pack_ours / pack_litdata: {ours / lit:.2f}x (target >= 1x)")
+    if ours and limit:
+        print(f"pack_ours / pack_limit: {ours / limit:.2f}x of the bandwidth limit for 24 B/token")
+    plain, spark = median("tok_plain", "rows_per_s"), median("tok_spark", "rows_per_s")
+    if plain and spark:
+        print(f"tok_spark / tok_plain: {spark / plain:.2f}x (target >= 0.8x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""TensorFlow loading of packed token rows: ``to_tf(pack=...)`` (see :mod:`.packing`).
+
+The same batches as ``to_torch(pack=...)`` for the same settings, as a ``tf.data.Dataset``
+of dicts: ``input_ids``, ``labels``, ``position_ids`` (``tf.int64`` ``[B, seq_len]``),
+``cu_seqlens`` (``tf.int32``) and ``max_seqlen`` (a ``tf.int32`` scalar). As for
+``to_tf`` without packing, each pass is the next epoch, and ``tfds.state_dict(steps)`` gives
+the position after ``steps`` batches of the current pass (the same state a torch loader
+saves: either resumes the other).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from .frameworks import register_framework
+from .loader_settings import TF_ONLY, LoaderSettings, settings_from
+from .packing import PackedPlan, packed_plan, packed_state, resume_position
+from .telemetry import PassStats
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+
+
+def make_packed_tf_dataset(
+    dataset: Dataset,
+    settings: LoaderSettings | None = None,
+    *,
+    state: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """A ``tf.data.Dataset`` of this rank's packed batches, prefetched."""
+    import tensorflow as tf
+
+    settings = settings_from(settings, kwargs)
+    settings.only("TensorFlow", TF_ONLY - {"as_tuple"})
+    rank = 0 if settings.rank is None else settings.rank
+    world = 1 if settings.world_size is None else settings.world_size
+    epoch, rows = resume_position(dataset, settings, state)
+
+    def plan_for(epoch: int, rows: int) -> PackedPlan:
+        return packed_plan(dataset, settings, epoch=epoch, rows=rows, rank=rank, world_size=world)
+
+    first = plan_for(epoch, rows)
+    if rows and not len(first):  # a finished epoch: start at the next one
+        epoch, rows = epoch + 1, 0
+        first = plan_for(epoch, 0)
+    seq_len = settings.pack.seq_len
+    signature = {
+        "input_ids": tf.TensorSpec((None, seq_len), tf.int64),
+        "labels": tf.TensorSpec((None, seq_len), tf.int64),
+        "position_ids": tf.TensorSpec((None, seq_len), tf.int64),
+        "cu_seqlens": tf.TensorSpec((None,), tf.int32),
+        "max_seqlen": tf.TensorSpec((), tf.int32),
+    }
+    lock = threading.Lock()
+    passes: dict[str, Any] = {
+        "started": 0,
+        "current": (first, epoch),
+        "stats": None,
+        "fill": (0, 0),
+    }
+
+    def generate() -> Iterator[dict[str, Any]]:
+        with lock:
+            k = passes["started"]
+            passes["started"] = k + 1
+            plan = first if k == 0 else plan_for(epoch + k, 0)
+            passes["current"] = (plan, epoch + k)
+            stats = passes["stats"] = PassStats(epoch + k)
+        real_total = slots = 0
+        for batch, real in plan.batches():
+            real_total += real
+            slots += batch["input_ids"].size
+            passes["fill"] = (real_total, slots)
+            stats.delivered(len(batch["input_ids"]), 0.0, time.perf_counter())
+            yield batch
+        stats.finished = time.perf_counter()
+
+    tfds = tf.data.Dataset.from_generator(generate, output_signature=signature)
+    tfds = tfds.prefetch(tf.data.AUTOTUNE)
+
+    def state_dict(steps: int) -> dict[str, Any]:
+        """The position after ``steps`` batches of the latest pass, on every rank."""
+        plan, pass_epoch = passes["current"]
+        return packed_state(dataset, settings, pass_epoch, plan.rows_after(int(steps)))
+
+    def stats() -> dict[str, Any]:
+        """The latest pass as produced for tf.data, with ``tokens`` and ``fill``."""
+        current = passes["stats"] or PassStats(passes["current"][1])
+        real, slots = passes["fill"]
+        return current.as_dict() | {
+            "data_starved_pct": None,
+            "tokens": real,
+            "fill": real / slots if slots else 0.0,
+        }
+
+    tfds.state_dict = state_dict
+    tfds.stats = stats
+    tfds.loader_settings = settings
+    return tfds
+
+
+register_framework("tf_packed", make_packed_tf_dataset)

@@ -1,0 +1,189 @@
+"""PyTorch loading of packed token rows: ``to_torch(pack=...)`` (see :mod:`.packing`).
+
+The same iteration, epoch and state semantics as :class:`~.torch_loader.TorchLoader`
+(``len``, ``set_epoch``, a pass run to its end moves on to the next epoch, ``state_dict``
+is the live position), with the position counted in global packed rows, so a resumed
+loader continues inside a document. Batches are dicts: ``input_ids``, ``labels``,
+``position_ids`` (int64 ``[B, seq_len]``), ``cu_seqlens`` (int32) and ``max_seqlen`` (int).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from .frameworks import register_framework
+from .loader_settings import TORCH_ONLY, LoaderSettings, settings_from
+from .packing import PackedPlan, packed_plan, packed_state, resume_position
+from .telemetry import PassStats
+from .torch_loader import resolve_rank, to_device
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+
+
+class _Workers(IterableDataset):
+    """What each DataLoader worker runs: its round-robin share of the rank's batches (the
+    order DataLoader hands them back in). Holds settings only: each worker packs anew."""
+
+    def __init__(self, dataset: Dataset, settings: LoaderSettings, where: dict[str, int]):
+        self.dataset, self.settings, self.where = dataset, settings, where
+
+    def __iter__(self) -> Iterator[tuple[dict[str, Any], int]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        plan = packed_plan(self.dataset, self.settings, **self.where)
+        for batch, real in plan.batches(worker, workers):
+            yield _tensors(batch), real
+
+
+def _tensors(batch: dict[str, Any]) -> dict[str, Any]:
+    return {k: torch.from_numpy(v) if hasattr(v, "dtype") else v for k, v in batch.items()}
+
+
+def _identity(item: Any) -> Any:
+    return item
+
+
+class PackedTorchLoader:
+    """A resumable, rank- and worker-sharded loader of packed token rows."""
+
+    def __init__(
+        self, dataset: Dataset, settings: LoaderSettings | None = None, **kwargs: Any
+    ) -> None:
+        settings = settings_from(settings, kwargs)
+        settings.only("PyTorch", TORCH_ONLY)
+        self.dataset, self.settings = dataset, settings
+        self.batch_size = settings.batch_size
+        self.num_workers = settings.num_workers
+        self.rank, self.world_size = resolve_rank(settings.rank, settings.world_size)
+        self.device = None if settings.device is None else str(settings.device)
+        self._live: _Pass | None = None
+        self._stats: PassStats | None = None
+        self._fill = (0, 0)  # real tokens, all tokens of the latest pass
+        self._set_position(settings.epoch, 0)
+
+    def _plan(self, epoch: int, rows: int) -> PackedPlan:
+        return packed_plan(
+            self.dataset,
+            self.settings,
+            epoch=epoch,
+            rows=rows,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+
+    def _set_position(self, epoch: int, rows: int) -> None:
+        """Move the saved position; a position with nothing left is the next epoch's start."""
+        plan = self._plan(epoch, rows)
+        if rows and not len(plan):
+            epoch, rows = epoch + 1, 0
+            plan = self._plan(epoch, 0)
+        self.epoch, self._rows, self._plan_for = epoch, rows, plan
+        self._live = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` afresh, unless it is already the saved position's epoch."""
+        if int(epoch) != self.epoch:
+            self._set_position(int(epoch), 0)
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the next pass (computing it reads every shard's
+        document lengths once per epoch)."""
+        return len(self._plan_for)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        plan = self._plan_for
+        live = _Pass(plan, self.epoch)
+        self._live = live
+        stats = self._stats = PassStats(self.epoch)
+        where = {
+            "epoch": self.epoch,
+            "rows": self._rows,
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
+        source = _Workers(self.dataset, self.settings, where)
+        if self.num_workers == 0:
+            items: Any = ((_tensors(b), real) for b, real in plan.batches())
+        else:
+            kwargs: dict[str, Any] = {
+                "pin_memory": self.settings.pin_memory,
+                "multiprocessing_context": self.settings.multiprocessing_context,
+                "prefetch_factor": self.settings.prefetch_factor,
+            }
+            items = iter(
+                DataLoader(
+                    source,
+                    batch_size=None,
+                    num_workers=self.num_workers,
+                    collate_fn=_identity,
+                    **kwargs,
+                )
+            )
+        pin = bool(self.settings.pin_memory) and torch.cuda.is_available()
+        real_total = slots = 0
+        resumed = time.perf_counter()
+        try:
+            for batch, real in items:
+                batch = to_device(batch, self.device, pin)
+                rows = int(batch["input_ids"].shape[0])
+                live.steps += 1
+                real_total += real
+                slots += batch["input_ids"].numel()
+                self._fill = (real_total, slots)
+                now = time.perf_counter()
+                stats.delivered(rows, now - resumed, now)
+                yield batch
+                resumed = time.perf_counter()
+        finally:
+            stats.finished = time.perf_counter()
+            del items
+        if self._live is live:  # the pass ran to its end: the next epoch from its start
+            self._set_position(live.epoch + 1, 0)
+
+    def stats(self) -> dict[str, Any]:
+        """The latest pass: rows (as samples) and batches, rows/s, time to first batch,
+        data-starved %, plus ``tokens`` (real tokens delivered) and ``fill`` (real tokens
+        over all token slots: 1.0 but for padding)."""
+        base = (self._stats or PassStats(self.epoch)).as_dict()
+        real, slots = self._fill
+        return base | {"tokens": real, "fill": real / slots if slots else 0.0}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The live global position in packed rows: resumable at any world size and
+        worker count (a document half delivered continues where it was cut)."""
+        live = self._live
+        if live is not None and live.steps:
+            epoch, rows = live.epoch, live.plan.rows_after(live.steps)
+        else:
+            epoch, rows = self.epoch, self._rows
+        return packed_state(self.dataset, self.settings, epoch, rows)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make ``state`` the saved position; raises if it is for another dataset, order
+        or pack settings (the batch size and ``drop_last`` may change)."""
+        epoch, rows = resume_position(self.dataset, self.settings, state)
+        self._set_position(epoch, rows)
+
+    def __repr__(self) -> str:
+        pack = self.settings.pack
+        return (
+            f"<PackedTorchLoader {self.dataset.path!r} batch_size={self.batch_size} "
+            f"seq_len={pack.seq_len} mode={pack.mode} epoch={self.epoch} "
+            f"rank={self.rank}/{self.world_size} workers={self.num_workers}>"
+        )
+
+
+class _Pass:
+    __slots__ = ("epoch", "plan", "steps")
+
+    def __init__(self, plan: PackedPlan, epoch: int) -> None:
+        self.plan, self.epoch, self.steps = plan, epoch, 0
+
+
+register_framework("torch_packed", PackedTorchLoader)
