@@ -49,11 +49,11 @@ demo: install
 	$(PY) -m spark_dl.demo
 
 lint: install
-	$(PY) -m ruff check jvm-free spark_dl tests bench
-	$(PY) -m ruff format --check jvm-free spark_dl tests bench
+	$(PY) -m ruff check jvm-free spark_dl pyspark_spark_dl.py tests bench
+	$(PY) -m ruff format --check jvm-free spark_dl pyspark_spark_dl.py tests bench
 
 typecheck: install
-	$(PY) -m mypy jvm-free/spark_dl_core spark_dl
+	$(PY) -m mypy jvm-free/spark_dl_core spark_dl pyspark_spark_dl.py
 
 pytest: install mosaic-env browser-env
 	$(PY) -m pytest -q tests
