@@ -3,7 +3,10 @@ send an SDK looking elsewhere (no instance-metadata lookups, no real endpoints).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -47,3 +50,103 @@ def moto_server() -> Iterator[tuple[str, int]]:
 def endpoint_options(host: str, port: int) -> dict[str, object]:
     """fsspec/s3fs storage options pointing at ``host:port``."""
     return {"client_kwargs": {"endpoint_url": f"http://{host}:{port}", "region_name": REGION}}
+
+
+class ShapedLink:
+    """A TCP proxy on loopback that behaves like a network link: every byte is delivered
+    ``rtt_s / 2`` late in each direction, and each connection carries at most
+    ``bytes_per_s`` in each direction (None: unlimited). Runs an asyncio loop on its own
+    thread. Counts connections (``max_open``: most open at once), request bytes that ask
+    for a byte range (``ranged``) and bytes sent back (``down_bytes``)."""
+
+    CHUNK = 64 << 10
+
+    def __init__(
+        self, upstream: tuple[str, int], rtt_s: float = 0.0, bytes_per_s: float | None = None
+    ) -> None:
+        self.upstream, self.delay, self.rate = upstream, rtt_s / 2, bytes_per_s
+        self.open = self.max_open = self.ranged = self.down_bytes = 0
+        self.port = 0
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, name="shaped-link", daemon=True)
+
+    def __enter__(self) -> ShapedLink:
+        self._thread.start()
+        self._ready.wait(30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        server = loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            server.close()
+            loop.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            writer.close()
+            return
+        self.open += 1
+        self.max_open = max(self.max_open, self.open)
+        try:
+            await asyncio.gather(
+                self._pipe(reader, up_writer, up=True), self._pipe(up_reader, writer, up=False)
+            )
+        finally:
+            self.open -= 1
+            for w in (writer, up_writer):
+                w.close()
+
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:
+        """Copy ``src`` to ``dst`` late by the one-way delay and paced to the rate."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=64)
+
+        async def read() -> None:
+            try:
+                while data := await src.read(self.CHUNK):
+                    if up and b"\r\nrange: bytes=" in data.lower():
+                        self.ranged += 1
+                    await queue.put((loop.time() + self.delay, data))
+            except (ConnectionError, OSError):
+                pass
+            await queue.put((loop.time() + self.delay, b""))
+
+        async def write() -> None:
+            free = loop.time()
+            while True:
+                due, data = await queue.get()
+                now = loop.time()
+                if due > now:
+                    await asyncio.sleep(due - now)
+                if not data:
+                    break
+                if self.rate:
+                    free = max(free, loop.time())
+                    if free > loop.time():
+                        await asyncio.sleep(free - loop.time())
+                    free += len(data) / self.rate
+                if not up:
+                    self.down_bytes += len(data)
+                try:
+                    dst.write(data)
+                    await dst.drain()
+                except (ConnectionError, OSError):
+                    break
+            with contextlib.suppress(OSError, RuntimeError):
+                if dst.can_write_eof():
+                    dst.write_eof()
+
+        await asyncio.gather(read(), write())

@@ -181,9 +181,7 @@ _STUCK = textwrap.dedent(
     from spark_dl_core.cache import ShardCache
 
     class StuckFS:
-        def get_file(self, remote, local, **kw):
-            with open(local, "wb") as f:
-                f.write(b"partial" * 100)
+        def cat_file(self, remote, start=None, end=None, **kw):
             print("writing", flush=True)
             time.sleep(120)  # killed here, mid-download, holding the download lock
 

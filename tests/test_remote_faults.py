@@ -46,11 +46,15 @@ _SHARD_GET = re.compile(r"/shard\.\d+\.mds")
 @dataclass
 class Faults:
     """What the proxy does to shard GETs: ``status`` for the first ``fail`` of them (all of
-    them if ``always``), or cut the body of the first ``drop`` of them."""
+    them if ``always``), or cut the body of the first ``drop`` of them, or flip a byte in
+    the body of the first ``corrupt`` of them; ``norange``: forward them without their
+    Range header (a store that ignores byte ranges)."""
 
     fail: int = 0
     status: int = 503
     drop: int = 0
+    corrupt: int = 0
+    norange: bool = False
     always: bool = False
     shard_gets: int = 0
     injected: int = 0
@@ -59,6 +63,7 @@ class Faults:
     def reset(self, **kw: Any) -> None:
         with self.lock:
             self.fail, self.status, self.drop, self.always = 0, 503, 0, False
+            self.corrupt, self.norange = 0, False
             self.shard_gets = self.injected = 0
             for k, v in kw.items():
                 setattr(self, k, v)
@@ -77,6 +82,12 @@ class Faults:
                 self.drop -= 1
                 self.injected += 1
                 return "drop"
+            if self.corrupt > 0:
+                self.corrupt -= 1
+                self.injected += 1
+                return "corrupt"
+            if self.norange:
+                return "norange"
         return "ok"
 
 
@@ -114,7 +125,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         conn = http.client.HTTPConnection(*self.server.upstream, timeout=10)
         try:
-            headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+            skip = ("connection", "range") if action == "norange" else ("connection",)
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
             conn.request(self.command, self.path, body=body, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
@@ -130,6 +142,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.send_header("Content-Length", str(len(data)))
         self.end_headers()
+        if action == "corrupt" and data:
+            data = data[:-1] + bytes([data[-1] ^ 0xFF])
         if action == "drop":
             self.wfile.write(data[: len(data) // 2])
             self.wfile.flush()
@@ -303,6 +317,7 @@ def test_mismatched_shards_are_never_served(
     fs.pipe(f"bucket/mismatch/{first}", good[:-1] + bytes([good[-1] ^ 0xFF]))  # same size
     with pytest.raises(HashMismatchError, match=re.escape(first)):
         ds.load_shard(0)
+    assert shard_cache(ds).redownloads == 1  # downloaded once more, then refused
     fs.pipe(f"bucket/mismatch/{second}", b"short")
     with pytest.raises(ShardError, match="the index says"):
         ds.load_shard(1)
@@ -374,3 +389,53 @@ def test_download_progress_bar(
     info = ds.shards[0].stored
     assert len(cache.fetch(info.basename, info.bytes)) == info.bytes
     assert info.basename in capsys.readouterr().err
+
+
+@pytest.fixture
+def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shards of ~8 KiB fetched as concurrent 2 KiB byte ranges."""
+    monkeypatch.setenv("SPARK_DL_PART_BYTES", "2048")
+
+
+def test_faults_in_byte_ranges_are_retried(
+    s3: Any, dataset_url: str, tmp_path: Path, fast_retries: None, small_parts: None
+) -> None:
+    _fs, options, faults = s3
+    ds = _open(dataset_url, options, tmp_path)
+    assert max(s.stored.bytes for s in ds.shards) > 2 * 2048  # several ranges a shard
+    faults.reset(fail=3, status=500, drop=3)
+    batches = list(ds.iter_batches(batch_size=500, shuffle=True, seed=5, verify_hashes=True))
+    assert sorted(np.concatenate([b["id"] for b in batches]).tolist()) == list(range(N))
+    cache = shard_cache(ds)
+    assert faults.injected == 6 and cache.failed_attempts == 6
+    assert cache.downloads == ds.num_shards and cache.redownloads == 0
+    assert faults.shard_gets > 2 * ds.num_shards  # ranged GETs, not one per shard
+    assert _leftovers(tmp_path) == []
+
+
+def test_bytes_that_do_not_verify_are_downloaded_once_more(
+    s3: Any, dataset_url: str, tmp_path: Path, small_parts: None
+) -> None:
+    _fs, options, faults = s3
+    ds = _open(dataset_url, options, tmp_path)
+    faults.reset(corrupt=1)  # one range arrives damaged, the next download is fine
+    assert ds.load_shard(0).raw[:4].view("<u4")[0] == ds.shards[0].samples
+    cache = shard_cache(ds)
+    assert faults.injected == 1 and cache.redownloads == 1 and cache.downloads == 1
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_store_ignoring_byte_ranges_is_named(
+    s3: Any, dataset_url: str, tmp_path: Path, small_parts: None
+) -> None:
+    _fs, options, faults = s3
+    ds = _open(dataset_url, options, tmp_path)
+    faults.reset(norange=True)
+    name = ds.shards[0].stored.basename
+    try:
+        with pytest.raises(ShardError, match="ignored a byte-range request") as info:
+            ds.load_shard(0)
+    finally:
+        faults.reset()
+    assert f"{dataset_url}/{name}" in str(info.value) and SECRET not in str(info.value)
+    assert _shards(tmp_path) == [] and _leftovers(tmp_path) == []

@@ -28,8 +28,10 @@ outlives a crash except files that a later process can read, evict or delete.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
+import heapq
 import os
 import random
 import tempfile
@@ -50,6 +52,11 @@ from .storage import Store
 DEFAULT_LIMIT = 32 << 30
 DEFAULT_RETRIES = 5
 DEFAULT_BACKOFF_S = 0.2
+# Download threads per process (each one GET in flight) and the byte range one GET fetches:
+# enough connections to fill a ~1 GB/s link at ~50-100 MB/s per connection, ranges large
+# enough that a request's round trip is small next to its transfer time.
+DEFAULT_THREADS = 8
+DEFAULT_PART_BYTES = 8 << 20
 _LOCKS = ".locks"
 _TMP = ".tmp-"
 
@@ -60,8 +67,38 @@ def default_cache_dir(url: str) -> str:
     return os.path.join(tempfile.gettempdir(), "spark-dl-cache", key)
 
 
+def default_threads() -> int:
+    """``SPARK_DL_DOWNLOAD_THREADS``, else :data:`DEFAULT_THREADS`."""
+    return max(1, int(os.environ.get("SPARK_DL_DOWNLOAD_THREADS") or DEFAULT_THREADS))
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class _Job:
+    """One shard's background download: a start step, then its byte ranges ("parts")."""
+
+    def __init__(self, basename: str, nbytes: int, seq: int, urgent: bool) -> None:
+        self.basename, self.nbytes, self.seq, self.urgent = basename, nbytes, seq, urgent
+        # queued -> running -> done | cached | elsewhere | skipped | failed | cancelled
+        self.state = "queued"
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.hold: int | None = None  # shared ``use`` lock kept until the shard is fetched
+        self.dl: int | None = None  # exclusive ``dl`` lock while downloading
+        self.fd: int | None = None  # the temporary file being written
+        self.temp = ""
+        self.parts: list[tuple[int, int]] = []
+        self.next_part = 0
+        self.parts_left = 0
+        self.attempt = 1  # whole-shard attempts: a hash mismatch is downloaded once more
+        self.released = False
+        self.bar: Any = None
+
+    @property
+    def priority(self) -> tuple[int, int]:
+        return (0 if self.urgent else 1, self.seq)
 
 
 class ShardCache:
@@ -69,6 +106,12 @@ class ShardCache:
 
     ``hashes`` maps shard basenames to the index's ``{algorithm: hexdigest}``; a download
     whose bytes do not match is never committed to the cache.
+
+    Downloads run on ``threads`` background threads (:meth:`ensure_threads`), each serving
+    one byte range at a time: :meth:`prefetch` queues shards in the order a reader will need
+    them, and a shard larger than ``part_bytes`` is fetched as concurrent ranges written
+    into one temporary file. :meth:`fetch` waits for (or starts, ahead of everything queued)
+    the shard it needs.
     """
 
     def __init__(
@@ -82,6 +125,8 @@ class ShardCache:
         max_backoff_s: float = 10.0,
         progress: bool | None = None,
         hashes: Mapping[str, Mapping[str, str]] | None = None,
+        threads: int | None = None,
+        part_bytes: int | None = None,
     ) -> None:
         self.store, self.directory = store, directory
         env = os.environ.get("SPARK_DL_CACHE_BYTES")
@@ -97,11 +142,126 @@ class ShardCache:
         self.max_backoff_s = max_backoff_s
         self.progress = _env_flag("SPARK_DL_PROGRESS") if progress is None else progress
         self.hashes = dict(hashes or {})
+        env_part = os.environ.get("SPARK_DL_PART_BYTES")
+        self.part_bytes = max(
+            1, int(part_bytes if part_bytes is not None else env_part or DEFAULT_PART_BYTES)
+        )
         self.downloads = 0  # remote reads made by this process (tests and progress)
         self.failed_attempts = 0  # transient download failures retried or given up on
         self.hits = 0
+        self.redownloads = 0  # shards downloaded again after their bytes did not verify
+        # Telemetry: bytes received, seconds with at least one range in flight, seconds
+        # fetch() waited for a download.
+        self.bytes_downloaded = 0
+        self.download_s = 0.0
+        self.network_wait_s = 0.0
+        self._active = 0
+        self._busy_since = 0.0
         os.makedirs(os.path.join(directory, _LOCKS), exist_ok=True)
         self._mutex = threading.Lock()
+        self._work = threading.Condition(self._mutex)
+        self._heap: list[tuple[tuple[int, int], int, _Job]] = []
+        self._tokens = 0
+        self._seq = 0
+        self._jobs: dict[str, _Job] = {}
+        self._workers: list[threading.Thread] = []
+        self.threads = 0
+        self.ensure_threads(threads if threads is not None else default_threads())
+
+    # -- the download threads
+
+    def ensure_threads(self, threads: int) -> None:
+        """At least ``threads`` download threads (started when there is work)."""
+        with self._mutex:
+            self.threads = max(self.threads, int(threads), 1)
+
+    def _push(self, job: _Job, count: int = 1) -> None:
+        """Queue ``count`` work tokens of ``job`` (caller holds ``_mutex``)."""
+        while len(self._workers) < self.threads:
+            t = threading.Thread(target=self._serve, name="spark-dl-download", daemon=True)
+            self._workers.append(t)
+            t.start()
+        for _ in range(count):
+            self._tokens += 1
+            heapq.heappush(self._heap, (job.priority, self._tokens, job))
+        self._work.notify(count)
+
+    def _serve(self) -> None:
+        while True:
+            with self._work:
+                while not self._heap:
+                    self._work.wait()
+                job = heapq.heappop(self._heap)[2]
+                if job.state == "queued":
+                    job.state, step = "starting", -1
+                elif job.state == "running" and job.next_part < len(job.parts):
+                    step, job.next_part = job.next_part, job.next_part + 1
+                else:
+                    continue  # a stale token: the job moved on or was cancelled
+            try:
+                if step < 0:
+                    self._start(job)
+                else:
+                    self._part(job, step)
+            except BaseException as exc:  # never lose a worker; the waiter gets the error
+                self._fail(job, exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+
+    # -- queueing
+
+    def prefetch(self, items: list[tuple[str, int, Mapping[str, str] | None]]) -> None:
+        """Queue downloads of shards not cached yet, in the given order (behind those
+        queued before): ``(basename, nbytes, hashes)`` each."""
+        with self._mutex:
+            for basename, nbytes, hashes in items:
+                if hashes and basename not in self.hashes:
+                    self.hashes[basename] = dict(hashes)
+                if basename in self._jobs:
+                    continue
+                if self._complete(os.path.join(self.directory, basename), nbytes):
+                    continue
+                self._seq += 1
+                job = self._jobs[basename] = _Job(basename, nbytes, self._seq, False)
+                self._push(job)
+
+    def release(self, basenames: list[str]) -> None:
+        """Forget queued downloads nobody will fetch and let go of finished ones
+        (they become evictable again)."""
+        with self._mutex:
+            for name in basenames:
+                job = self._jobs.get(name)
+                if job is None or job.urgent:
+                    continue
+                if job.state == "queued":
+                    job.state = "cancelled"
+                    job.done.set()
+                if job.done.is_set():
+                    self._jobs.pop(name, None)
+                    self._close_hold(job)
+                else:
+                    job.released = True  # finishing: its hold is closed then
+
+    def _close_hold(self, job: _Job) -> None:
+        if job.hold is not None:
+            os.close(job.hold)
+            job.hold = None
+
+    def _urgent(self, basename: str, nbytes: int) -> _Job:
+        """The job bringing ``basename``, moved ahead of every other (created if needed)."""
+        with self._mutex:
+            job = self._jobs.get(basename)
+            if job is None or job.released:
+                self._seq += 1
+                job = self._jobs[basename] = _Job(basename, nbytes, self._seq, True)
+                self._push(job)
+            elif not job.urgent:
+                job.urgent = True
+                if job.state == "queued":
+                    self._push(job)
+                elif job.state == "running":
+                    self._push(job, len(job.parts) - job.next_part)
+            return job
+
+    # -- fetching
 
     def _lock(self, name: str, kind: str) -> int:
         """An fd on the lock file of ``name`` (``kind`` is ``dl`` or ``use``)."""
@@ -124,17 +284,7 @@ class ShardCache:
             if self._complete(path, nbytes):
                 self._hit(path)
             else:
-                dl = self._lock(basename, "dl")
-                try:
-                    fcntl.flock(dl, fcntl.LOCK_EX)  # one downloader; the others wait here
-                    if self._complete(path, nbytes):
-                        self._hit(path)
-                    else:
-                        self._remove_temps(basename)  # left by a crashed downloader
-                        self._make_room(nbytes, keep=basename)
-                        self._download(basename, path, nbytes)
-                finally:
-                    os.close(dl)
+                self._wait_download(basename, path, nbytes)
             data: np.ndarray = (
                 np.memmap(path, dtype=np.uint8, mode="r") if nbytes else np.empty(0, dtype=np.uint8)
             )
@@ -143,6 +293,34 @@ class ShardCache:
             raise
         weakref.finalize(data, os.close, use)  # the shared lock lasts as long as the array
         return data
+
+    def _wait_download(self, basename: str, path: str, nbytes: int) -> None:
+        """Until ``path`` is complete: wait for this process's download of it, or for
+        another process's (its ``dl`` lock), or download it now."""
+        started = time.perf_counter()
+        try:
+            while True:
+                job = self._urgent(basename, nbytes)
+                job.done.wait()
+                with self._mutex:
+                    if self._jobs.get(basename) is job:
+                        del self._jobs[basename]
+                    self._close_hold(job)
+                if job.error is not None:
+                    raise job.error
+                if job.state == "elsewhere":  # another process downloads it: wait for it
+                    dl = self._lock(basename, "dl")
+                    try:
+                        fcntl.flock(dl, fcntl.LOCK_EX)
+                    finally:
+                        os.close(dl)
+                if self._complete(path, nbytes):
+                    if job.state not in ("done", "elsewhere"):
+                        self._hit(path)
+                    return
+        finally:
+            with self._mutex:
+                self.network_wait_s += time.perf_counter() - started
 
     @staticmethod
     def _complete(path: str, nbytes: int) -> bool:
@@ -163,20 +341,90 @@ class ShardCache:
         base = min(self.max_backoff_s, self.backoff_s * (2 ** (attempt - 1)))
         return base * (0.5 + 0.5 * random.random())
 
-    def _download(self, basename: str, path: str, nbytes: int) -> None:
-        remote = self.store.path(basename)
-        shown = self.store.display(basename) if hasattr(self.store, "display") else remote
+    # -- one download: start, parts, finish
+
+    def _shown(self, basename: str) -> str:
+        if hasattr(self.store, "display"):
+            return str(self.store.display(basename))
+        return str(self.store.path(basename))
+
+    def _start(self, job: _Job) -> None:
+        """Hold the shard, take its download lock (or leave it to the process that has
+        it), make room, then queue its parts."""
+        path = os.path.join(self.directory, job.basename)
+        job.hold = self._lock(job.basename, "use")
+        fcntl.flock(job.hold, fcntl.LOCK_SH)
+        if self._complete(path, job.nbytes):
+            return self._finish(job, "cached")
+        dl = self._lock(job.basename, "dl")
+        try:
+            fcntl.flock(dl, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(dl)  # another process downloads it; fetch() waits on its lock
+            return self._finish(job, "elsewhere")
+        job.dl = dl
+        if self._complete(path, job.nbytes):
+            return self._finish(job, "cached")
+        self._remove_temps(job.basename)  # left by a crashed downloader
+        if not self._make_room(job.nbytes, keep=job.basename) and not job.urgent:
+            return self._finish(job, "skipped")  # read ahead only within the limit
+        self._begin(job)
+
+    def _begin(self, job: _Job) -> None:
+        """A fresh temporary file of the shard's size and its parts queued."""
+        job.temp = os.path.join(self.directory, f"{_TMP}{uuid.uuid4().hex}-{job.basename}")
+        job.fd = os.open(job.temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        os.ftruncate(job.fd, job.nbytes)
+        step = self.part_bytes
+        job.parts = [(a, min(a + step, job.nbytes)) for a in range(0, job.nbytes, step)]
+        if job.bar is not None:
+            job.bar.close()
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            job.bar = tqdm(
+                desc=job.basename, total=job.nbytes, unit="B", unit_scale=True, leave=False
+            )
+        with self._mutex:
+            job.next_part, job.parts_left = 0, len(job.parts)
+            job.state = "running"
+            if job.parts:
+                self._push(job, len(job.parts))
+        if not job.parts:  # an empty shard
+            self._complete_download(job)
+
+    def _part(self, job: _Job, i: int) -> None:
+        """Fetch one byte range (retrying transient failures) into the temporary file."""
+        start, end = job.parts[i]
+        remote = self.store.path(job.basename)
+        shown = self._shown(job.basename)
+        last = end == job.nbytes
         attempts = self.retries + 1
         for attempt in range(1, attempts + 1):
-            temp = os.path.join(self.directory, f"{_TMP}{uuid.uuid4().hex}-{basename}")
+            if job.error is not None:
+                break  # another part failed: the download is over
+            self._busy(+1)
             try:
-                self._get(remote, temp, basename)
-                self._check(shown, basename, temp, nbytes)
-                os.replace(temp, path)
-                _fsync_dir(self.directory)
+                got = self._range(remote, start, end, last)
+                if len(got) > end - start:
+                    if last and len(got) == end - start + 1:
+                        raise ShardError(
+                            shown, f"has more than the {job.nbytes} bytes the index says"
+                        )
+                    raise ShardError(
+                        shown,
+                        f"the store ignored a byte-range request (asked {end - start} bytes "
+                        f"at {start}, got {len(got)})",
+                    )
+                if len(got) < end - start:
+                    self._check_size(remote, shown, job.nbytes)
+                    raise _ShortRead(f"short read: {len(got)} of {end - start} bytes at {start}")
+                os.pwrite(job.fd or -1, got, start)
                 with self._mutex:
-                    self.downloads += 1
-                return
+                    self.bytes_downloaded += len(got)
+                if job.bar is not None:
+                    job.bar.update(len(got))
+                break
             except FileNotFoundError:
                 raise ShardError(shown, "does not exist on the store") from None
             except PermissionError as exc:
@@ -187,29 +435,122 @@ class ShardCache:
                 with self._mutex:
                     self.failed_attempts += 1
                 if attempt == attempts:
-                    err = ShardError(
+                    raise ShardError(
                         shown,
                         f"download failed after {attempts} attempts "
                         f"(last: {type(exc).__name__}: {self._redact(exc)})",
-                    )
-                    raise err from None
+                    ) from None
+                if isinstance(exc, OSError) and exc.errno == errno.EINVAL:
+                    self._check_size(remote, shown, job.nbytes)  # 416: a shorter object?
                 time.sleep(self._delay(attempt))
             finally:
-                _remove(temp)  # a no-op after the rename; never a partial file left
+                self._busy(-1)
+        with self._mutex:
+            job.parts_left -= 1
+            last_part = job.parts_left == 0
+        if last_part:
+            self._complete_download(job)
 
-    def _get(self, remote: str, temp: str, basename: str) -> None:
-        if not self.progress:
-            self.store.fs.get_file(remote, temp)
-            return
-        from fsspec.callbacks import TqdmCallback
+    def _range(self, remote: str, start: int, end: int, last: bool) -> bytes:
+        """One GET of bytes ``[start, end)`` (the last part asks one byte more, so an
+        object longer than the index says shows)."""
+        return bytes(self.store.fs.cat_file(remote, start=start, end=end + 1 if last else end))
 
-        bar = TqdmCallback(
-            tqdm_kwargs={"desc": basename, "unit": "B", "unit_scale": True, "leave": False}
-        )
+    def _check_size(self, remote: str, shown: str, nbytes: int) -> None:
+        """After a short or refused range: a wrong-size object is an error, not a retry."""
         try:
-            self.store.fs.get_file(remote, temp, callback=bar)
-        finally:
-            bar.close()
+            size = int(self.store.fs.size(remote))
+        except FileNotFoundError:
+            raise ShardError(shown, "does not exist on the store") from None
+        except Exception:
+            return  # the probe failed too: let the retry loop decide
+        if size != nbytes:
+            raise ShardError(shown, f"has {size} bytes, the index says {nbytes}")
+
+    def _busy(self, delta: int) -> None:
+        with self._mutex:
+            now = time.perf_counter()
+            if delta > 0 and self._active == 0:
+                self._busy_since = now
+            self._active += delta
+            if delta < 0 and self._active == 0:
+                self.download_s += now - self._busy_since
+
+    def _complete_download(self, job: _Job) -> None:
+        """Every part is in: verify, then rename into place (or download once more)."""
+        if job.error is not None:
+            return self._finish(job, "failed")
+        shown = self._shown(job.basename)
+        try:
+            self._check(shown, job.basename, job.temp, job.nbytes)
+        except HashMismatchError as exc:
+            self._close_temp(job)
+            if job.attempt == 1:  # once more: a torn or stale object may have been read
+                job.attempt += 1
+                with self._mutex:
+                    self.redownloads += 1
+                return self._begin(job)
+            job.error = exc
+            return self._finish(job, "failed")
+        except Exception as exc:
+            job.error = exc
+            return self._finish(job, "failed")
+        with self._mutex:  # counted first: a reader may use the file once it is renamed
+            self.downloads += 1
+        os.replace(job.temp, os.path.join(self.directory, job.basename))
+        _fsync_dir(self.directory)
+        self._finish(job, "done")
+
+    def _close_temp(self, job: _Job) -> None:
+        if job.fd is not None:
+            os.close(job.fd)
+            job.fd = None
+        if job.temp:
+            _remove(job.temp)  # a no-op after the rename; never a partial file left
+            job.temp = ""
+
+    def _fail(self, job: _Job, exc: Exception) -> None:
+        """A part (or the start) failed for good: the job ends once no part runs."""
+        with self._mutex:
+            if job.error is None:
+                job.error = exc
+            if job.state != "running":
+                pass
+            else:
+                unclaimed = len(job.parts) - job.next_part
+                job.next_part = len(job.parts)
+                job.parts_left -= unclaimed + 1
+                if job.parts_left > 0:
+                    return  # the parts still running finish it
+        self._finish(job, "failed")
+
+    def _finish(self, job: _Job, state: str) -> None:
+        self._close_temp(job)
+        if job.bar is not None:
+            job.bar.close()
+            job.bar = None
+        if job.dl is not None:
+            os.close(job.dl)
+            job.dl = None
+        with self._mutex:
+            job.state = state
+            if state == "failed" or job.released:
+                self._close_hold(job)
+            if job.released and self._jobs.get(job.basename) is job:
+                del self._jobs[job.basename]
+            job.done.set()
+
+    def stats(self) -> dict[str, float]:
+        """Cumulative download telemetry of this process."""
+        with self._mutex:
+            busy = self.download_s
+            if self._active:
+                busy += time.perf_counter() - self._busy_since
+            return {
+                "download_bytes": float(self.bytes_downloaded),
+                "download_s": busy,
+                "network_wait_s": self.network_wait_s,
+            }
 
     def _check(self, shown: str, basename: str, temp: str, nbytes: int) -> None:
         """Size, then (if the index records one) the fastest hash, then fsync."""
@@ -271,16 +612,17 @@ class ShardCache:
             finally:
                 os.close(fd)
 
-    def _make_room(self, nbytes: int, keep: str) -> None:
-        """Evict least recently used shards not in use by any process until ``nbytes`` fit."""
+    def _make_room(self, nbytes: int, keep: str) -> bool:
+        """Evict least recently used shards not in use by any process until ``nbytes`` fit
+        (False: they do not, every other shard being in use)."""
         files = self._files()
         used = sum(size for _, size, _ in files)
         if used + nbytes <= self.limit:
-            return
+            return True
         self._remove_temps()
         for _, size, name in files:
             if used + nbytes <= self.limit:
-                return
+                return True
             if name == keep:
                 continue
             fd = self._lock(name, "use")
@@ -294,6 +636,11 @@ class ShardCache:
                 used -= size
             finally:
                 os.close(fd)
+        return used + nbytes <= self.limit
+
+
+class _ShortRead(OSError):
+    """A range came back with fewer bytes than asked (a torn body): retried."""
 
 
 def _remove(path: str) -> None:
@@ -318,6 +665,14 @@ _CACHES_LOCK = threading.Lock()
 def _fresh_lock_after_fork() -> None:  # a thread of the parent may have held it
     global _CACHES_LOCK
     _CACHES_LOCK = threading.Lock()
+    for cache in _CACHES.values():  # the parent's download locks are not the child's to keep
+        for job in cache._jobs.values():
+            for fd in (job.hold, job.dl, job.fd):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            job.hold = job.dl = job.fd = None
+        cache._jobs = {}
 
 
 os.register_at_fork(after_in_child=_fresh_lock_after_fork)
@@ -349,6 +704,11 @@ class CachedStore(Store):
     ) -> None:
         super().__init__(url, storage_options)
         self.cache_dir = cache_dir or default_cache_dir(self.url)
+        if self.url.split("://", 1)[0] in ("s3", "s3a"):
+            # botocore keeps 10 connections per client: fewer than download threads may use
+            config = dict(self.storage_options.get("config_kwargs") or {})
+            config.setdefault("max_pool_connections", 64)
+            self.storage_options["config_kwargs"] = config
 
     def cache(self, hashes: Mapping[str, Mapping[str, str]] | None = None) -> ShardCache:
         """This process's cache of the store's shards."""
@@ -358,6 +718,21 @@ class CachedStore(Store):
         self, name: str, nbytes: int, hashes: Mapping[str, str] | None = None
     ) -> np.ndarray:
         return self.cache().fetch(name, nbytes, hashes)
+
+    def prefetch_shards(
+        self, items: list[tuple[str, int, Mapping[str, str] | None]], threads: int | None = None
+    ) -> bool:
+        cache = self.cache()
+        if threads is not None:
+            cache.ensure_threads(threads)
+        cache.prefetch(items)
+        return True
+
+    def release_shards(self, names: list[str]) -> None:
+        self.cache().release(names)
+
+    def download_stats(self) -> dict[str, float] | None:
+        return self.cache().stats()
 
 
 def shard_store(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -275,6 +275,23 @@ class Dataset:
         (a memory map locally; the local cache for remote stores)."""
         info = self.shards[shard].stored
         return self.store.read_shard(info.basename, info.bytes, info.hashes)
+
+    def prefetch_shards(self, shards: list[int], threads: int | None = None) -> bool:
+        """Start downloading these shards of a remote dataset in the background, in this
+        order (False for a local dataset: shards are read in place)."""
+        items: list[tuple[str, int, Mapping[str, str] | None]] = []
+        for shard in shards:
+            info = self.shards[shard].stored
+            items.append((info.basename, info.bytes, info.hashes))
+        return self.store.prefetch_shards(items, threads)
+
+    def release_shards(self, shards: list[int]) -> None:
+        """Forget background downloads of these shards (a reader that stops early)."""
+        self.store.release_shards([self.shards[s].stored.basename for s in shards])
+
+    def download_stats(self) -> dict[str, float] | None:
+        """This process's cumulative download telemetry (None for a local dataset)."""
+        return self.store.download_stats()
 
     def load_shard(
         self,

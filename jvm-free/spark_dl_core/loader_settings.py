@@ -32,7 +32,9 @@ class LoaderSettings:
     shuffle window), ``even_batches`` (over several ranks, every rank the same number of
     batches, by repeating the epoch's first samples; ``pad_mask=True`` marks the repeats in
     a bool ``pad_mask`` column). Reading: ``columns``, ``images``, ``verify_hashes``,
-    ``prefetch_bytes``, ``transforms`` (read-time transform specs), ``device``.
+    ``prefetch_bytes``, ``transforms`` (read-time transform specs), ``device``,
+    ``download_threads`` (remote datasets: concurrent range GETs per process; None:
+    ``SPARK_DL_DOWNLOAD_THREADS``, else 8).
     PyTorch only: ``num_workers``, ``prefetch_factor``, ``pin_memory``,
     ``persistent_workers`` (refused: each pass has its own plan), ``multiprocessing_context``,
     ``group``, ``progress``. TensorFlow only: ``as_tuple``. Telemetry: ``trace_path``.
@@ -56,6 +58,7 @@ class LoaderSettings:
     prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
     transforms: tuple[Any, ...] = ()
     device: str | None = None
+    download_threads: int | None = None
     num_workers: int = 0
     prefetch_factor: int | None = 2
     pin_memory: bool = False
@@ -88,6 +91,12 @@ class LoaderSettings:
         need(self.num_workers >= 0, "num_workers", "must be >= 0")
         need(self.prefetch_bytes >= 0, "prefetch_bytes", "must be >= 0")
         need(self.group is None or self.group >= 1, "group", "must be >= 1")
+        need(
+            self.download_threads is None
+            or (type(self.download_threads) is int and self.download_threads >= 1),
+            "download_threads",
+            "must be None or an int >= 1",
+        )
         need(self.images in _IMAGES, "images", f"must be one of {_IMAGES}")
         need(self.device in _DEVICES, "device", f"must be one of {_DEVICES}")
         if self.world_size is not None:
@@ -183,6 +192,7 @@ _COMMON = frozenset(
         "transforms",
         "device",
         "pack",
+        "download_threads",
     }
 )
 TORCH_ONLY = frozenset(
@@ -231,7 +241,7 @@ def reader_extras(settings: LoaderSettings) -> dict[str, Any]:
 
     accepted = inspect.signature(BatchReader.__init__).parameters
     extras: dict[str, Any] = {}
-    for name in ("transforms", "device"):
+    for name in ("transforms", "device", "download_threads"):
         value = getattr(settings, name)
         if value in (None, ()):
             continue

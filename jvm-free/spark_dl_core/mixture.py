@@ -428,6 +428,35 @@ class Mixture(Dataset):
         s = self._source_of_shard(shard)
         return self.sources[s].stored_bytes(shard - int(self.shard_base[s]))
 
+    def prefetch_shards(self, shards: list[int], threads: int | None = None) -> bool:
+        remote = False
+        for s, local in self._by_source(shards).items():
+            remote = self.sources[s].prefetch_shards(local, threads) or remote
+        return remote
+
+    def release_shards(self, shards: list[int]) -> None:
+        for s, local in self._by_source(shards).items():
+            self.sources[s].release_shards(local)
+
+    def download_stats(self) -> dict[str, float] | None:
+        seen: set[int] = set()
+        total: dict[str, float] | None = None
+        for source in self.sources:
+            stats = source.download_stats()
+            if stats is None or id(source.store) in seen:
+                continue
+            seen.add(id(source.store))
+            total = {k: (total or {}).get(k, 0.0) + v for k, v in stats.items()}
+        return total
+
+    def _by_source(self, shards: list[int]) -> dict[int, list[int]]:
+        """Shards by source, as each source numbers them (in the given order)."""
+        out: dict[int, list[int]] = {}
+        for shard in shards:
+            s = self._source_of_shard(shard)
+            out.setdefault(s, []).append(shard - int(self.shard_base[s]))
+        return out
+
     def load_shard(
         self,
         shard: int,

@@ -60,6 +60,7 @@ class BatchReader:
         epoch: int = 0,
         jagged: bool = False,
         spec_ops: bool = True,
+        download_threads: int | None = None,
     ) -> None:
         self.dataset, self.batches = dataset, batches
         # Derived columns (a mixture's source column) are computed from ids, not decoded.
@@ -107,6 +108,12 @@ class BatchReader:
         # Telemetry: seconds reading / decompressing (prefetch thread) and decoding.
         self.times = dict.fromkeys(("read", "decompress", "decode", "transform"), 0.0)
         self.spans: Any = None  # a telemetry.Spans when tracing
+        # Remote datasets: shards queued for download ahead of their load, in planned order
+        # (within ``prefetch_bytes`` of stored bytes beyond the current batch's shards).
+        self.download_threads = download_threads
+        self.hinted: set[int] = set()
+        self._remote = True  # until the dataset says its shards are read in place
+        self._net0: dict[str, float] | None = None
 
     def _plan_until(self, end: int) -> None:
         """Plan batches up to ``end`` (exclusive): their shards join the load queue."""
@@ -132,6 +139,8 @@ class BatchReader:
                         queued = True
                 self.next_plan = j + 1
                 self.planning_done = self.next_plan >= len(self.batches)
+                if queued:
+                    self._hint()
                 if queued or self.planning_done:
                     self._wake()
 
@@ -191,6 +200,32 @@ class BatchReader:
             return None
         row, spans = found
         return row, [(name, *span) for name, span in zip(names, spans)]
+
+    def _hint(self) -> None:
+        """Queue downloads of the shards next in line (caller holds ``cond``): every shard
+        the current batch needs, then later ones while their stored bytes fit the budget."""
+        if not self._remote or self.stop:
+            return
+        stored = self.dataset.shards.stored_bytes
+        ahead, new = 0, []
+        for shard, first_use in self.queue:
+            if first_use > self.current:
+                ahead += int(stored[shard])
+                if ahead > self.budget:
+                    break
+            if shard not in self.hinted:
+                self.hinted.add(shard)
+                new.append(shard)
+        if new:
+            self._remote = self.dataset.prefetch_shards(new, self.download_threads)
+
+    def _net(self) -> None:
+        """Download telemetry since this pass began, into ``times`` (remote datasets)."""
+        if self._net0 is None:
+            return
+        now = self.dataset.download_stats() or {}
+        for key, start in self._net0.items():
+            self.times[key] = now.get(key, start) - start
 
     def _size(self, shard: int) -> int:
         return int(self.dataset.shards.raw_bytes[shard])
@@ -281,6 +316,7 @@ class BatchReader:
     def __iter__(self) -> Iterator[Batch]:
         if not len(self.batches):
             return
+        self._net0 = self.dataset.download_stats()
         self._plan_until(2)  # the lookahead grows from here: a quick first batch
         thread = threading.Thread(target=self._prefetch, name="spark-dl-prefetch", daemon=True)
         thread.start()
@@ -289,6 +325,7 @@ class BatchReader:
                 self._plan_until(j + min(self.ahead, 2 + 2 * j))
                 with self.cond:
                     self.current = j
+                    self._hint()
                     self._wake()
                     index, _, needs = self.planned[j]
                     self._await_shards(needs)
@@ -307,6 +344,7 @@ class BatchReader:
                             decoded[name] = value.to_objects()
                 ended = time.perf_counter()
                 self.times["decode"] += ended - started
+                self._net()
                 if self.spans is not None:
                     self.spans.add("decode", started, ended, "decode", batch=j)
                 yield decoded
@@ -320,6 +358,7 @@ class BatchReader:
                             del self.first_use[s]
                             self._row_plans.pop(s, None)
                             self.pending.discard(s)
+                            self.hinted.discard(s)
                             self._wake()
         finally:
             with self.cond:
@@ -328,6 +367,9 @@ class BatchReader:
                 self.first_use.clear()
                 self.cond.notify_all()
                 idle = self.prefetch_waits
+                hinted, self.hinted = sorted(self.hinted), set()
+            if hinted and self._remote:  # downloads queued for batches no one will read
+                self.dataset.release_shards(hinted)
             if idle:  # it ends as soon as it wakes: then nothing holds the dataset any more
                 thread.join()
 

@@ -6,6 +6,7 @@ single PUTs on object stores, which S3-compatible stores apply atomically.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import uuid
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DatasetError, MissingDependencyError, SpecError
+from .errors import DatasetError, MissingDependencyError, SparkDLError, SpecError
 
 _SECRET_NAME = re.compile(r"key|secret|token|passw|credential|sas|signature|auth", re.I)
 _SECRET_ENV = (
@@ -122,14 +123,33 @@ class Store:
             raise DatasetError(f"{path} resolves to {real}, outside the dataset {root}")
         return path
 
+    @contextlib.contextmanager
+    def _remote_errors(self, name: str = "") -> Iterator[None]:
+        """A store that cannot be reached (wrong endpoint, no credentials, access denied)
+        raises a :class:`DatasetError` naming the URL, credentials redacted."""
+        try:
+            yield
+        except (FileNotFoundError, SparkDLError):
+            raise
+        except Exception as exc:
+            if not self.remote:
+                raise
+            what = "access denied" if isinstance(exc, PermissionError) else "cannot be read"
+            detail = self.redact(f"{type(exc).__name__}: {exc}")
+            raise DatasetError(f"{self.display(name)}: {what} ({detail})") from None
+
     def exists(self, name: str = "") -> bool:
         target = self.path(name) if name else self.root
-        return bool(self.fs.exists(target)) if self.remote else os.path.exists(target)
+        if not self.remote:
+            return os.path.exists(target)
+        with self._remote_errors(name):
+            return bool(self.fs.exists(target))
 
     def read_bytes(self, name: str) -> bytes:
         try:
             if self.remote:
-                return bytes(self.fs.cat_file(self.path(name)))
+                with self._remote_errors(name):
+                    return bytes(self.fs.cat_file(self.path(name)))
             with open(self._inside(name), "rb") as f:
                 return f.read()
         except FileNotFoundError:
@@ -174,11 +194,12 @@ class Store:
     def listdir(self) -> list[str]:
         """Names of the files directly in the dataset directory."""
         if self.remote:
-            if not self.fs.exists(self.root):
-                return []
-            return sorted(
-                p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)
-            )
+            with self._remote_errors():
+                if not self.fs.exists(self.root):
+                    return []
+                return sorted(
+                    p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)
+                )
         if not os.path.isdir(self.root):
             return []
         return sorted(os.listdir(self.root))
@@ -192,6 +213,21 @@ class Store:
         before serving them (:class:`spark_dl_core.cache.CachedStore`) checks them.
         """
         return self.read_array(name)
+
+    def prefetch_shards(
+        self, items: list[tuple[str, int, Mapping[str, str] | None]], threads: int | None = None
+    ) -> bool:
+        """Start fetching shards ``(name, nbytes, hashes)`` in the background, in order, on
+        ``threads`` download threads; False where shards are read in place (nothing to do).
+        """
+        return False
+
+    def release_shards(self, names: list[str]) -> None:
+        """Drop background fetches of shards no longer wanted."""
+
+    def download_stats(self) -> dict[str, float] | None:
+        """Cumulative download telemetry of this process (None: nothing is downloaded)."""
+        return None
 
     def __repr__(self) -> str:
         return f"Store({self.redact(self.url)!r})"

@@ -82,6 +82,21 @@ class PassStats:
             "time_to_first_batch_s": self.first_batch_s,
             "data_starved_pct": 100.0 * self.waited_s / wall,
             "workers": {k: dict(v) for k, v in sorted(self.workers.items())},
+            **self._downloads(),
+        }
+
+    def _downloads(self) -> dict[str, float]:
+        """Remote datasets: bytes downloaded, their rate while downloads ran (summed over
+        worker processes) and the seconds loads waited for the network."""
+        times = [t for t in self.workers.values() if "download_bytes" in t]
+        if not times:
+            return {}
+        got = sum(t["download_bytes"] for t in times)
+        busy = max(t["download_s"] for t in times)
+        return {
+            "download_bytes": got,
+            "download_bytes_per_s": got / busy if busy > 0 else 0.0,
+            "network_wait_s": sum(t["network_wait_s"] for t in times),
         }
 
     def postfix(self) -> str:
