@@ -2,7 +2,7 @@
 
 Schema with encodings, lineage (a pinned Delta table, or a mixture's sources and their
 shares), per-column statistics from a bounded sample, and a thumbnail grid for image
-columns (shrunk by the ``reencode_image`` op's code, :func:`images.reencode_array`). One
+columns (shrunk by the ``reencode_image`` op's code, :func:`image_codec.reencode_array`). One
 self-contained HTML page: styles inline, pictures as data URIs, no network. Also
 :func:`describe_value`, the short text a binary value shows as (``<jpeg 400x300, 73 KB>``).
 :func:`install` gives :class:`Dataset` its notebook view (``_repr_html_``).
@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from .dataset import Dataset
-from .images import image_size, reencode_array
+from .image_codec import image_size, reencode_array
 
 SAMPLE_ROWS = 512  # the bounded sample statistics come from
 SAMPLE_SHARDS = 8  # ...read from at most this many shards, spread over the dataset

@@ -34,9 +34,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from .errors import DatasetError, SpecError
+from .image_codec import JPEG_MAGIC as _JPEG
+from .image_codec import image_size
+from .image_codec import jpeg_ext as _jpeg
+from .image_codec import pil as _pil
+from .image_codec import simplejpeg as _simplejpeg
 from .transforms import (
     CenterCrop,
     HorizontalFlip,
@@ -47,18 +51,7 @@ from .transforms import (
     ToCHW,
 )
 
-try:  # region decoding over libjpeg-turbo: an optional C extension, built at install
-    from . import _jpeg
-except ImportError:  # pragma: no cover - depends on the build
-    _jpeg = None  # type: ignore[assignment]
-
-try:  # the fast JPEG decoder (the "images" extra); PIL is the fallback
-    import simplejpeg as _simplejpeg
-except ImportError:  # pragma: no cover - depends on the environment
-    _simplejpeg = None
-
 IMAGE_ENCODINGS = ("jpeg", "png", "pil", "bytes")
-_JPEG = b"\xff\xd8"
 _decodes = 0  # images decoded by this process (tests count decodes per sample)
 
 
@@ -72,14 +65,6 @@ class ImageError(DatasetError):
 
     def __init__(self, message: str) -> None:  # one argument: DataLoader re-raises it intact
         super().__init__(message)
-
-
-def _pil() -> Any:
-    try:
-        from PIL import Image
-    except ImportError:  # pragma: no cover - pillow is the images extra
-        raise ImportError("image ops need Pillow: pip install 'spark-dl-core[images]'") from None
-    return Image
 
 
 # --------------------------------------------------------------------------- plans
@@ -335,19 +320,6 @@ def run_steps(image: Any, steps: tuple[tuple[Any, ...], ...]) -> Any:
 
 
 # --------------------------------------------------------------------------- decoding
-
-
-def image_size(raw: bytes) -> tuple[int, int]:
-    """``(h, w)`` from the header, without decoding the pixels."""
-    if _jpeg is not None and raw[:2] == _JPEG:
-        h, w, _ = _jpeg.header(raw)
-        return int(h), int(w)
-    if _simplejpeg is not None and raw[:2] == _JPEG:
-        h, w, _, _ = _simplejpeg.decode_jpeg_header(raw)
-        return int(h), int(w)
-    with _pil().open(io.BytesIO(raw)) as image:
-        w, h = image.size
-    return int(h), int(w)
 
 
 def _four_channel(raw: bytes) -> bool:
@@ -913,34 +885,3 @@ _NUMERIC = {
 
 
 # --------------------------------------------------------------------------- write side
-
-
-def reencode_array(array: pa.Array, max_side: int, quality: int, column: str) -> pa.Array:
-    """Images larger than ``max_side`` shrunk to fit and re-encoded as JPEG ``quality``."""
-    image_module = _pil()
-    values = array.to_pylist()
-    out: list[bytes | None] = []
-    for row, raw in enumerate(values):
-        if raw is None:
-            out.append(None)
-            continue
-        try:
-            h, w = image_size(raw)
-            if max(h, w) <= max_side:
-                out.append(raw)
-                continue
-            image = image_module.open(io.BytesIO(raw))
-            scale = max_side / max(h, w)
-            size = (max(1, round(w * scale)), max(1, round(h * scale)))
-            if image.format == "JPEG":
-                image.draft("RGB", size)
-            image = image.convert("RGB" if image.mode not in ("L", "RGB") else image.mode)
-            image = image.resize(size, image_module.BILINEAR, reducing_gap=3.0)
-            buffer = io.BytesIO()
-            image.save(buffer, format="JPEG", quality=quality)
-            out.append(buffer.getvalue())
-        except Exception as exc:
-            raise SpecError(
-                f"reencode_image on column {column!r}: row {row} does not decode: {exc}"
-            ) from None
-    return pa.array(out, type=array.type)

@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from .errors import SpecError, TokenizeError
+from .image_codec import reencode_array
 from .text import encode_texts, load_tokenizer, token_type, tokenizer_facts
 
 
@@ -310,8 +311,6 @@ class ReencodeImage(_Base):
 
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         _require(batch, [self.column], self.op)
-        from .images import reencode_array
-
         array = batch.column(self.column)
         if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
             raise SpecError(
