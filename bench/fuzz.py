@@ -17,8 +17,9 @@ confirm it. Outcome classes:
 - ``crash``: the process died (signal or exit); ``hang``: no answer within the timeout.
 
 ``python bench/fuzz.py --cases 100000`` (``make fuzz``) prints the counts; ``--targets``
-adds the CLI (``inspect``, ``verify``) beside the plain read; ``--json`` prints them as
-JSON. The exit status is 1 when any case ended untyped, different, crashed or hung.
+adds the CLI (``cli-inspect``, ``cli-verify``) and ``spark-read`` (a local Spark session per
+worker: slow, for a few cases) beside the plain ``read``; ``--json`` prints them as JSON.
+The exit status is 1 when any case ended untyped, different, crashed or hung.
 """
 
 from __future__ import annotations
@@ -344,9 +345,43 @@ class _CliFailed(Exception):
     """The CLI reported a deliberate error (exit code 1, one line naming the problem)."""
 
 
+_SPARK: list[Any] = []
+
+
+def _spark_session() -> Any:
+    if not _SPARK:
+        from pyspark.sql import SparkSession
+
+        import spark_dl
+
+        session = (
+            SparkSession.builder.master("local[1]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.session.timeZone", "UTC")
+            .getOrCreate()
+        )
+        spark_dl.register(session)
+        _SPARK.append(session)
+    return _SPARK[0]
+
+
+def _spark_read(path: str) -> str:
+    """``spark.read.format("mds")`` on a local session: every row (as a sorted multiset)."""
+    try:
+        rows = _spark_session().read.format("mds").load(path).collect()
+    except Exception as exc:  # Spark wraps the data source's error: look for ours inside
+        text = str(exc)
+        if "spark_dl_core.errors." in text or "SparkDLError" in text:
+            raise _CliFailed(text[-2000:]) from None
+        raise
+    return hashlib.sha256(repr(sorted(map(repr, rows))).encode()).hexdigest()
+
+
 def run_target(target: str, path: str) -> str:
     if target == "read":
         return snapshot(path)
+    if target == "spark-read":
+        return _spark_read(path)
     if target == "selftest-abort":  # the harness's own tests: a crash and a hang are counted
         os.abort()
     if target == "selftest-hang":
@@ -369,9 +404,9 @@ def run_case(case: dict[str, Any], pristine: dict[str, str], work: Path) -> dict
     else:
         victim.write_bytes(mutated)
     expected_key = f"{case['dataset']}|{case['target']}"
+    if expected_key not in _EXPECTED:  # the original must read (else the worker dies: seen)
+        _EXPECTED[expected_key] = run_target(case["target"], pristine[case["dataset"]])
     try:
-        if expected_key not in _EXPECTED:
-            _EXPECTED[expected_key] = run_target(case["target"], pristine[case["dataset"]])
         got = run_target(case["target"], str(target))
     except (SparkDLError, _CliFailed) as exc:
         text = str(exc)
@@ -401,15 +436,20 @@ def worker(cases_file: str, pristine_file: str) -> None:
     import warnings
 
     warnings.simplefilter("ignore")
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash ends at once, with no core file
     cases = json.loads(Path(cases_file).read_text())
     pristine = json.loads(Path(pristine_file).read_text())
+    if not any(c["target"] == "spark-read" for c in cases):  # a JVM reserves far more
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash ends at once, with no core file
     import spark_dl_core  # noqa: F401  (imported before the first case's clock starts)
 
     if any(c["target"].startswith("cli-") for c in cases):
         import spark_dl.cli  # noqa: F401
-    with tempfile.TemporaryDirectory(prefix="spark-dl-fuzz-") as work:
+    if any(c["target"] == "spark-read" for c in cases):
+        _spark_session()
+    # under the run's scratch directory (beside the cases file): removed with it even when
+    # this process is killed
+    with tempfile.TemporaryDirectory(prefix="work-", dir=Path(cases_file).parent) as work:
         for case in cases:
             print(f"S {case['id']}", flush=True)
             result = run_case(case, pristine, Path(work))
@@ -546,7 +586,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=250, help="cases per worker process")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per case")
     parser.add_argument(
-        "--targets", default="read", help="comma-separated: read, cli-inspect, cli-verify"
+        "--targets",
+        default="read",
+        help="comma-separated: read, cli-inspect, cli-verify, spark-read",
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)

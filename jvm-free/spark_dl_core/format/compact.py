@@ -278,6 +278,8 @@ class CompactIndex:
                 want = pa.string()
             if want is None or field.type != want:
                 raise MetadataError(source, f"unexpected column of type {field.type}", field.name)
+        if len(set(table.column_names)) != len(table.column_names):
+            raise MetadataError(source, f"column names repeat: {table.column_names}")
         missing = sorted(set(_FIXED_COLUMNS) - set(table.column_names))
         if missing:
             raise MetadataError(source, "compact index lacks the column", field=missing[0])
