@@ -107,7 +107,7 @@ class ShardCache:
     ``hashes`` maps shard basenames to the index's ``{algorithm: hexdigest}``; a download
     whose bytes do not match is never committed to the cache.
 
-    Downloads run on ``threads`` background threads (:meth:`ensure_threads`), each serving
+    Downloads run on ``threads`` background threads (:meth:`set_threads`), each serving
     one byte range at a time: :meth:`prefetch` queues shards in the order a reader will need
     them, and a shard larger than ``part_bytes`` is fetched as concurrent ranges written
     into one temporary file. :meth:`fetch` waits for (or starts, ahead of everything queued)
@@ -164,22 +164,23 @@ class ShardCache:
         self._tokens = 0
         self._seq = 0
         self._jobs: dict[str, _Job] = {}
-        self._workers: list[threading.Thread] = []
-        self.threads = 0
-        self.ensure_threads(threads if threads is not None else default_threads())
+        self._running = 0  # download threads alive
+        self.threads = max(1, threads if threads is not None else default_threads())
 
     # -- the download threads
 
-    def ensure_threads(self, threads: int) -> None:
-        """At least ``threads`` download threads (started when there is work)."""
+    def set_threads(self, threads: int) -> None:
+        """Run ``threads`` download threads (started when there is work; extra ones end
+        once idle)."""
         with self._mutex:
-            self.threads = max(self.threads, int(threads), 1)
+            self.threads = max(1, int(threads))
+            self._work.notify_all()
 
     def _push(self, job: _Job, count: int = 1) -> None:
         """Queue ``count`` work tokens of ``job`` (caller holds ``_mutex``)."""
-        while len(self._workers) < self.threads:
+        while self._running < self.threads:
+            self._running += 1
             t = threading.Thread(target=self._serve, name="spark-dl-download", daemon=True)
-            self._workers.append(t)
             t.start()
         for _ in range(count):
             self._tokens += 1
@@ -189,8 +190,11 @@ class ShardCache:
     def _serve(self) -> None:
         while True:
             with self._work:
-                while not self._heap:
+                while not self._heap and self._running <= self.threads:
                     self._work.wait()
+                if self._running > self.threads:  # fewer threads were asked for
+                    self._running -= 1
+                    return
                 job = heapq.heappop(self._heap)[2]
                 if job.state == "queued":
                     job.state, step = "starting", -1
@@ -723,8 +727,8 @@ class CachedStore(Store):
         self, items: list[tuple[str, int, Mapping[str, str] | None]], threads: int | None = None
     ) -> bool:
         cache = self.cache()
-        if threads is not None:
-            cache.ensure_threads(threads)
+        if threads is not None and threads != cache.threads:
+            cache.set_threads(threads)
         cache.prefetch(items)
         return True
 

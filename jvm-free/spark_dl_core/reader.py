@@ -317,7 +317,10 @@ class BatchReader:
         if not len(self.batches):
             return
         self._net0 = self.dataset.download_stats()
-        self._plan_until(2)  # the lookahead grows from here: a quick first batch
+        # The lookahead grows from here: a quick first batch. Remote shards are downloaded
+        # in planned order, so there the whole lookahead is planned at once (a few ms):
+        # later windows download while the first one does.
+        self._plan_until(2 if self._net0 is None else self.ahead)
         thread = threading.Thread(target=self._prefetch, name="spark-dl-prefetch", daemon=True)
         thread.start()
         try:
