@@ -69,6 +69,7 @@ class ShapedLink:
         self.port = 0
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
         self._thread = threading.Thread(target=self._run, name="shaped-link", daemon=True)
 
     def __enter__(self) -> ShapedLink:
@@ -77,12 +78,22 @@ class ShapedLink:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+        loop = self._loop
+        if loop is not None:
+
+            async def close() -> None:  # every connection, before the loop goes
+                for writer in list(self._writers):
+                    writer.close()
+                await asyncio.sleep(0.05)
+
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(close(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
         self._thread.join(10)
 
     def _run(self) -> None:
         loop = self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)  # transports closed late look it up in this thread
         server = loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
@@ -90,6 +101,10 @@ class ShapedLink:
             loop.run_forever()
         finally:
             server.close()
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -100,6 +115,7 @@ class ShapedLink:
             return
         self.open += 1
         self.max_open = max(self.max_open, self.open)
+        self._writers.update((writer, up_writer))
         try:
             await asyncio.gather(
                 self._pipe(reader, up_writer, up=True), self._pipe(up_reader, writer, up=False)
@@ -107,6 +123,7 @@ class ShapedLink:
         finally:
             self.open -= 1
             for w in (writer, up_writer):
+                self._writers.discard(w)
                 w.close()
 
     async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:

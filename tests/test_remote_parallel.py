@@ -202,3 +202,22 @@ def test_unreachable_store_or_missing_credentials_is_a_clear_error(
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
     with pytest.raises(DatasetError, match=r"s3://bucket/par/index\.json.*Credentials"):
         open_dataset(URL, storage_options={**options, "skip_instance_cache": True})
+
+
+def test_download_threads_can_be_lowered(
+    s3: tuple[dict[str, Any], ShapedLink], tmp_path: Path
+) -> None:
+    options, _link = s3
+    ds = open_dataset(URL, storage_options=options)
+    cache = ShardCache(ds.store, str(tmp_path), threads=4)
+    assert cache._running == 0  # threads start with the first download
+    cache.prefetch([(s.stored.basename, s.stored.bytes, None) for s in ds.shards[:2]])
+    assert cache._running == 4
+    cache.set_threads(1)
+    deadline = time.monotonic() + TIMEOUT_S
+    while cache._running > 1:  # the extra ones end once idle
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    info = ds.shards[2].stored
+    assert len(cache.fetch(info.basename, info.bytes)) == info.bytes and cache._running == 1
+    cache.release([s.stored.basename for s in ds.shards[:2]])
