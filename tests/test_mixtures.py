@@ -323,3 +323,20 @@ def test_cli_inspect_shows_each_source_share_of_an_epoch(
     with contextlib.redirect_stdout(text):
         assert main(["inspect", str(saved)]) == 0
     assert "web: 400 samples (76.2%) of 1000, passes 0.00-0.40" in text.getvalue()
+
+
+def test_packing_reads_every_token_of_the_mixture_epoch_once(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    for name, n in [("a", 120), ("b", 60)]:
+        docs = [rng.integers(1, 1000, rng.integers(5, 60)).astype(np.int32) for _ in range(n)]
+        write_mds(pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))}), str(tmp_path / name))
+    m = mix([Source(str(tmp_path / "a"), choose=90), Source(str(tmp_path / "b"), repeat=1.5)])
+    epoch = list(m.iter_batches(batch_size=16, shuffle=True, seed=1, epoch=1))
+    want = sorted(t for b in epoch for doc in b["tokens"] for t in doc.tolist())
+    pack = {"column": "tokens", "seq_len": 64}
+    got = []
+    for b in m.to_torch(batch_size=4, shuffle=True, seed=1, epoch=1, pack=pack):
+        ids = b["input_ids"]
+        got += ids[ids != 0].tolist()  # token ids are >= 1; 0 pads the epoch's last row
+    assert sorted(got) == want
