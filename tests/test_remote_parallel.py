@@ -221,3 +221,16 @@ def test_download_threads_can_be_lowered(
     info = ds.shards[2].stored
     assert len(cache.fetch(info.basename, info.bytes)) == info.bytes and cache._running == 1
     cache.release([s.stored.basename for s in ds.shards[:2]])
+
+
+def test_dataloader_workers_download_each_shard_once(
+    s3: tuple[dict[str, Any], ShapedLink], tmp_path: Path
+) -> None:
+    options, _link = s3
+    ds = open_dataset(URL, cache_dir=str(tmp_path), storage_options=options)
+    loader = ds.to_torch(batch_size=200, shuffle=True, seed=3, num_workers=2)
+    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(N))
+    stats = loader.stats()
+    assert set(stats["workers"]) == {"worker 0", "worker 1"}
+    # Both workers read every window; each shard came over the network once.
+    assert stats["download_bytes"] == int(ds.shards.stored_bytes.sum())

@@ -84,12 +84,14 @@ class Store:
         self.remote = is_remote(self.url)
         self.storage_options = dict(storage_options or {})
         self._fs: Any = None
+        self._fs_pid = 0
         self.root = self.url if self.remote else os.path.abspath(_local_path(self.url))
 
     @property
     def fs(self) -> Any:
-        """The fsspec filesystem for a remote store (created on first use, per process)."""
-        if self._fs is None:
+        """The fsspec filesystem for a remote store (created on first use, per process:
+        a forked DataLoader worker makes its own, async filesystems are not fork-safe)."""
+        if self._fs is None or self._fs_pid != os.getpid():
             try:
                 import fsspec
             except ImportError:  # pragma: no cover - optional extra
@@ -97,6 +99,7 @@ class Store:
                     f"{self.url} needs fsspec: pip install 'spark-dl-core[remote]'"
                 ) from None
             self._fs, _ = fsspec.core.url_to_fs(self.url, **self.storage_options)
+            self._fs_pid = os.getpid()
         return self._fs
 
     def __getstate__(self) -> dict[str, Any]:
