@@ -22,7 +22,8 @@ tokenize: the same texts (synthetic sentences) through a BPE tokenizer (vocabula
 trained here): ``tok_spark`` is ``df.write.format("mds")`` with the ``tokenize`` op on a
 ``local[2]`` session (2 input files, so 2 tasks; after a warm-up write), ``tok_plain`` the
 same ``encode_batch`` loop over batches of 10,000 texts in one process (the tokenizer's own
-threads use both cores).
+threads use both cores), ``tok_write`` the core's ``write_mds`` with the same op in one
+process (tokenize + encode + write shards, no Spark).
 
 Usage: ``python bench/llm_bench.py [--dir DIR] [--rounds 3] [--docs 20000]
 [--texts 100000] [--only pack,bin,tokenize]``.
@@ -78,14 +79,19 @@ def make_docs(directory: Path, docs: int) -> None:
         )
 
 
+_LOADED: dict[str, Any] = {}
+
+
 def litdata_doc(i: int) -> Any:
     """One document for ``litdata.optimize`` (module level: it pickles the function)."""
     import numpy as np
     import torch
 
-    directory = Path(os.environ["LLM_BENCH_DIR"])
-    flat = np.load(directory / "flat.npy", mmap_mode="r")
-    offsets = np.load(directory / "offsets.npy")
+    if not _LOADED:
+        directory = Path(os.environ["LLM_BENCH_DIR"])
+        _LOADED["flat"] = np.load(directory / "flat.npy", mmap_mode="r")
+        _LOADED["offsets"] = np.load(directory / "offsets.npy")
+    flat, offsets = _LOADED["flat"], _LOADED["offsets"]
     return torch.from_numpy(np.array(flat[offsets[i] : offsets[i + 1]]).astype(np.int32))
 
 
@@ -227,6 +233,25 @@ def case_tok_plain(directory: Path) -> dict[str, Any]:
     return {"rows_per_s": len(texts) / seconds, "seconds": seconds}
 
 
+def case_tok_write(directory: Path) -> dict[str, Any]:
+    import pyarrow.dataset as pads
+
+    from spark_dl_core import DatasetSpec, write_mds
+
+    op = {
+        "op": "tokenize",
+        "column": "text",
+        "tokenizer": str(directory / "tokenizer.json"),
+        "eos_token": "</s>",
+    }
+    spec = DatasetSpec(transforms=[op, {"op": "drop", "columns": ["text"]}])
+    table = pads.dataset(str(directory / "texts")).to_table()
+    started = time.perf_counter()
+    write_mds(table.to_batches(10_000), str(directory / "tok-core"), spec, mode="overwrite")
+    seconds = time.perf_counter() - started
+    return {"rows_per_s": table.num_rows / seconds, "seconds": seconds}
+
+
 def case_tok_spark(directory: Path) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
@@ -270,11 +295,12 @@ CASES = {
     "bin": case_bin,
     "tok_plain": case_tok_plain,
     "tok_spark": case_tok_spark,
+    "tok_write": case_tok_write,
 }
 GROUPS = {
     "pack": ["pack_ours", "pack_litdata", "pack_limit"],
     "bin": ["bin"],
-    "tokenize": ["tok_plain", "tok_spark"],
+    "tokenize": ["tok_plain", "tok_write", "tok_spark"],
 }
 
 
@@ -325,13 +351,15 @@ def main() -> None:
         values = [r[key] for r in results.get(name, []) if key in r]
         return statistics.median(values) if values else None
 
-    print(f"\n{'case':<14} {'median':>16}  (runs)")
+    (directory / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"\n{'case':<14} {'median':>24}  (runs)")
     for name in names:
         key = "rows_per_s" if name.startswith("tok") else "tokens_per_s"
         value = median(name, key)
-        shown = "not run" if value is None else f"{value / 1e6:,.1f}M {key.split('_')[0]}/s"
+        unit = "rows/s" if name.startswith("tok") else "tokens/s"
+        shown = "not run" if value is None else f"{value:,.0f} {unit}"
         extra = f"  fill {median(name, 'fill'):.3f}" if name == "bin" and value else ""
-        print(f"{name:<14} {shown:>16}  ({len(results[name])}){extra}")
+        print(f"{name:<14} {shown:>24}  ({len(results[name])}){extra}")
     ours, lit, limit = (
         median("pack_ours", "tokens_per_s"),
         median("pack_litdata", "tokens_per_s"),

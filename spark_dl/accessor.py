@@ -75,6 +75,7 @@ class DLAccessor:
         drop_last: bool = False,
         even_batches: bool | None = None,
         pad_mask: bool | None = None,
+        pack: Any = None,
         columns: Sequence[str] | None = None,
         shuffle_window: int | None = None,
         images: str | None = None,
@@ -103,6 +104,8 @@ class DLAccessor:
             even_batches: over several ranks, every rank the same number of batches (the
                 default), by repeating the epoch's first samples; False: each sample once.
             pad_mask: add a bool ``pad_mask`` column marking those repeats.
+            pack: packed token rows instead of samples (``{"column": "tokens",
+                "seq_len": 2048}``; see docs/llm.md).
             columns: the columns to load (default: all).
             shuffle_window: shards mixed at a time by the shuffle (memory bound).
             images: how image columns come out (``"bytes"``, ``"uint8"``…).
@@ -118,6 +121,7 @@ class DLAccessor:
             epoch=epoch,
             even_batches=even_batches,
             pad_mask=pad_mask,
+            pack=pack,
             columns=column_names(columns),
             shuffle_window=shuffle_window,
             images=images,
@@ -153,6 +157,7 @@ class DLAccessor:
         drop_last: bool = False,
         even_batches: bool | None = None,
         pad_mask: bool | None = None,
+        pack: Any = None,
         columns: Sequence[str] | None = None,
         shuffle_window: int | None = None,
         images: str | None = None,
@@ -172,6 +177,7 @@ class DLAccessor:
             epoch=epoch,
             even_batches=even_batches,
             pad_mask=pad_mask,
+            pack=pack,
             columns=column_names(columns),
             shuffle_window=shuffle_window,
             images=images,

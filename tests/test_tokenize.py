@@ -162,6 +162,14 @@ def test_tokenize_runs_in_spark_executors(
     assert got == want
     meta = json.loads((Path(path) / META_FILE).read_text())
     assert meta["spec"]["transforms"][0]["digest"]
+    loader = df.dl.to_torch(
+        batch_size=2,
+        spec=spec,
+        cache_dir=str(tmp_path / "cache"),
+        pack={"column": "tokens", "seq_len": 16},
+    )
+    batch = next(iter(loader))
+    assert batch["input_ids"].shape == (2, 16) and batch["cu_seqlens"][-1] == 32
     bad = {"transforms": [_op("/nonexistent/tok.json")]}
     with pytest.raises(Exception, match="cannot read tokenizer") as err:
         df.write.format("mds").option("spec", json.dumps(bad)).save(str(tmp_path / "bad"))
