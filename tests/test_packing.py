@@ -214,7 +214,9 @@ def test_a_finished_pass_moves_to_the_next_epoch_and_stats_report_fill(dataset: 
 
 
 def test_workers_give_the_batches_of_one_process(dataset: Any) -> None:
-    pack = {"column": "tokens", "seq_len": L, "mode": "bin"}
+    from spark_dl_core import PackSpec
+
+    pack = PackSpec(column="tokens", seq_len=L, mode="bin")
     plain = list(dataset.to_torch(batch_size=4, shuffle=True, seed=9, pack=pack))
     workers = list(dataset.to_torch(batch_size=4, shuffle=True, seed=9, pack=pack, num_workers=2))
     assert len(plain) == len(workers)

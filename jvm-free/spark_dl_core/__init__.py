@@ -18,6 +18,7 @@ from .errors import (
 from .indexing import write_compact_index
 from .loader_settings import LoaderSettings
 from .mixture import Mixture, MixtureSpec, Source, mix, open_mixture
+from .packing import PackSpec
 from .spec import DatasetSpec, parse_size
 from .writer import ShardWriter, WriteResult, write_mds
 
@@ -41,6 +42,7 @@ __all__ = [
     "Mixture",
     "MixtureError",
     "MixtureSpec",
+    "PackSpec",
     "ShardError",
     "ShardWriter",
     "Source",
