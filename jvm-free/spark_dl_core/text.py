@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -136,11 +137,9 @@ def encode_texts(
     """``texts`` as a list array of token ids: one batched ``encode_batch`` call, then
     ``bos`` / ``eos`` added and each document cut to ``max_length`` ids (specials included)."""
     dtype = np.uint16 if vocab_size <= UINT16_VOCAB else np.int32
-    encoded = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-    lengths = np.fromiter((len(e.ids) for e in encoded), dtype=np.int64, count=len(encoded))
-    flat = np.fromiter(
-        (i for e in encoded for i in e.ids), dtype=np.int64, count=int(lengths.sum())
-    )
+    ids = [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
     extra = (eos_id is not None) + (bos_id is not None)
     keep = lengths if max_length is None else np.minimum(lengths, max(0, max_length - extra))
     out_len = keep + extra
