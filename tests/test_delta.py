@@ -270,20 +270,19 @@ def test_two_processes_same_batches(tables: dict[str, Any], tmp_path: Path) -> N
 
 
 @pytest.fixture(scope="module")
-def spark() -> Any:
+def spark(_spark_sessions: Any) -> Any:
+    """The shared classic session (one SparkContext per process: stopping a session of
+    our own would stop the one every later test shares), in UTC with one shuffle partition
+    for this module, its settings put back afterwards."""
     pytest.importorskip("pyspark")
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[1]")
-        .appName("test_delta")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "1")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
+    session = _spark_sessions.get("classic")
+    wanted = {"spark.sql.session.timeZone": "UTC", "spark.sql.shuffle.partitions": "1"}
+    before = {key: session.conf.get(key) for key in wanted}
+    for key, value in wanted.items():
+        session.conf.set(key, value)
     yield session
-    session.stop()
+    for key, value in before.items():
+        session.conf.set(key, value)
 
 
 @pytest.mark.spark
