@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from ddp_helpers import run_two_ranks
 
 from spark_dl_core import DatasetSpec, SpecError, open_dataset, write_mds
 from spark_dl_core.loader_settings import LoaderSettings
@@ -194,15 +191,8 @@ def test_numpy_and_tf_pad_the_same_way(ds_path: str) -> None:
         ds.to_tf(input_context=tf.distribute.InputContext(3, 0, 3), world_size=2, **kw)
 
 
-_DDP = """
-import json, os, sys
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-
-def run(rank, path, port, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+_WORK = """
+def work(rank, path):
     torch.manual_seed(0)
     from spark_dl_core import open_dataset
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
@@ -218,18 +208,7 @@ def run(rank, path, port, out):
             opt.step()
             n += 1
         steps.append(n)
-    weights = model.module.weight.detach().flatten().tolist()
-    gathered = [None, None]
-    dist.all_gather_object(gathered, {"steps": steps, "weights": weights})
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(gathered, f)
-    dist.barrier()  # no rank tears gloo down while the other still uses it
-    dist.destroy_process_group()
-    os._exit(0)  # skip interpreter teardown, where gloo's threads can abort the process
-
-if __name__ == "__main__":
-    mp.spawn(run, args=(sys.argv[1], int(sys.argv[2]), sys.argv[3]), nprocs=2)
+    return {"steps": steps, "weights": model.module.weight.detach().flatten().tolist()}
 """
 
 
@@ -238,20 +217,7 @@ def test_ddp_trains_two_epochs_over_an_uneven_dataset(ds_path: str, tmp_path: Pa
     """Before even_batches, rank 0 took a 6th step whose gradient all-reduce rank 1 never
     joined: the run hung until the timeout."""
     pytest.importorskip("torch")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = tmp_path / "ddp.py"
-    script.write_text(_DDP)
-    out = tmp_path / "out.json"
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
-    subprocess.run(
-        [sys.executable, str(script), ds_path, str(port), str(out)],
-        check=True,
-        timeout=90,
-        env=env,
-    )
-    ranks = json.loads(out.read_text())
+    ranks = run_two_ranks(_WORK, ds_path, tmp_path, timeout=90)
     assert ranks[0]["steps"] == ranks[1]["steps"] == [6, 6]
     weights = ranks[0]["weights"]
     assert all(math.isfinite(w) for w in weights)  # NaN would compare equal through json

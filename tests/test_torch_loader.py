@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from ddp_helpers import run_two_ranks
 
 torch = pytest.importorskip("torch")
 
@@ -222,47 +222,17 @@ def test_rank_from_env(ds_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert (loader.rank, loader.world_size) == (1, 4)
 
 
-_DDP = """
-import json, os, sys
-import torch.distributed as dist
-import torch.multiprocessing as mp
-
-def run(rank, path, port, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+_WORK = """
+def work(rank, path):
     from spark_dl_core import open_dataset
     loader = open_dataset(path).to_torch(batch_size=64, shuffle=True, seed=4, columns=["id"])
     assert (loader.rank, loader.world_size) == (rank, 2)
-    ids = [i for b in loader for i in b["id"].tolist()]
-    gathered = [None, None]
-    dist.all_gather_object(gathered, ids)
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(gathered, f)
-    dist.destroy_process_group()
-
-if __name__ == "__main__":
-    mp.spawn(run, args=(sys.argv[1], int(sys.argv[2]), sys.argv[3]), nprocs=2)
+    return [i for b in loader for i in b["id"].tolist()]
 """
 
 
 def test_torch_distributed_gloo_two_ranks(ds_path: str, tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = tmp_path / "ddp.py"
-    script.write_text(_DDP)
-    out = tmp_path / "out.json"
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
-    subprocess.run(
-        [sys.executable, str(script), ds_path, str(port), str(out)],
-        check=True,
-        timeout=120,
-        env=env,
-    )
-    per_rank = json.loads(out.read_text())
+    per_rank = run_two_ranks(_WORK, ds_path, tmp_path)
     assert sorted(per_rank[0] + per_rank[1]) == list(range(N))
     assert not set(per_rank[0]) & set(per_rank[1])
 
