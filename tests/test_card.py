@@ -165,3 +165,60 @@ def test_card_renders_its_thumbnails_in_a_headless_browser(ds_path: str, tmp_pat
     assert done.returncode == 0, done.stderr[-2000:]
     assert 'data-thumbs="8/8"' in done.stdout
     assert 'data-rows="5"' in done.stdout
+
+
+def _wav(seconds: float, rate: int, fmt: str = "WAV") -> bytes:
+    soundfile = pytest.importorskip("soundfile")
+    t = np.arange(int(seconds * rate)) / rate
+    out = io.BytesIO()
+    soundfile.write(out, (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), rate, format=fmt)
+    return out.getvalue()
+
+
+def _mp4(frames: int, colour: int) -> bytes:
+    av = pytest.importorskip("av")
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=25)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for k in range(frames):
+            pixels = np.zeros((48, 64, 3), np.uint8)
+            pixels[..., colour] = 40 + 4 * k
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return out.getvalue()
+
+
+def test_audio_and_video_columns_get_facts_waveforms_and_frame_strips(tmp_path: Path) -> None:
+    clips = [
+        _wav(1.0 + i / 4, 16_000 if i % 2 else 22_050, "WAV" if i % 2 else "FLAC") for i in range(4)
+    ]
+    videos = [_mp4(10 + 5 * i, i % 3) for i in range(4)]
+    path = str(tmp_path / "media")
+    write_mds(pa.table({"audio": pa.array(clips, pa.binary()), "video": videos}), path)
+
+    assert describe_value(clips[1]) == "<wav 16000 Hz 1 ch 1.25 s, 39 KB>"
+    assert describe_value(clips[0]).startswith("<flac 22050 Hz 1 ch 1.00 s, ")
+    assert describe_value(videos[0]).startswith("<mp4 64x48 0.40 s, ")
+    assert describe_value(b"RIFF\x00\x00\x00\x00WAVEjunk") == "<wav, 16 B>"  # damaged: no crash
+
+    stats = column_stats(open_dataset(path))
+    assert stats["audio"]["kind"] == "audio"
+    assert stats["audio"]["formats"] == ["flac", "wav"]
+    assert stats["audio"]["sample_rates"] == [16_000, 22_050]
+    assert stats["audio"]["seconds"] == pytest.approx((1.0, 1.75))
+    assert stats["video"]["kind"] == "video"
+    assert stats["video"]["width"] == (64, 64) and stats["video"]["height"] == (48, 48)
+
+    page = card_html(open_dataset(path))
+    audio = re.search(r'data-kind="audio">(.*?)</div>', page)
+    assert audio is not None and audio.group(1).count('<svg class="wave"') == 4
+    strips = re.findall(r'<div class="strip">(.*?)</div>', page)
+    assert len(strips) == 3
+    first = re.findall(r'src="data:image/jpeg;base64,([^"]+)"', strips[0])
+    assert len(first) == 6
+    pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(first[0]))).convert("RGB"))
+    assert pixels.shape[0] == 64 and pixels[..., 0].mean() > pixels[..., 1].mean() + 20  # red
+    assert "no preview" not in page

@@ -1,10 +1,12 @@
 """The dataset card: what a person looks at before training on a dataset.
 
 Schema with encodings, lineage (a pinned Delta table, or a mixture's sources and their
-shares), per-column statistics from a bounded sample, and a thumbnail grid for image
-columns (shrunk by the ``reencode_image`` op's code, :func:`image_codec.reencode_array`). One
-self-contained HTML page: styles inline, pictures as data URIs, no network. Also
-:func:`describe_value`, the short text a binary value shows as (``<jpeg 400x300, 73 KB>``).
+shares), per-column statistics from a bounded sample, a thumbnail grid for image columns
+(shrunk by the ``reencode_image`` op's code, :func:`image_codec.reencode_array`), waveforms
+for audio columns and frame strips for video columns (with the ``media`` extra). One
+self-contained HTML page: styles inline, pictures as data URIs or inline SVG, no network.
+Also :func:`describe_value`, the short text a binary value shows as (``<jpeg 400x300, 73
+KB>``, ``<wav 16000 Hz 1 ch 2.50 s, 78 KB>``).
 :func:`install` gives :class:`Dataset` its notebook view (``_repr_html_``).
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import math
 from typing import Any
 
@@ -26,6 +29,15 @@ SAMPLE_SHARDS = 8  # ...read from at most this many shards, spread over the data
 THUMBNAILS = 16  # per image column
 THUMB_SIDE = 96
 BINS = 12
+WAVEFORMS = 6  # per audio column
+WAVE_WIDTH, WAVE_HEIGHT = 240, 40
+WAVE_SECONDS = 30  # a waveform shows at most this much of a clip: bounded decoding
+CLIPS = 3  # frame strips per video column
+STRIP_FRAMES = 6
+FRAME_HEIGHT = 64
+MAX_STRIP_DECODE = 600  # frames decoded at most to find a strip's frames
+AUDIO_KINDS = ("wav", "flac", "ogg", "mp3")
+VIDEO_KINDS = ("mp4", "webm")
 
 _MAGIC = (
     (b"\xff\xd8\xff", "jpeg"),
@@ -57,18 +69,74 @@ def image_kind(raw: bytes) -> str | None:
     return None
 
 
+def media_kind(raw: bytes) -> str | None:
+    """``wav``/``flac``/``ogg``/``mp3`` or ``mp4``/``webm`` (also Matroska) from the
+    leading bytes, else None."""
+    if raw[:4] == b"RIFF" and raw[8:12] == b"WAVE":
+        return "wav"
+    if raw.startswith(b"fLaC"):
+        return "flac"
+    if raw.startswith(b"OggS"):
+        return "ogg"
+    if raw.startswith(b"ID3") or (
+        len(raw) > 1 and raw[0] == 0xFF and raw[1] & 0xE0 == 0xE0 and raw[1] != 0xD8
+    ):
+        return "mp3"
+    if raw[4:8] == b"ftyp":
+        return "mp4"
+    if raw.startswith(b"\x1a\x45\xdf\xa3"):
+        return "webm"
+    return None
+
+
+def audio_facts(raw: bytes) -> tuple[int, int, float]:
+    """(sample rate, channels, seconds) from the header, through libsndfile."""
+    import soundfile
+
+    info = soundfile.info(io.BytesIO(raw))
+    return int(info.samplerate), int(info.channels), float(info.frames) / info.samplerate
+
+
+def video_facts(raw: bytes) -> tuple[int, int, float]:
+    """(width, height, seconds) of the first video stream, from the container (PyAV)."""
+    import av
+
+    with av.open(io.BytesIO(raw), mode="r") as container:
+        stream = container.streams.video[0]
+        base = stream.time_base
+        seconds = float(stream.duration * base) if stream.duration and base else 0.0
+        if not seconds and container.duration:
+            seconds = container.duration / 1_000_000
+        return int(stream.codec_context.width), int(stream.codec_context.height), seconds
+
+
 def describe_value(raw: bytes | bytearray | memoryview) -> str:
     """A binary value as a person wants to see it in a listing: ``<jpeg 400x300, 73 KB>``
-    (width x height read from the header, no decode), else ``<bytes, 812 B>``."""
+    (width x height read from the header, no decode), ``<wav 16000 Hz 1 ch 2.50 s, 78
+    KB>``, ``<mp4 320x240 3.20 s, 1.2 MB>`` (from the header, where the ``media`` extra is
+    installed), else ``<bytes, 812 B>``."""
     data = bytes(raw)
+    size = _size_text(len(data))
     kind = image_kind(data)
     if kind is not None:
         try:
             h, w = image_size(data)
-            return f"<{kind} {w}x{h}, {_size_text(len(data))}>"
+            return f"<{kind} {w}x{h}, {size}>"
         except Exception:  # a damaged or unsupported header: still say what it is
-            return f"<{kind}, {_size_text(len(data))}>"
-    return f"<bytes, {_size_text(len(data))}>"
+            return f"<{kind}, {size}>"
+    kind = media_kind(data)
+    if kind is not None:
+        try:
+            if kind in AUDIO_KINDS:
+                rate, channels, seconds = audio_facts(data)
+                what = f"{rate} Hz {channels} ch"
+            else:
+                width, height, seconds = video_facts(data)
+                what = f"{width}x{height}"
+            return f"<{kind} {what} {seconds:.2f} s, {size}>"
+        except Exception:  # no decoder library here, or a damaged header
+            return f"<{kind}, {size}>"
+    return f"<bytes, {size}>"
 
 
 # --------------------------------------------------------------------------- the sample
@@ -165,12 +233,96 @@ def _object_stats(items: list[Any]) -> dict[str, Any]:
                 stats["width"] = (int(ws.min()), int(ws.max()))
                 stats["height"] = (int(hs.min()), int(hs.max()))
             return stats
+        media = {media_kind(r) for r in raws}
+        if media <= set(AUDIO_KINDS) or media <= set(VIDEO_KINDS):
+            return _media_stats(raws, media)
         return _lengths("bytes", [len(r) for r in raws])
     if present and all(isinstance(v, np.ndarray) for v in present):
         return _lengths("sequence", [int(v.size) for v in present])
     if present and all(isinstance(v, (list, tuple, dict)) for v in present):
         return _lengths("sequence", [len(v) for v in present])
     return {"kind": "other"}
+
+
+def _media_stats(raws: list[bytes], kinds: set[str | None]) -> dict[str, Any]:
+    """Sizes of an audio or video column, and the durations, rates and frame sizes its
+    headers give (where the ``media`` extra is installed)."""
+    audio = kinds <= set(AUDIO_KINDS)
+    stats = _lengths("audio" if audio else "video", [len(r) for r in raws])
+    stats["formats"] = sorted(k for k in kinds if k)
+    facts = []
+    for raw in raws:
+        try:
+            facts.append(audio_facts(raw) if audio else video_facts(raw))
+        except Exception:  # no decoder here, or a damaged header: sizes still count
+            continue
+    if facts:
+        a, b, seconds = np.asarray(facts, dtype=np.float64).T
+        stats["seconds"] = (float(seconds.min()), float(seconds.max()))
+        if audio:
+            stats["sample_rates"] = sorted({int(r) for r in a})
+            stats["channels"] = sorted({int(c) for c in b})
+        else:
+            stats["width"] = (int(a.min()), int(a.max()))
+            stats["height"] = (int(b.min()), int(b.max()))
+    return stats
+
+
+def _spread(indices: np.ndarray, count: int) -> np.ndarray:
+    return indices[:: max(1, len(indices) // count)][:count] if len(indices) else indices
+
+
+def waveform_svg(raw: bytes, width: int = WAVE_WIDTH, height: int = WAVE_HEIGHT) -> str:
+    """A clip's waveform as inline SVG: the min/max envelope of its first
+    ``WAVE_SECONDS`` seconds (channels averaged) over ``width`` columns."""
+    import soundfile
+
+    with soundfile.SoundFile(io.BytesIO(raw)) as f:
+        seconds = f.frames / f.samplerate
+        data = f.read(min(f.frames, WAVE_SECONDS * f.samplerate), dtype="float32", always_2d=True)
+    wave = data.mean(axis=1) if len(data) else np.zeros(1, np.float32)
+    edges = np.linspace(0, len(wave), min(width, len(wave)) + 1).astype(np.int64)
+    lows = np.minimum.reduceat(wave, edges[:-1])
+    highs = np.maximum.reduceat(wave, edges[:-1])
+    xs = np.linspace(0, width, len(lows))
+    mid = height / 2
+
+    def y(v: np.ndarray) -> np.ndarray:
+        return mid - np.clip(v, -1, 1) * (mid - 1)
+
+    top = " ".join(f"{x:.1f},{v:.1f}" for x, v in zip(xs, y(highs)))
+    bottom = " ".join(f"{x:.1f},{v:.1f}" for x, v in zip(xs[::-1], y(lows)[::-1]))
+    return (
+        f'<svg class="wave" width="{width}" height="{height}" '
+        f'xmlns="http://www.w3.org/2000/svg"><title>{seconds:.2f} s</title>'
+        f'<line x1="0" y1="{mid}" x2="{width}" y2="{mid}" stroke="#ccc"/>'
+        f'<polygon points="{top} {bottom}" fill="#5b8def"/></svg>'
+    )
+
+
+def frame_strip(raw: bytes, frames: int = STRIP_FRAMES, height: int = FRAME_HEIGHT) -> list[bytes]:
+    """JPEGs of ``frames`` frames spread evenly over a clip (decoding at most
+    ``MAX_STRIP_DECODE`` frames), each scaled to ``height`` pixels high in FFmpeg's scaler."""
+    import av
+    from PIL import Image
+
+    with av.open(io.BytesIO(raw), mode="r") as container:
+        stream = container.streams.video[0]
+        total = min(int(stream.frames or MAX_STRIP_DECODE), MAX_STRIP_DECODE)
+        wanted = set(np.linspace(0, max(0, total - 1), frames).round().astype(int).tolist())
+        picked = []
+        for k, frame in enumerate(container.decode(stream)):
+            if k in wanted:
+                w = max(1, round(frame.width * height / frame.height))
+                picked.append(frame.reformat(width=w, height=height).to_ndarray(format="rgb24"))
+            if k >= max(wanted):
+                break
+    out = []
+    for pixels in picked:
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, "JPEG", quality=80)
+        out.append(buffer.getvalue())
+    return out
 
 
 def thumbnails(
@@ -203,6 +355,7 @@ padding:3px 8px;text-align:left;vertical-align:top}.sdl-card th{background:#f4f4
 .sdl-card .grid{display:flex;flex-wrap:wrap;gap:6px}.sdl-card figure{margin:0;text-align:center}
 .sdl-card figure img{display:block;max-width:96px;max-height:96px;border:1px solid #ccc}
 .sdl-card figcaption{font-size:11px;color:#666}
+.sdl-card .strip{display:flex;gap:2px;margin-bottom:6px}.sdl-card .strip img{height:64px}
 """
 
 
@@ -236,7 +389,14 @@ def _svg_histogram(histogram: list[tuple[float, float, int]]) -> str:
 def _stats_cell(stats: dict[str, Any]) -> str:
     kind = stats.get("kind", "other")
     parts: list[str] = []
-    over = {"text": "length ", "bytes": "size ", "image": "bytes ", "sequence": "length "}
+    over = {
+        "text": "length ",
+        "bytes": "size ",
+        "image": "bytes ",
+        "audio": "bytes ",
+        "video": "bytes ",
+        "sequence": "length ",
+    }
     if "min" in stats:
         label = over.get(kind, "")
         parts.append(
@@ -245,9 +405,18 @@ def _stats_cell(stats: dict[str, Any]) -> str:
         )
     if kind == "bool":
         parts.append(f"true {stats['true']} of {stats['sampled']}")
-    if kind == "image" and "width" in stats:
+    if kind in ("image", "video") and "width" in stats:
         (w0, w1), (h0, h1) = stats["width"], stats["height"]
         parts.append(f"{'/'.join(stats['formats'])}, {w0}–{w1} × {h0}–{h1} px")
+    if kind in ("audio", "video") and "seconds" in stats:
+        s0, s1 = stats["seconds"]
+        rates = stats.get("sample_rates")
+        hz = f", {'/'.join(map(str, rates))} Hz" if rates else ""
+        channels = stats.get("channels")
+        ch = f", {'/'.join(map(str, channels))} ch" if channels else ""
+        head = "" if kind == "video" else f"{'/'.join(stats['formats'])}, "
+        span = f"{s0:.2f} s" if f"{s0:.2f}" == f"{s1:.2f}" else f"{s0:.2f}–{s1:.2f} s"
+        parts.append(f"{head}{span}{hz}{ch}")
     return "<br>".join(_e(p) for p in parts) + _svg_histogram(stats.get("histogram", []))
 
 
@@ -334,6 +503,11 @@ def card_html(
         grids.append(
             f'<h3>{_e(name)}</h3><div class="grid" data-column="{_e(name)}">{figures}</div>'
         )
+    grids += [
+        _media_previews(ds, name, st["kind"], indices)
+        for name, st in stats.items()
+        if st.get("kind") in ("audio", "video")
+    ]
     body = f'<div class="sdl-card"><style>{_STYLE}</style>{head}{schema}{_lineage_html(ds)}'
     body += "".join(grids) + "</div>"
     if not page:
@@ -341,6 +515,37 @@ def card_html(
     return (
         '<!DOCTYPE html><html><head><meta charset="utf-8">'
         f"<title>{_e(ds.shown)}: spark-dl dataset card</title></head><body>{body}</body></html>"
+    )
+
+
+def _media_previews(ds: Dataset, name: str, kind: str, indices: np.ndarray) -> str:
+    """Waveforms of an audio column, or frame strips of a video column, from the sample;
+    a clip that cannot be shown says why and the rest still are."""
+    picked = _spread(indices, WAVEFORMS if kind == "audio" else CLIPS)
+    raws = ds.read(picked, [name], images="bytes")[name] if len(picked) else []
+    figures = []
+    for i, raw in zip(picked, raws):
+        if raw is None:
+            continue
+        try:
+            if kind == "audio":
+                inner = waveform_svg(bytes(raw))
+            else:
+                inner = (
+                    '<div class="strip">'
+                    + "".join(
+                        f'<img class="frame" alt="{_e(name)} sample {int(i)} frame {k}" '
+                        f'src="data:image/jpeg;base64,{base64.b64encode(jpeg).decode()}">'
+                        for k, jpeg in enumerate(frame_strip(bytes(raw)))
+                    )
+                    + "</div>"
+                )
+        except Exception as exc:  # no media extra, or a damaged clip: say so, keep the rest
+            inner = f'<p class="muted">no preview: {_e(type(exc).__name__)}: {_e(exc)}</p>'
+        figures.append(f"<figure>{inner}<figcaption>#{int(i)}</figcaption></figure>")
+    return (
+        f'<h3>{_e(name)}</h3><div class="grid" data-column="{_e(name)}" '
+        f'data-kind="{kind}">{"".join(figures)}</div>'
     )
 
 
