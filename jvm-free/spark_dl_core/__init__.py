@@ -17,11 +17,13 @@ from .errors import (
 )
 from .indexing import write_compact_index
 from .loader_settings import LoaderSettings
+from .loading import install as _install_loading
 from .mixture import Mixture, MixtureSpec, Source, mix, open_mixture
 from .packing import PackSpec
 from .spec import DatasetSpec, parse_size
 from .writer import ShardWriter, WriteResult, write_mds
 
+_install_loading()  # Dataset.iter_batches / to_torch / to_tf / sample_order / to_arrow
 _install_card()  # Dataset._repr_html_: the dataset card in notebooks
 
 

@@ -82,69 +82,6 @@ def batch_to_arrow(
     return record
 
 
-def python_types(dataset: Dataset, batch: Batch) -> Batch:
-    """A decoded batch with the recorded Python types where the stored bytes lose them:
-    booleans (stored as uint8) as numpy ``bool_``, map keys that are not strings (stored
-    as JSON object keys) as their values, empty maps as ``{}``."""
-    for plan in dataset.plans or []:
-        value = batch.get(plan.name)
-        if value is None:
-            continue
-        if _leaf(plan.arrow_type) == pa.bool_():
-            batch[plan.name] = _as_bool(value)
-        elif _has_map(plan.arrow_type) and isinstance(value, np.ndarray) and value.dtype == object:
-            out = np.empty(len(value), dtype=object)
-            out[:] = [_typed_maps(v, plan.arrow_type) for v in value]
-            batch[plan.name] = out
-    return batch
-
-
-def _leaf(t: pa.DataType) -> pa.DataType:
-    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        t = t.value_type
-    return t
-
-
-def _as_bool(value: Any) -> Any:
-    if isinstance(value, Jagged):
-        return Jagged(_as_bool(value.values), value.offsets)
-    if isinstance(value, np.ndarray) and value.dtype == np.uint8:
-        return value.view(np.bool_)
-    if isinstance(value, np.ndarray) and value.dtype == object:
-        out = np.empty(len(value), dtype=object)
-        out[:] = [_as_bool(v) for v in value]
-        return out
-    return value
-
-
-def _has_map(t: pa.DataType) -> bool:
-    if pa.types.is_map(t):
-        return True
-    if pa.types.is_struct(t):
-        return any(_has_map(f.type) for f in t)
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return _has_map(t.value_type)
-    return False
-
-
-def _typed_maps(value: Any, t: pa.DataType) -> Any:
-    """A decoded JSON value with every map a dict keyed by typed keys."""
-    if value is None:
-        return None
-    if pa.types.is_map(t):
-        pairs = value.items() if isinstance(value, dict) else value
-        out = {}
-        for k, v in pairs:
-            key = map_key_from_text(k, t.key_type)
-            out[k if isinstance(key, (dict, list)) else key] = _typed_maps(v, t.item_type)
-        return out  # struct and list keys (unhashable) stay JSON text
-    if pa.types.is_struct(t) and isinstance(value, dict):
-        return {k: _typed_maps(v, t.field(k).type) if k in t.names else v for k, v in value.items()}
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and isinstance(value, list):
-        return [_typed_maps(v, t.value_type) for v in value]
-    return value
-
-
 def _jsonish(value: Any, t: pa.DataType) -> Any:
     """A decoded JSON value shaped for Arrow's converter (maps as (key, value) lists)."""
     if value is None:

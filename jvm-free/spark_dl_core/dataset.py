@@ -7,7 +7,7 @@ import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,12 +36,15 @@ from .format.hashing import content_hash, digest, fastest
 from .format.index import INDEX_FILE, ShardInfo
 from .format.shard import Layout, ShardData
 from .indexing import index_fingerprint
-from .meta import ColumnPlan, column_names, plans_from_meta, read_meta, stored_layout
+from .meta import (
+    ColumnPlan,
+    column_names,
+    plans_from_meta,
+    python_types,
+    read_meta,
+    stored_layout,
+)
 from .storage import check_path
-
-if TYPE_CHECKING:
-    from .loader_settings import LoaderSettings
-    from .order import EpochPlan
 
 # column -> numpy array, or a Jagged batch (token sequences) inside the loaders
 Batch = dict[str, Any]
@@ -549,9 +552,7 @@ class Dataset:
         accessed = getattr(self, "_accessed", None)
         if accessed is not None:
             loaded[accessed[0]] = accessed[1]
-        from .arrow_bridge import python_types
-
-        batch = python_types(self, self.read(indices, columns, loaded=loaded))
+        batch = python_types(self.plans, self.read(indices, columns, loaded=loaded))
         self._accessed = (last, loaded[last])
         for name in derived:
             batch[name] = self.derive(name, indices)
@@ -713,210 +714,58 @@ class Dataset:
             out[name] = value if jagged or not isinstance(value, Jagged) else value.to_objects()
         return out
 
-    def iter_batches(
-        self,
-        batch_size: int = 1024,
-        *,
-        shuffle: bool = False,
-        seed: int = 0,
-        epoch: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        settings: LoaderSettings | None = None,
-        state: dict[str, Any] | None = None,
-        start_batch: int = 0,
-        consumed: int = 0,
-        **kwargs: Any,
-    ) -> Iterator[Batch]:
-        """Batches (dicts of numpy arrays) of this rank's share of one epoch.
+    # The loading methods below hand over to spark_dl_core.loading, a room above this one
+    # (orders, readers, loader settings, framework adapters) that installs itself when the
+    # package is imported (install_loading); this room imports none of those.
 
-        The global order depends only on (fingerprint, seed, epoch, shuffle settings); see
-        :mod:`spark_dl_core.order`. Other settings (``columns``, ``drop_last``, ``images``,
-        ``verify_hashes``, ``shuffle_window``, ``prefetch_bytes``...) are those of
-        :class:`~spark_dl_core.loader_settings.LoaderSettings`. ``state`` (a loader's
-        ``state_dict()``) continues after the samples it records as consumed (elastic
-        resume); ``consumed=`` / ``start_batch=`` are deprecated spellings of it.
-        Shards are loaded ahead by a thread within ``prefetch_bytes`` of decompressed data.
-        ``transforms`` are read-time ops (image pipeline, normalize…), after the spec's own.
+    def iter_batches(self, batch_size: int = 1024, **settings: Any) -> Iterator[Batch]:
+        """Batches (dicts of numpy arrays) of one rank's share of one epoch.
+
+        Keywords are :class:`~spark_dl_core.loader_settings.LoaderSettings` fields
+        (``shuffle``, ``seed``, ``epoch``, ``rank``, ``world_size``, ``columns``,
+        ``transforms``, ``pack``...), or ``settings=`` a ``LoaderSettings``; ``state=`` (a
+        loader's ``state_dict()``) continues after the samples it records as consumed. The
+        global order depends only on (fingerprint, seed, epoch, shuffle settings); see
+        :mod:`spark_dl_core.order` and :func:`spark_dl_core.loading.iter_batches`.
         """
-        from .loader_settings import PAD_MASK, check_pad_mask, reader_extras, settings_from
-        from .order import LoaderState
-        from .reader import BatchReader
+        return _loading.iter_batches(self, batch_size, **settings)
 
-        if settings is None:
-            kwargs = dict(
-                batch_size=batch_size,
-                shuffle=shuffle,
-                seed=seed,
-                epoch=epoch,
-                rank=rank,
-                world_size=world_size,
-                **kwargs,
-            )
-        chosen = settings_from(settings, kwargs)
-        chosen.only("numpy iteration", frozenset())
-        if chosen.pack is not None:  # packed token rows (spark_dl_core.packing)
-            from .packing import iter_packed
-
-            return iter_packed(self, chosen, state)
-        check_pad_mask(chosen, self.layout.names)
-        epoch = chosen.epoch
-        if state is not None:
-            loaded = LoaderState.from_dict(state)
-            loaded.check(
-                self,
-                seed=chosen.seed,
-                shuffle=chosen.shuffle,
-                shuffle_window=chosen.shuffle_window,
-                batch_size=chosen.batch_size,
-            )
-            epoch, consumed = loaded.epoch, loaded.consumed
-        elif consumed or start_batch:
-            warnings.warn(
-                "iter_batches(consumed=, start_batch=) is deprecated: pass state= "
-                "(a loader's state_dict())",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-        plan = self.sample_order(settings=chosen.replace(epoch=epoch), consumed=consumed)
-        # Built now, not at the first batch: columns and read-time ops are checked here.
-        batches = plan[start_batch:]
-        reader = BatchReader(
-            self,
-            batches,
-            columns=chosen.column_list,
-            images=chosen.images,
-            verify_hashes=chosen.verify_hashes,
-            prefetch_bytes=chosen.prefetch_bytes,
-            seed=chosen.seed,
-            epoch=epoch,
-            **reader_extras(chosen),
-        )
-        if not chosen.pad_mask:
-            return iter(reader)
-
-        def masked() -> Iterator[Batch]:
-            for k, batch in enumerate(reader):
-                batch[PAD_MASK] = plan.pad_mask(start_batch + k)
-                yield batch
-
-        return masked()
-
-    def sample_order(
-        self,
-        batch_size: int = 1024,
-        *,
-        shuffle: bool = False,
-        seed: int = 0,
-        epoch: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = False,
-        shuffle_window: int | None = None,
-        consumed: int = 0,
-        settings: LoaderSettings | None = None,
-        even_batches: bool = True,
-    ) -> EpochPlan:
-        """One rank's batches of global sample indices for an epoch, lazily: the very order
-        every loader reads. ``len(order)`` batches; ``order[k]`` is an int64 array, computed
-        when asked (O(shards) memory, no shard read), so any batch of any epoch can be asked.
-        ``even_batches`` (over several ranks) pads every rank to the same number of batches
-        (``order.pad_mask(k)`` marks the repeats), as the loaders do by default.
+    def sample_order(self, batch_size: int = 1024, **settings: Any) -> Any:
+        """One rank's batches of global sample indices for an epoch, lazily (an
+        :class:`~spark_dl_core.order.EpochPlan`): the very order every loader reads.
+        ``len(order)`` batches; ``order[k]`` is an int64 array, computed when asked
+        (O(shards) memory, no shard read). See :func:`spark_dl_core.loading.sample_order`.
         """
-        from .order import EpochPlan
-
-        if settings is not None:
-            batch_size, shuffle, seed = settings.batch_size, settings.shuffle, settings.seed
-            epoch, drop_last = settings.epoch, settings.drop_last
-            shuffle_window, even_batches = settings.shuffle_window, settings.even_batches
-            rank = 0 if settings.rank is None else settings.rank
-            world_size = 1 if settings.world_size is None else settings.world_size
-        return EpochPlan.build(
-            self,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            epoch=epoch,
-            rank=rank,
-            world_size=world_size,
-            drop_last=drop_last,
-            shuffle_window=shuffle_window,
-            consumed=consumed,
-            even_batches=even_batches,
-        )
+        return _loading.sample_order(self, batch_size, **settings)
 
     def to_arrow(self, columns: list[str] | None = None, *, batch_size: int = 65536) -> pa.Table:
         """The whole dataset (or some columns) as an Arrow table with the recorded types."""
-        columns = column_names(columns)
-        from .arrow_bridge import batch_to_arrow
-        from .order import EpochPlan
-        from .reader import BatchReader
+        return _loading.to_arrow(self, columns, batch_size=batch_size)
 
-        plan = EpochPlan.build(
-            self,
-            batch_size=batch_size,
-            shuffle=False,
-            seed=0,
-            epoch=0,
-            rank=0,
-            world_size=1,
-            drop_last=False,
-            shuffle_window=None,
-        )
-        # Read-time transforms run once, in Arrow (batch_to_arrow), as for spark.read.
-        reader = BatchReader(
-            self, plan.batches, columns=self._stored_for(columns), jagged=True, spec_ops=False
-        )
-        batches = [batch_to_arrow(self, b, columns) for b in reader]
-        if not batches:
-            from .arrow_bridge import arrow_schema
-
-            return arrow_schema(self, columns).empty_table()
-        return pa.Table.from_batches(batches)
-
-    def _stored_for(self, columns: list[str] | None) -> list[str] | None:
-        """Stored columns needed to produce ``columns`` (values plus their null masks)."""
-        if columns is None:
-            return None
-        masks = {p.name: p.null_mask for p in self.plans or [] if p.null_mask}
-        return [c for name in columns for c in ([name, masks[name]] if name in masks else [name])]
-
-    def to_torch(
-        self, batch_size: int = 256, *, settings: LoaderSettings | None = None, **kwargs: Any
-    ) -> Any:
+    def to_torch(self, batch_size: int = 256, **settings: Any) -> Any:
         """A PyTorch loader over this dataset (see :mod:`spark_dl_core.torch_loader`).
 
-        Keywords are :class:`~spark_dl_core.loader_settings.LoaderSettings` fields.
+        Keywords are :class:`~spark_dl_core.loader_settings.LoaderSettings` fields, or
+        ``settings=`` a ``LoaderSettings``.
         """
-        from .frameworks import adapter
-        from .loader_settings import settings_from
+        return _loading.to_framework("torch", self, batch_size, **settings)
 
-        if settings is None:
-            kwargs["batch_size"] = batch_size
-        chosen = settings_from(settings, kwargs)
-        return adapter("torch" if chosen.pack is None else "torch_packed")(self, chosen)
+    def to_tf(self, batch_size: int = 256, **settings: Any) -> Any:
+        """A ``tf.data.Dataset`` over this dataset (see :mod:`spark_dl_core.tf_loader`);
+        ``state=`` resumes from a loader state."""
+        return _loading.to_framework("tf", self, batch_size, **settings)
 
-    def to_tf(
-        self,
-        batch_size: int = 256,
-        *,
-        settings: LoaderSettings | None = None,
-        state: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        """A ``tf.data.Dataset`` over this dataset (see :mod:`spark_dl_core.tf_loader`)."""
-        from .frameworks import adapter
 
-        resume = {
-            k: kwargs.pop(k) for k in ("resume", "start_batch", "input_context") if k in kwargs
-        }
-        from .loader_settings import settings_from
+# Dataset's loading methods' implementation (spark_dl_core.loading): see install_loading.
+_loading: Any = None
 
-        if settings is None:
-            kwargs["batch_size"] = batch_size
-        chosen = settings_from(settings, kwargs)
-        name = "tf" if chosen.pack is None else "tf_packed"
-        return adapter(name)(self, chosen, state=state, **resume)
+
+def install_loading(functions: Any) -> None:
+    """Give :class:`Dataset`'s loading methods their implementation. ``spark_dl_core.loading``
+    (a room above this one) calls it when the package is imported, so the dataset room
+    reaches no orders, readers or frameworks itself."""
+    global _loading
+    _loading = functions
 
 
 def _merge(parts: list[tuple[np.ndarray, Batch]], n: int) -> Batch:

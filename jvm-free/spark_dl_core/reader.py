@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .arrow_bridge import python_types
 from .errors import ColumnNotFoundError, SpecError
 from .format.buffers import Jagged
 from .images import ImageList
+from .meta import python_types
 
 if TYPE_CHECKING:
     from .dataset import Batch, Dataset
@@ -337,7 +337,7 @@ class BatchReader:
                 if self.out_for is not None and self.out_widths is not None:
                     out = self.out_for(j, self.fixed_bytes(len(index)) or 0)
                 started = time.perf_counter()
-                decoded = python_types(self.dataset, self._decode(j, index, shards, out))
+                decoded = python_types(self.dataset.plans, self._decode(j, index, shards, out))
                 for name in self.derived:
                     decoded[name] = self.dataset.derive(name, index)
                 decoded = self.ops.apply(decoded, index)
