@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -201,10 +202,10 @@ def test_bad_media_ops_and_bytes_are_refused_naming_column(
         ds.to_torch(batch_size=4, transforms=[{"op": "audio_decode", "column": "seconds"}])
     with pytest.raises(SpecError, match="seconds"):
         ds.to_torch(batch_size=4, transforms=[{**OPS[0]}, {**crop, "seconds": 0}])
-    flip = {"op": "horizontal_flip", "column": "video"}
-    with pytest.raises(SpecError, match="video column 'video': frames take resize"):
+    cast = {"op": "cast", "column": "video", "to": "float32"}
+    with pytest.raises(SpecError, match="cast on video column 'video': frames take resize"):
         open_dataset(video).to_torch(
-            batch_size=2, transforms=[{"op": "video_decode", "column": "video"}, flip]
+            batch_size=2, transforms=[{"op": "video_decode", "column": "video"}, cast]
         )
     from spark_dl_core.media import MediaError
 
@@ -212,3 +213,142 @@ def test_bad_media_ops_and_bytes_are_refused_naming_column(
     write_mds(pa.table({"id": [0, 1], "audio": [b"RIFF-not-really", b"\x00" * 10]}), broken)
     with pytest.raises(MediaError, match=r"column 'audio', shard .*shard\.00000\.mds.*sample 0"):
         list(open_dataset(broken).iter_batches(batch_size=2, transforms=OPS))
+
+
+# ------------------------------------------------------------------ image ops on video frames
+
+
+def _gradient_video(frames: int, width: int, height: int) -> bytes:
+    """A still H.264 clip of a gradient (red grows to the right, green downwards): where a
+    crop came from and which way it faces show in its pixels; every frame is the same."""
+    x = np.linspace(0, 255, width)[None, :]
+    y = np.linspace(0, 255, height)[:, None]
+    planes = [np.broadcast_to(x, (height, width)), np.broadcast_to(y, (height, width))]
+    pixels = np.stack([*planes, np.full((height, width), 96.0)], axis=2).astype(np.uint8)
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=10)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for _ in range(frames):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def stills(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """10 still clips, landscape and portrait, 12 to 21 frames."""
+    clips = [_gradient_video(12 + i, *((96, 64) if i % 2 else (64, 80))) for i in range(10)]
+    path = str(tmp_path_factory.mktemp("stills") / "ds")
+    write_mds(pa.table({"id": np.arange(10), "video": clips}), path, {"shard_size": 6_000})
+    return path
+
+
+FRAME_OPS = [
+    {"op": "video_decode", "column": "video", "num_frames": 4, "stride": 2},
+    {"op": "random_resized_crop", "column": "video", "size": [24, 32], "scale": [0.2, 0.6]},
+    {"op": "horizontal_flip", "column": "video"},
+]
+
+
+def _clips(batches: Any) -> dict[int, np.ndarray]:
+    return {int(i): np.asarray(v) for b in batches for i, v in zip(b["id"], b["video"])}
+
+
+def test_frame_ops_one_box_per_clip_the_same_on_any_world_size(stills: str) -> None:
+    ds = open_dataset(stills)
+    assert ds.num_shards > 1
+    one = _clips(ds.iter_batches(batch_size=4, shuffle=True, seed=5, transforms=FRAME_OPS))
+    assert sorted(one) == list(range(10))
+    assert all(c.shape == (4, 24, 32, 3) and c.dtype == np.uint8 for c in one.values())
+    for world in (2, 3):
+        split: dict[int, np.ndarray] = {}
+        for rank in range(world):
+            batches = ds.iter_batches(
+                batch_size=2,
+                shuffle=True,
+                seed=5,
+                rank=rank,
+                world_size=world,
+                transforms=FRAME_OPS,
+                even_batches=False,
+            )
+            split.update(_clips(batches))
+        assert sorted(split) == sorted(one)
+        assert all(np.array_equal(split[i], one[i]) for i in one), world
+    # one box and one flip per clip: the frames of a still clip stay alike (codec noise
+    # aside), while clips' crops differ from one another and from epoch to epoch
+    for clip in one.values():
+        assert np.abs(clip.astype(int) - clip[:1]).mean() < 2.0
+    later = _clips(
+        ds.iter_batches(batch_size=4, shuffle=True, seed=5, epoch=1, transforms=FRAME_OPS)
+    )
+    moved = [np.abs(later[i].astype(int) - one[i]).mean() for i in one]
+    assert sum(m > 4 for m in moved) >= 5, moved
+
+
+def test_frame_ops_flip_mirrors_every_frame(stills: str) -> None:
+    ds = open_dataset(stills)
+    base = [
+        {"op": "video_decode", "column": "video", "num_frames": 3, "start": "begin"},
+        {"op": "resize", "column": "video", "size": [32, 40]},
+    ]
+    plain = _clips(ds.iter_batches(batch_size=5, transforms=base))
+    flip = {"op": "horizontal_flip", "column": "video", "p": 1.0}
+    mirrored = _clips(ds.iter_batches(batch_size=5, transforms=[*base, flip]))
+    for i, clip in plain.items():
+        assert np.array_equal(mirrored[i], clip[:, :, ::-1])
+        red = clip[0, :, :, 0].astype(int)
+        assert red[:, -1].mean() > red[:, 0].mean() + 100  # red grows to the right...
+        assert mirrored[i][0, :, 0, 0].mean() > mirrored[i][0, :, -1, 0].mean() + 100  # ...or left
+    # p=0.5: some clips flipped, some not, decided per clip and seeded
+    half = [*base, {"op": "horizontal_flip", "column": "video"}]
+    got = _clips(ds.iter_batches(batch_size=5, seed=2, transforms=half))
+    flipped = {i for i in got if np.array_equal(got[i], mirrored[i])}
+    kept = {i for i in got if np.array_equal(got[i], plain[i])}
+    assert flipped and kept and flipped | kept == set(got)
+
+
+def test_frame_ops_normalize_and_chw_shapes_dtypes_and_frameworks(stills: str) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("tensorflow")
+    ds = open_dataset(stills)
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    norm = {"op": "normalize", "column": "video", "mean": mean, "std": std}
+    chw = {"op": "to_chw", "column": "video"}
+    raw = _clips(ds.iter_batches(batch_size=4, seed=9, transforms=FRAME_OPS))
+    normed = _clips(ds.iter_batches(batch_size=4, seed=9, transforms=[*FRAME_OPS, norm]))
+    assert normed[0].dtype == np.float32 and normed[0].shape == (4, 24, 32, 3)
+    want = (raw[0].astype(np.float32) / 255 - np.float32(mean)) / np.float32(std)
+    assert np.allclose(normed[0], want, atol=1e-5)
+    ops = [*FRAME_OPS, norm, chw]
+    numpy = list(ds.iter_batches(batch_size=4, shuffle=True, seed=9, transforms=ops))
+    assert numpy[0]["video"].shape == (4, 4, 3, 24, 32)
+    loader = ds.to_torch(batch_size=4, shuffle=True, seed=9, num_workers=2, transforms=ops)
+    batches = list(loader)
+    assert batches[0]["video"].dtype == torch.float32
+    assert tuple(batches[0]["video"].shape) == (4, 4, 3, 24, 32)
+    tf_batches = list(ds.to_tf(batch_size=4, shuffle=True, seed=9, transforms=ops))
+    assert len(batches) == len(tf_batches) == len(numpy)
+    for t, f, n in zip(batches, tf_batches, numpy):
+        assert np.array_equal(t["id"].numpy(), n["id"])
+        assert np.array_equal(t["video"].numpy(), n["video"])
+        assert np.array_equal(f["video"].numpy(), n["video"])
+    uint8 = next(iter(ds.to_torch(batch_size=4, num_workers=2, transforms=FRAME_OPS)))
+    assert uint8["video"].dtype == torch.uint8 and tuple(uint8["video"].shape) == (4, 4, 24, 32, 3)
+
+
+def test_frame_ops_refused_naming_the_column(stills: str) -> None:
+    ds = open_dataset(stills)
+    decode = FRAME_OPS[0]
+    norm = {"op": "normalize", "column": "video", "mean": [0.5, 0.5], "std": 0.5}
+    with pytest.raises(SpecError, match=r"normalize on video column 'video': mean has 2 values"):
+        ds.to_torch(batch_size=2, transforms=[decode, norm])
+    late = [decode, {"op": "to_chw", "column": "video"}, FRAME_OPS[2]]
+    with pytest.raises(SpecError, match="horizontal_flip on video column 'video' must come"):
+        ds.to_torch(batch_size=2, transforms=late)
+    image = {"op": "image_decode", "column": "video"}
+    with pytest.raises(SpecError, match="image_decode on video column 'video': frames take"):
+        ds.to_torch(batch_size=2, transforms=[decode, image])

@@ -3,15 +3,19 @@
 ``audio_decode`` (+ ``audio_crop``) turns WAV / FLAC / OGG / MP3 bytes into float32 in
 [-1, 1], channels first, through libsndfile (``soundfile``) and the SoX resampler
 (``soxr``); a crop decodes only its window (the file is seeked before decoding and
-resampling). ``video_decode`` (+ ``resize`` / ``center_crop`` per frame) turns video bytes
-into uint8 RGB frames through FFmpeg (PyAV), scaling each frame in FFmpeg's scaler.
-Random windows come from the same per-sample generators as the image ops (fingerprint,
-seed, epoch, global sample index), so they are reproducible on any world size and after
-resume. Both need the ``media`` extra; they are imported only when such an op is used.
+resampling). ``video_decode`` turns video bytes into uint8 RGB frames through FFmpeg
+(PyAV); the image ops after it (``resize``, ``center_crop``, ``random_resized_crop``,
+``horizontal_flip``, ``normalize``, ``to_chw``) apply to every frame of a clip with one
+plan per clip: the image pipeline's box and flip (:func:`~spark_dl_core.images.plan_boxes`),
+each frame's box resampled as images are. Random windows, boxes and flips come from the
+same per-sample generators as the image ops (fingerprint, seed, epoch, global sample
+index), so they are reproducible on any world size and after resume. Both need the
+``media`` extra; they are imported only when such an op is used.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 from collections.abc import Callable
@@ -21,11 +25,24 @@ import numpy as np
 
 from .errors import DatasetError, MissingDependencyError, SpecError
 from .format.buffers import Jagged
-from .images import sample_rngs
-from .transforms import AudioCrop, AudioDecode, CenterCrop, Resize, VideoDecode
+from .images import _resample, plan_boxes, sample_rngs
+from .transforms import (
+    AudioCrop,
+    AudioDecode,
+    CenterCrop,
+    HorizontalFlip,
+    Normalize,
+    RandomResizedCrop,
+    Resize,
+    ToCHW,
+    VideoDecode,
+)
 
 Where = Callable[[int, str], str]
 _BYTES = ("bytes",)
+# Image ops that apply to every frame of a decoded video column (one plan per clip).
+FRAME_GEOMETRY = (Resize, CenterCrop, RandomResizedCrop, HorizontalFlip)
+FRAME_OPS = "resize, center_crop, random_resized_crop, horizontal_flip, normalize and to_chw"
 
 
 class MediaError(DatasetError):
@@ -119,11 +136,40 @@ class AudioPipeline:
 
 
 class VideoPipeline:
-    """``video_decode`` of one column, then ``resize`` / ``center_crop`` on every frame."""
+    """``video_decode`` of one column, then the image ops on every frame: geometry
+    (``resize``, ``center_crop``, ``random_resized_crop``, ``horizontal_flip``) planned once
+    per clip, ``normalize`` and ``to_chw`` on the whole batch."""
 
     def __init__(self, decode: VideoDecode) -> None:
         self.decode = decode
-        self.geometry: list[Resize | CenterCrop] = []
+        self.geometry: list[Resize | CenterCrop | RandomResizedCrop | HorizontalFlip] = []
+        self.normalize: Normalize | None = None
+        self.chw = False
+
+    def add(self, op: Any, column: str) -> None:
+        """Take a frame op of this column, refusing (naming op and column) one that frames
+        do not support or that comes after ``normalize`` / ``to_chw``."""
+        if isinstance(op, FRAME_GEOMETRY):
+            if self.normalize is not None or self.chw:
+                raise SpecError(
+                    f"{op.op} on video column {column!r} must come before normalize/to_chw"
+                )
+            self.geometry.append(op)
+        elif isinstance(op, Normalize):
+            if self.normalize is not None:
+                raise SpecError(f"normalize on video column {column!r} is listed twice")
+            for name in ("mean", "std"):
+                value = getattr(op, name)
+                if isinstance(value, list) and len(value) not in (1, 3):
+                    raise SpecError(
+                        f"normalize on video column {column!r}: {name} has {len(value)} "
+                        "values, the frames have 3 channels (RGB)"
+                    )
+            self.normalize = op
+        elif isinstance(op, ToCHW):
+            self.chw = True
+        else:
+            raise SpecError(f"{op.op} on video column {column!r}: frames take {FRAME_OPS}")
 
     def run(self, raws: list[bytes], key: bytes, index: np.ndarray, where: Where) -> np.ndarray:
         av = _need("av")
@@ -137,7 +183,7 @@ class VideoPipeline:
                 raise MediaError(where(i, f"video_decode: {exc}")) from None
             if not frames:
                 raise MediaError(where(i, "video_decode: the clip has no video frames"))
-            clips.append(np.stack([self._shape(f) for f in frames]))
+            clips.append(self._shape(frames, key, int(index[i])))
         shapes = {c.shape for c in clips}
         if len(shapes) > 1:
             raise MediaError(
@@ -148,8 +194,8 @@ class VideoPipeline:
                 )
             )
         if not clips:
-            return np.zeros((0, op.num_frames, 0, 0, 3), np.uint8)
-        return np.stack(clips)
+            return self._finish(np.zeros((0, op.num_frames, 0, 0, 3), np.uint8))
+        return self._finish(np.stack(clips))
 
     def _frames(self, av: Any, raw: bytes, rng: np.random.Generator | None) -> list[Any]:
         """The picked frames (PyAV VideoFrames), decoded from the start up to the last."""
@@ -173,34 +219,49 @@ class VideoPipeline:
             last = len(decoded) - 1  # containers may count more frames than they hold
             return [decoded[min(w, last)] for w in wanted] if decoded else []
 
-    def _shape(self, frame: Any) -> np.ndarray:
-        """One frame through the geometry: resize (FFmpeg's scaler), center crop."""
-        h, w = frame.height, frame.width
-        for g in self.geometry:
-            if isinstance(g, Resize):
-                if isinstance(g.size, int):
-                    scale = g.size / min(h, w)
-                    h, w = max(1, round(h * scale)), max(1, round(w * scale))
-                else:
-                    h, w = int(g.size[0]), int(g.size[1])
-                frame = frame.reformat(width=w, height=h, interpolation="BILINEAR")
-        pixels = frame.to_ndarray(format="rgb24")
-        for g in self.geometry:
-            if isinstance(g, CenterCrop):
-                ch, cw = (g.size, g.size) if isinstance(g.size, int) else g.size
-                pixels = _center_crop(pixels, int(ch), int(cw))
-        return pixels
+    def _shape(self, frames: list[Any], key: bytes, sample: int) -> np.ndarray:
+        """One clip's frames ``[T, H, W, C]`` through the geometry, planned once for the
+        clip: the image ops' box, flip and output size (:func:`plan_boxes`, random draws
+        from the sample's generator), then every frame's RGB pixels cropped to the box and
+        resampled in one step as the image pipeline resamples (bilinear, antialiased)."""
+        if not self.geometry:
+            return np.stack([f.to_ndarray(format="rgb24") for f in frames])
+        h, w = frames[0].height, frames[0].width
+        plan = plan_boxes(np.array([[h, w]]), self.geometry, frame_key(key), np.array([sample]))
+        oh, ow = (int(v) for v in plan.sizes[0])
+        out = np.empty((len(frames), oh, ow, 3), np.uint8)
+        region = plan.region(0)
+        top, left, bottom, right = region if region is not None else (0, 0, oh, ow)
+        if region is not None:  # a crop larger than the frame: padded around it
+            out.fill(plan.fill)
+        x0, y0, x1, y1 = (float(v) for v in plan.boxes[0])
+        flip = bool(plan.flips[0])
+        for t, frame in enumerate(frames):
+            pixels = frame.to_ndarray(format="rgb24")
+            fh, fw = pixels.shape[:2]
+            sx, sy = fw / w, fh / h  # a frame of another size (mid-stream change): its box
+            box = (x0 * sx, y0 * sy, x1 * sx, y1 * sy)
+            _resample(
+                pixels, box, (bottom - top, right - left), flip, out[t, top:bottom, left:right]
+            )
+        return out
+
+    def _finish(self, batch: np.ndarray) -> np.ndarray:
+        """``normalize`` (float32, values scaled to [0, 1] first, as for images) and
+        ``to_chw`` (``[B, T, C, H, W]``) on a whole ``[B, T, H, W, C]`` batch."""
+        if self.normalize is not None:
+            mean = np.asarray(self.normalize.mean, dtype=np.float32) * np.float32(255)
+            std = np.asarray(self.normalize.std, dtype=np.float32) * np.float32(255)
+            batch = (batch.astype(np.float32) - mean) / std
+        if self.chw:
+            batch = np.ascontiguousarray(batch.transpose(0, 1, 4, 2, 3))
+        return batch
 
 
-def _center_crop(pixels: np.ndarray, h: int, w: int) -> np.ndarray:
-    """The central ``h x w``, zero-padded where the frame is smaller (as torchvision)."""
-    out = np.zeros((h, w, pixels.shape[2]), np.uint8)
-    ih, iw = pixels.shape[:2]
-    top, left = (ih - h) // 2, (iw - w) // 2
-    src = pixels[max(0, top) : max(0, top) + min(h, ih), max(0, left) : max(0, left) + min(w, iw)]
-    dt, dl = max(0, -top), max(0, -left)
-    out[dt : dt + src.shape[0], dl : dl + src.shape[1]] = src
-    return out
+def frame_key(key: bytes) -> bytes:
+    """The key of a clip's frame-op draws: derived from the loader's (fingerprint, seed,
+    epoch) key, so the box and flip do not reuse the draws that picked the clip's start."""
+    return hashlib.sha256(b"spark-dl-video-frames:" + key).digest()
 
 
 def compile_media(
@@ -209,7 +270,7 @@ def compile_media(
     """Take the audio and video ops (and the frame ops of decoded video columns) out of a
     loader's transforms, as per-column pipelines; the rest go on to the image pipelines.
     Refuses, before any data is read, an op on a missing column or a column that does not
-    hold bytes, a crop before its decode, and image ops video frames do not support."""
+    hold bytes, a crop before its decode, and ops video frames do not support."""
     pipelines: dict[str, AudioPipeline | VideoPipeline] = {}
     rest: list[Any] = []
     for op in transforms:
@@ -237,11 +298,7 @@ def compile_media(
                 )
             pipeline.crop = op
         elif isinstance(pipeline, VideoPipeline):
-            if not isinstance(op, (Resize, CenterCrop)):
-                raise SpecError(
-                    f"{op.op} on video column {column!r}: frames take resize and center_crop"
-                )
-            pipeline.geometry.append(op)
+            pipeline.add(op, str(column))
         elif isinstance(pipeline, AudioPipeline):
             raise SpecError(
                 f"{op.op} on audio column {column!r}: after audio_decode only audio_crop applies"
