@@ -352,3 +352,79 @@ def test_frame_ops_refused_naming_the_column(stills: str) -> None:
     image = {"op": "image_decode", "column": "video"}
     with pytest.raises(SpecError, match="image_decode on video column 'video': frames take"):
         ds.to_torch(batch_size=2, transforms=[decode, image])
+
+
+# ------------------------------------------------------------------ write side: reencode_audio
+
+
+def _clips_to_reencode() -> list[bytes]:
+    return [
+        _encode(_tone(44_100, 1.5, 2), 44_100, "WAV", None),  # stereo WAV at 44.1 kHz
+        _encode(_tone(16_000, 0.7, 1), 16_000, "FLAC", None),  # already 16 kHz mono FLAC
+        _encode(_tone(22_050, 1.2, 2), 22_050, "OGG", "VORBIS"),
+        _encode(_tone(48_000, 0.9, 1), 48_000, "FLAC", None),
+    ]
+
+
+REENCODE = {"op": "reencode_audio", "column": "audio", "sample_rate": 16_000, "mono": True}
+
+
+def test_reencode_audio_at_write_time(tmp_path: Path) -> None:
+    from spark_dl_core import DatasetSpec
+
+    clips = _clips_to_reencode()
+    table = pa.table({"id": np.arange(4), "audio": clips})
+    write_mds(table, str(tmp_path / "flac"), DatasetSpec(transforms=[REENCODE]))
+    (batch,) = list(open_dataset(tmp_path / "flac").iter_batches(batch_size=4))
+    assert batch["audio"][1] == clips[1]  # already as asked: its bytes are kept
+    for i, raw in enumerate(batch["audio"]):
+        info = sf.info(io.BytesIO(raw))
+        assert (info.format, info.samplerate, info.channels) == ("FLAC", 16_000, 1)
+        assert abs(info.frames - round(16_000 * [1.5, 0.7, 1.2, 0.9][i])) <= 1
+        data, _ = sf.read(io.BytesIO(raw), dtype="float32")
+        spectrum = np.abs(np.fft.rfft(data[: 16_000 // 2]))  # 0.5 s: bins of 2 Hz
+        assert abs(2 * int(np.argmax(spectrum)) - 440) <= 2, i
+    for fmt, name in (("wav", "WAV"), ("ogg", "OGG")):
+        op = {"op": "reencode_audio", "column": "audio", "format": fmt}
+        write_mds(table, str(tmp_path / fmt), DatasetSpec(transforms=[op]))
+        stored = next(iter(open_dataset(tmp_path / fmt).iter_batches(batch_size=4)))["audio"]
+        infos = [sf.info(io.BytesIO(raw)) for raw in stored]
+        assert [i.format for i in infos] == [name] * 4
+        assert [i.samplerate for i in infos] == [44_100, 16_000, 22_050, 48_000]  # rates kept
+        assert [i.channels for i in infos] == [2, 1, 2, 1]
+
+
+def test_reencode_audio_refuses_bad_bytes_and_columns(tmp_path: Path) -> None:
+    from spark_dl_core.errors import ReencodeError
+
+    clips = _clips_to_reencode()
+    clips[2] = b"RIFF\x00\x00not a clip"
+    table = pa.table({"id": np.arange(4), "audio": clips})
+    with pytest.raises(ReencodeError, match=r"column 'audio'.*does not decode.*row 2 of the data"):
+        write_mds(table, str(tmp_path / "bad"), {"transforms": [REENCODE]})
+    with pytest.raises(SpecError, match="reencode_audio on column 'id': needs audio bytes"):
+        write_mds(table, str(tmp_path / "ids"), {"transforms": [{**REENCODE, "column": "id"}]})
+    with pytest.raises(SpecError, match=r"reencode_audio\.format"):
+        write_mds(table, str(tmp_path / "mp3"), {"transforms": [{**REENCODE, "format": "mp3"}]})
+
+
+def test_spark_write_reencodes_audio_in_the_executors(classic_spark: Any, tmp_path: Path) -> None:
+    import json
+
+    import spark_dl
+
+    spark_dl.register(classic_spark)
+    clips = _clips_to_reencode()
+    df = classic_spark.createDataFrame(list(enumerate(clips)), "id long, audio binary")
+    spec = json.dumps({"transforms": [{**REENCODE, "format": "ogg"}]})
+    path = str(tmp_path / "spark")
+    df.coalesce(2).write.format("mds").option("spec", spec).save(path)
+    ds = open_dataset(path)
+    for batch in ds.iter_batches(batch_size=4):
+        for raw in batch["audio"]:
+            info = sf.info(io.BytesIO(raw))
+            assert (info.format, info.samplerate, info.channels) == ("OGG", 16_000, 1)
+    bad = classic_spark.createDataFrame([(0, clips[0]), (1, b"garbage")], "id long, audio binary")
+    with pytest.raises(Exception, match=r"ReencodeError: column 'audio'.*row 1 of partition 0"):
+        bad.coalesce(1).write.format("mds").option("spec", spec).save(str(tmp_path / "bad"))
+    assert not (tmp_path / "bad" / "index.json").exists()

@@ -48,6 +48,11 @@ class EncodingError(SparkDLError, ValueError):
         self.row = row  # within the values encoded, when one row is to blame
 
 
+class ReencodeError(EncodingError):
+    """A write-time re-encoding op (``reencode_audio``) met a value it cannot decode; the
+    message names the column and the row (with the partition in a Spark write)."""
+
+
 class MissingDependencyError(SparkDLError, ImportError):
     """An optional extra (fsspec, deltalake, torch…) is needed and not installed."""
 

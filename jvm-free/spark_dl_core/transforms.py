@@ -29,6 +29,7 @@ from pydantic import (
 
 from .errors import SpecError, TokenizeError
 from .image_codec import reencode_array
+from .op_registry import implementation
 from .text import encode_texts, load_tokenizer, token_type, tokenizer_facts
 
 
@@ -320,6 +321,30 @@ class ReencodeImage(_Base):
         return _replace(batch, self.column, out)
 
 
+class ReencodeAudio(_Base):
+    """Write time: re-encode an audio column (WAV, FLAC, OGG...) as ``format`` at
+    ``sample_rate`` (None: each clip keeps its rate), mixed down to one channel with
+    ``mono``, so stored datasets hold training-ready audio. Clips already in that form keep
+    their bytes. Runs where rows are written (Spark's executors for a Spark write)."""
+
+    op: Literal["reencode_audio"] = "reencode_audio"
+    column: str
+    sample_rate: int | None = Field(default=None, ge=1)
+    format: Literal["flac", "wav", "ogg"] = "flac"
+    mono: bool = False
+
+    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        _require(batch, [self.column], self.op)
+        array = batch.column(self.column)
+        if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
+            raise SpecError(
+                f"reencode_audio on column {self.column!r}: needs audio bytes, not {array.type}"
+            )
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        return _replace(batch, self.column, implementation(self.op)(self, array))
+
+
 class Tokenize(_Base):
     """Write time: a text column to token ids with a Hugging Face ``tokenizers`` file.
 
@@ -480,7 +505,8 @@ Transform = Annotated[
     | Tokenize
     | AudioDecode
     | AudioCrop
-    | VideoDecode,
+    | VideoDecode
+    | ReencodeAudio,
     Field(discriminator="op"),
     BeforeValidator(lambda value: _check_op(value)),
 ]

@@ -153,7 +153,12 @@ class ShardWriter:
         if is_source_boundary(batch):  # the shard in progress ends with its source file
             self.flush()
             return
-        batch = apply_transforms(batch, self.spec.transforms, "write")
+        try:
+            batch = apply_transforms(batch, self.spec.transforms, "write")
+        except EncodingError as exc:  # a write op's bad value: say where it came from
+            if exc.row is None:
+                raise
+            raise type(exc)(exc.column, f"{exc.detail} (at {self._row_at(exc.row)})") from None
         if self.plans is None:
             self._set_plans(plan_columns(batch.schema, self.spec))
         self._check_schema(batch.schema)
