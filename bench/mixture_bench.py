@@ -14,7 +14,7 @@ reports its first pass (cold: shards read and hashed) and a second pass (warm) s
 - ``mosaic``: Mosaic ``StreamingDataset(streams=[Stream(proportion=2/3), Stream(proportion=1/3)])``
   in-process (timed over a sample of the epoch, it is far slower), if ``.venv-mosaic`` exists
 
-Usage: ``python bench/mixture_bench.py [--scale 1.0] [--rounds 3]``.
+Usage: ``python bench/mixture_bench.py [--scale 1.0] [--rounds 3] [--only one_w0,strat_w0]``.
 """
 
 from __future__ import annotations
@@ -148,6 +148,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="data size (1.0: 2M + 1M rows)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--only", help="comma-separated cases to run (e.g. one_w0,strat_w0); default: all"
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -162,6 +165,12 @@ def main() -> None:
         names.append("mosaic")
     else:
         print("mosaic: skipped (.venv-mosaic not found)")
+    if args.only:
+        wanted = args.only.split(",")
+        unknown = sorted(set(wanted) - set(names))
+        if unknown:
+            parser.error(f"unknown case(s) {unknown}: choose from {names}")
+        names = [n for n in names if n in wanted]
     runs: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else list(reversed(names)):

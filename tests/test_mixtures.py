@@ -9,6 +9,7 @@ import io
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -340,3 +341,122 @@ def test_packing_reads_every_token_of_the_mixture_epoch_once(tmp_path: Path) -> 
         ids = b["input_ids"]
         got += ids[ids != 0].tolist()  # token ids are >= 1; 0 pads the epoch's last row
     assert sorted(got) == want
+
+
+def _merge_reference(counts: list[int]) -> list[list[int]]:
+    """Prefix counts of the smooth merge, straight from its definition: every item (s, j)
+    at time (j + (2s + 1) / 2S) / counts[s], all sorted by (time, s) in exact fractions."""
+    from fractions import Fraction
+
+    q = 2 * len(counts)
+    items = sorted(
+        (Fraction(j * q + 2 * s + 1, c * q), s) for s, c in enumerate(counts) for j in range(c)
+    )
+    got, out = [0] * len(counts), [[0] * len(counts)]
+    for _, s in items:
+        got[s] += 1
+        out.append(list(got))
+    return out
+
+
+def test_vectorized_merge_matches_the_definition_on_random_proportions() -> None:
+    from spark_dl_core.order import _merged_counts_exact, merged_counts_at
+
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        n = int(rng.integers(1, 7))
+        counts = rng.integers(0, 80, n).tolist()
+        counts[int(rng.integers(n))] += 1  # at least one item
+        if rng.random() < 0.3:  # equal sizes: the staggered phases must break the ties
+            counts = [counts[0]] * n
+        want = _merge_reference(counts)
+        total = sum(counts)
+        got = merged_counts_at(counts, np.arange(total + 1))
+        assert got.tolist() == want, counts
+        assert [merged_counts(counts, x) for x in range(total + 1)] == want
+        assert [_merged_counts_exact(counts, x) for x in range(total + 1)] == want
+    # large mixtures: against the scalar path in Python integers, through each branch of
+    # the vectorized one (pairwise fix-up, the scalar fix-up for many sources, and the
+    # fallback where int64 products could overflow)
+    for n, high in [(2, 10**6), (5, 10**8), (40, 10**6), (3, 10**12), (1, 10**9)]:
+        for _ in range(8):
+            counts = rng.integers(0, high, n).tolist()
+            counts[0] += 1
+            xs = np.append(rng.integers(0, sum(counts) + 1, 300), [0, sum(counts)])
+            got = merged_counts_at(counts, xs)
+            assert got.tolist() == [_merged_counts_exact(counts, int(x)) for x in xs]
+            assert (got.sum(axis=1) == xs).all()
+
+
+def _stratified_reference(order: Any, b: int) -> np.ndarray:
+    """Batch ``b`` of a stratified mixture order, one batch at a time, as defined: each
+    source's stream range between the merge's counts at the batch's bounds, then the
+    batch's own seeded permutation (shuffled) or the merge's time order (not)."""
+    from spark_dl_core.order import _merged_counts_exact, _rng
+
+    size, counts = order.batch_size, order.counts
+    x0, x1 = b * size, min((b + 1) * size, order.total)
+    lo, hi = _merged_counts_exact(counts, x0), _merged_counts_exact(counts, x1)
+    ids, times = [], []
+    for s, (a, z) in enumerate(zip(lo, hi)):
+        ids.append(order.streams[s].ids(np.arange(a, z)))  # sparse: no window cache
+        times.append(
+            (np.arange(a, z, dtype=np.float64) + (2 * s + 1) / (2 * len(counts))) / counts[s]
+        )
+    batch = np.concatenate(ids)
+    if order.shuffle:
+        fingerprint = order.plan.fingerprint
+        return batch[
+            _rng(f"batch:{fingerprint}:{b}", order.seed, order.epoch).permutation(len(batch))
+        ]
+    return batch[np.argsort(np.concatenate(times), kind="stable")]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_stratified_order_matches_batch_by_batch_reference(shuffle: bool) -> None:
+    from spark_dl_core.order import MixtureOrder, MixturePlan
+
+    rng = np.random.default_rng(11)
+    for case in range(12):
+        n = int(rng.integers(1, 6))
+        shard_sizes = tuple(rng.integers(0, 200, int(rng.integers(1, 7))) for _ in range(n))
+        sizes = [int(s.sum()) for s in shard_sizes]
+        bases = tuple(int(v) for v in np.cumsum([0, *sizes[:-1]]))
+        counts = tuple(int(rng.integers(0, 3 * m + 1)) if m else 0 for m in sizes)
+        if not sum(counts):
+            continue
+        fps = tuple(f"source{s}" for s in range(n))
+        plan = MixturePlan(f"mix{case}", shard_sizes, bases, counts, fps, "stratified")
+        for batch_size in (1, 13, 256):
+            order = MixtureOrder(
+                plan, seed=5, epoch=case % 3, shuffle=shuffle, window=2, batch_size=batch_size
+            )
+            batches = -(-order.total // batch_size)
+            want = np.concatenate([_stratified_reference(order, b) for b in range(batches)])
+            assert np.array_equal(order.take(0, order.total), want)
+            for start, stop in [
+                (0, 1),
+                (batch_size - 1, 2 * batch_size + 3),
+                (order.total // 3, order.total),
+            ]:
+                start, stop = min(start, order.total), min(stop, order.total)
+                assert np.array_equal(order.take(start, stop), want[start:stop])
+
+
+def test_stratified_order_is_pinned() -> None:
+    """The order is a contract (same fingerprints, settings, seed and epoch: same batches);
+    these digests were taken before the merge was vectorized and must not move without an
+    ORDER_VERSION bump."""
+    import hashlib
+
+    from spark_dl_core.order import MixtureOrder, MixturePlan
+
+    sizes = (np.array([120, 80, 33]), np.array([50, 50]), np.array([7]))
+    plan = MixturePlan(
+        "pinned", sizes, (0, 233, 333), (300, 170, 31), ("a", "b", "c"), "stratified"
+    )
+    digests = []
+    for shuffle in (True, False):
+        order = MixtureOrder(plan, seed=7, epoch=1, shuffle=shuffle, window=2, batch_size=32)
+        digests.append(hashlib.sha256(order.take(0, order.total).tobytes()).hexdigest()[:16])
+    assert digests == ["82e0ea0414432e56", "91fb7bd9183c44a4"]

@@ -324,3 +324,24 @@ def test_window_permute_is_a_bijection_for_every_size() -> None:
     for n in [1, 2, 3, 5, 64, 65, 1000, 4097]:
         got = window_permute(np.arange(n), np.full(n, n), np.full(n, 12345, dtype=np.uint64))
         assert sorted(got.tolist()) == list(range(n))
+
+
+def test_dense_takes_equal_the_per_position_bijection() -> None:
+    """A dense reader's takes (slices of cached window orders) give exactly the ids the
+    per-position Feistel evaluation gives, across windows, with empty shards and bases."""
+    rng = np.random.default_rng(4)
+    for case in range(20):
+        sizes = rng.integers(0, 90, int(rng.integers(1, 12)))
+        sizes[0] += 1
+        bases = None if case % 2 else rng.permutation(10_000)[: len(sizes)] * 100
+        order = GlobalOrder(sizes, f"fp{case}", 3, case, True, int(rng.integers(1, 5)), bases=bases)
+        every = order.ids(np.arange(order.total))  # sparse path
+        assert np.array_equal(order.take(0, order.total, dense=True), every)
+        for _ in range(10):
+            a, b = sorted(rng.integers(0, order.total + 1, 2).tolist())
+            assert np.array_equal(order.take(a, b, dense=True), every[a:b])
+            picks = rng.integers(0, order.total, 17)
+            assert np.array_equal(order.ids(picks, dense=True), every[picks])
+        taken = order.take(0, min(5, order.total), dense=True)
+        taken[:] = -1  # a caller may write into what it took: the cache stays intact
+        assert np.array_equal(order.take(0, order.total, dense=True), every)

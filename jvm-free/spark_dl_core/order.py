@@ -183,24 +183,39 @@ class GlobalOrder:
     def _keys(self, w: np.ndarray) -> np.ndarray:
         return _mix(np.uint64(self.base_key) ^ (w.astype(np.uint64) * _GOLDEN + _GOLDEN))
 
-    def _window_perm(self, w: int) -> np.ndarray:
-        """The whole permutation of window ``w`` (kept for the last two windows asked)."""
+    def _window_ids(self, w: int) -> np.ndarray:
+        """The ids at every position of window ``w``, in order (kept for the last two windows
+        asked): a dense reader's positions are then a slice or a gather of it."""
         cache = self.__dict__.setdefault("_dense", {})
-        perm = cache.get(w)
-        if perm is None:
+        ids = cache.get(w)
+        if ids is None:
             start, stop = int(self.window_bounds[w]), int(self.window_bounds[w + 1])
-            n = stop - start
-            perm = _permute_range(n, self._keys(np.array([w]))[0])
+            member = start + _permute_range(stop - start, self._keys(np.array([w]))[0])
+            # the window's shards only: permuted_offsets[first..last] bound its members
+            first = w * self.window
+            last = min(first + self.window, len(self.perm))
+            k = (
+                first
+                - 1
+                + np.searchsorted(self.permuted_offsets[first : last + 1], member, side="right")
+            )
+            ids = self._ids_of(member, k)
             while len(cache) >= 2:
                 cache.pop(next(iter(cache)))
-            cache[w] = perm
-        return perm
+            cache[w] = ids
+        return ids
+
+    def _ids_of(self, member: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """Ids of positions ``member`` of the permuted shards' concatenation, in shard ``k``."""
+        shard = self.perm[k]
+        starts = self.offsets if self.bases is None else self.bases
+        return np.asarray(starts[shard] + (member - self.permuted_offsets[k]), np.int64)
 
     def ids(self, positions: np.ndarray, dense: bool = False) -> np.ndarray:
         """Global sample ids at ``positions`` (each in ``0..len-1``) of this epoch's order.
 
         ``dense``: the caller reads most of each window (one rank, or a few), so computing
-        and keeping a window's whole permutation (O(window samples)) beats evaluating the
+        and keeping a window's whole order (O(window samples)) beats evaluating the
         bijection per position; sparse readers (many ranks) evaluate only their positions.
         """
         pos = np.asarray(positions, dtype=np.int64)
@@ -214,20 +229,30 @@ class GlobalOrder:
         w = np.searchsorted(bounds, pos, side="right") - 1
         start = bounds[w]
         if dense:
-            member = np.empty_like(pos)
+            out = np.empty_like(pos)
             for window in np.unique(w).tolist():
                 here = w == window
-                member[here] = start[here] + self._window_perm(window)[pos[here] - start[here]]
-        else:
-            size = bounds[w + 1] - start
-            member = start + window_permute(pos - start, size, self._keys(w))
-        k = np.searchsorted(self.permuted_offsets, member, side="right") - 1
-        shard = self.perm[k]
-        starts = self.offsets if self.bases is None else self.bases
-        return np.asarray(starts[shard] + (member - self.permuted_offsets[k]), np.int64)
+                out[here] = self._window_ids(window)[pos[here] - start[here]]
+            return out
+        size = bounds[w + 1] - start
+        member = start + window_permute(pos - start, size, self._keys(w))
+        return self._ids_of(member, np.searchsorted(self.permuted_offsets, member, "right") - 1)
 
     def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
-        return self.ids(np.arange(start, stop, dtype=np.int64), dense)
+        if not (dense and self.shuffle) or stop <= start:
+            return self.ids(np.arange(start, stop, dtype=np.int64), dense)
+        # consecutive positions: slices of the windows' orders, no per-position lookup
+        bounds = self.window_bounds
+        w = int(np.searchsorted(bounds, start, side="right")) - 1
+        parts = []
+        while start < stop:
+            lo, hi = int(bounds[w]), int(bounds[w + 1])
+            end = min(stop, hi)
+            if end > start:
+                parts.append(self._window_ids(w)[start - lo : end - lo])
+                start = end
+            w += 1
+        return parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -357,6 +382,91 @@ def merged_counts(counts: Sequence[int], x: int) -> list[int]:
     rational arithmetic), and the counts never decrease as ``x`` grows, so consecutive
     prefixes give each batch a non-negative, proportional number of items.
     """
+    return [int(v) for v in merged_counts_at(counts, np.array([int(x)], dtype=np.int64))[0]]
+
+
+# Exact int64 arithmetic in :func:`merged_counts_at` while its products stay below this;
+# larger mixtures take the scalar path in Python integers.
+_INT64_SAFE = 1 << 62
+# Candidates per prefix (sources x items to move) up to which the merge's last-items fix-up
+# compares every pair in numpy; beyond it the scalar heap does it.
+_PAIRWISE = 64
+
+
+def merged_counts_at(counts: Sequence[int], xs: np.ndarray) -> np.ndarray:
+    """:func:`merged_counts` of many prefixes at once: an int64 array ``[len(xs), S]``.
+
+    Exactly the same counts, in numpy integer arithmetic: each sequence's items up to time
+    ``x / total`` in one vector step, then the few items too many (or too few) per prefix
+    are dropped (added) by comparing the candidates' times as exact cross products. Where
+    those products could leave int64 the prefixes go through :func:`_merged_counts_exact`.
+    """
+    c = [int(v) for v in counts]
+    xs = np.asarray(xs, dtype=np.int64).reshape(-1)
+    n_src, total = len(c), sum(c)
+    out = np.zeros((len(xs), n_src), dtype=np.int64)
+    if not len(xs) or total == 0:
+        return out
+    q = 2 * n_src
+    cmax = max(c)
+    if cmax * total * q >= _INT64_SAFE or (cmax * q + q) ** 2 >= _INT64_SAFE:
+        for i, x in enumerate(xs.tolist()):
+            out[i] = _merged_counts_exact(c, x)
+        return out
+    xs = np.clip(xs, 0, total)
+    ca = np.array(c, dtype=np.int64)
+    phase = 2 * np.arange(n_src, dtype=np.int64) + 1
+    v = ca * xs[:, None] * q - phase * total  # items with time <= x / total
+    got = np.where(v < 0, 0, np.minimum(ca, v // (q * total) + 1))
+    extra = got.sum(axis=1) - xs
+    for sign in (1, -1):  # 1: drop the latest items included, -1: add the earliest left out
+        rows = np.flatnonzero(extra * sign > 0)
+        for chunk in range(0, len(rows), 256):
+            r = rows[chunk : chunk + 256]
+            got[r] = _fix_up(ca, got[r], extra[r] * sign, sign, q)
+    return got
+
+
+def _fix_up(ca: np.ndarray, got: np.ndarray, e: np.ndarray, sign: int, q: int) -> np.ndarray:
+    """Move ``e`` items per row out of (``sign`` 1) or into (-1) the prefixes ``got``: the
+    latest included ones, later sources first on equal times, or the earliest left out,
+    earlier sources first (the merge's (time, source) order)."""
+    n_src = len(ca)
+    k_max = int(e.max())
+    if n_src * k_max > _PAIRWISE:
+        c = ca.tolist()
+        return np.array(
+            [_merged_counts_exact(c, int(g.sum() - sign * k)) for g, k in zip(got, e)],
+            dtype=np.int64,
+        ).reshape(got.shape)
+    k = np.arange(k_max, dtype=np.int64)
+    if sign > 0:
+        j = got[:, :, None] - 1 - k  # [rows, sources, k]: the last items included
+        valid = j >= 0
+    else:
+        j = got[:, :, None] + k  # the first items left out
+        valid = j < ca[None, :, None]
+    rows = len(got)
+    src = np.repeat(np.arange(n_src), k_max)
+    num = (j * q + (2 * np.arange(n_src) + 1)[None, :, None]).reshape(rows, -1)
+    den = np.repeat(ca * q, k_max)
+    valid = valid.reshape(rows, -1)
+    # before[r, a, b]: candidate a precedes b in the merge (time, then source)
+    lhs = num[:, :, None] * den[None, None, :]
+    rhs = num[:, None, :] * den[None, :, None]
+    before = (lhs < rhs) | ((lhs == rhs) & (src[:, None] < src[None, :]))
+    if sign > 0:  # dropped: fewer than e valid candidates come after it
+        beyond = (before & valid[:, None, :]).sum(axis=2)
+    else:  # added: fewer than e valid candidates come before it
+        beyond = (before & valid[:, :, None]).sum(axis=1)
+    moved = valid & (beyond < e[:, None])
+    per_source = moved.reshape(rows, n_src, k_max).sum(axis=2)
+    return np.asarray(got - sign * per_source, dtype=np.int64)
+
+
+def _merged_counts_exact(counts: list[int], x: int) -> list[int]:
+    """:func:`merged_counts` in Python integers and fractions, one prefix at a time (any
+    size; the reference the vectorized path is tested against)."""
     from fractions import Fraction
     from heapq import heapify, heappop, heappush
 
@@ -461,6 +571,10 @@ class MixtureOrder:
         if stop <= start:
             return np.empty(0, dtype=np.int64)
         size = self.batch_size
+        if self.plan.batching == "stratified":
+            first = start // size
+            ids = self._stratified(first, (stop - 1) // size + 1)
+            return ids[start - first * size : stop - first * size]
         parts = []
         for b in range(start // size, (stop - 1) // size + 1):
             chunk = self._batch(b)
@@ -468,14 +582,60 @@ class MixtureOrder:
         return np.concatenate(parts)
 
     def _counts_at(self, counts: list[int], x: int) -> list[int]:
-        key = x if counts is self.counts else -1 - x
-        got = self._merged.get(key)
+        """``merged_counts(counts, x)`` for ``per_source``'s whole batches, kept for the
+        last few ``x`` (consecutive batches share a bound)."""
+        got = self._merged.get(x)
         if got is None:
             got = merged_counts(counts, x)
             while len(self._merged) >= 8:
                 self._merged.pop(next(iter(self._merged)))
-            self._merged[key] = got
+            self._merged[x] = got
         return got
+
+    def _stratified(self, first: int, stop: int) -> np.ndarray:
+        """The ids of stratified batches ``first..stop-1``, back to back, in their order.
+
+        One merge of every boundary (:func:`merged_counts_at`) and one lookup per source
+        stream for the whole range; each batch's part of a stream is then a slice of it.
+        The same ids in the same order as taking batch by batch (a test holds the two equal).
+        """
+        size, n_src = self.batch_size, len(self.counts)
+        bounds = np.minimum(np.arange(first, stop + 1, dtype=np.int64) * size, self.total)
+        got = merged_counts_at(self.counts, bounds)  # [batches + 1, sources]
+        lo, hi = got[0], got[-1]
+        parts = [
+            self.streams[s].take(int(lo[s]), int(hi[s]), self._dense)
+            if hi[s] > lo[s]
+            else np.empty(0, np.int64)
+            for s in range(n_src)
+        ]
+        streams = np.concatenate(parts).astype(np.int64, copy=False)
+        stream_at = np.zeros(n_src + 1, dtype=np.int64)
+        np.cumsum(hi - lo, out=stream_at[1:])
+        # block (batch, source): that source's items in that batch, blocks batch-major
+        lengths = np.diff(got, axis=0).reshape(-1)
+        block_from = (stream_at[:-1] + got[:-1] - lo).reshape(-1)
+        block_to = np.cumsum(lengths) - lengths
+        where = np.repeat(block_from - block_to, lengths) + np.arange(int(lengths.sum()))
+        ids = streams[where]
+        per_batch = np.diff(bounds)
+        if self.shuffle:
+            at, fingerprint = 0, self.plan.fingerprint
+            for b, n in enumerate(per_batch.tolist(), start=first):
+                # in place: the same swaps as indexing by ``permutation(n)`` of this generator
+                _rng(f"batch:{fingerprint}:{b}", self.seed, self.epoch).shuffle(ids[at : at + n])
+                at += n
+            return ids
+        # each batch in merge time, as :meth:`_from_streams` computes it
+        source = np.repeat(np.tile(np.arange(n_src), len(per_batch)), lengths)
+        j = (where - stream_at[source] + lo[source]).astype(np.float64)
+        phase = (2 * np.arange(n_src) + 1) / (2 * n_src)
+        times = (j + phase[source]) / np.asarray(self.counts, dtype=np.float64)[source]
+        at = 0
+        for n in per_batch.tolist():  # a stable sort per batch (one lexsort is slower)
+            ids[at : at + n] = ids[at : at + n][np.argsort(times[at : at + n], kind="stable")]
+            at += n
+        return ids
 
     def _from_streams(self, lo: list[int], hi: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Ids of stream ranges ``[lo[s], hi[s])`` with each one's merge time."""
@@ -491,32 +651,28 @@ class MixtureOrder:
         return np.concatenate(ids), np.concatenate(times)
 
     def _batch(self, b: int) -> np.ndarray:
-        """The ids at positions ``[b * batch_size, (b + 1) * batch_size)`` in their order."""
+        """A ``per_source`` mixture's ids at positions ``[b * batch_size, (b + 1) *
+        batch_size)`` in their order."""
         size = self.batch_size
         x0, x1 = b * size, min((b + 1) * size, self.total)
-        if self.plan.batching == "stratified":
-            ids, times = self._from_streams(
-                self._counts_at(self.counts, x0), self._counts_at(self.counts, x1)
-            )
-        else:
-            whole = sum(self.full)
-            if b < whole:  # a whole batch of one source: which one is the merge's b-th
-                before, after = self._counts_at(self.full, b), self._counts_at(self.full, b + 1)
-                s = next(i for i, (u, v) in enumerate(zip(before, after)) if v > u)
-                k = before[s]
-                return self.streams[s].take(k * size, (k + 1) * size, self._dense)
-            # the sources' remainders, back to back, cut at this batch's bounds
-            tails = np.cumsum([0] + [c - f * size for c, f in zip(self.counts, self.full)])
-            lo_t, hi_t = x0 - whole * size, x1 - whole * size
-            lo = [
-                f * size + int(np.clip(lo_t - t, 0, n))
-                for f, t, n in zip(self.full, tails[:-1], np.diff(tails))
-            ]
-            hi = [
-                f * size + int(np.clip(hi_t - t, 0, n))
-                for f, t, n in zip(self.full, tails[:-1], np.diff(tails))
-            ]
-            ids, times = self._from_streams(lo, hi)
+        whole = sum(self.full)
+        if b < whole:  # a whole batch of one source: which one is the merge's b-th
+            before, after = self._counts_at(self.full, b), self._counts_at(self.full, b + 1)
+            s = next(i for i, (u, v) in enumerate(zip(before, after)) if v > u)
+            k = before[s]
+            return self.streams[s].take(k * size, (k + 1) * size, self._dense)
+        # the sources' remainders, back to back, cut at this batch's bounds
+        tails = np.cumsum([0] + [c - f * size for c, f in zip(self.counts, self.full)])
+        lo_t, hi_t = x0 - whole * size, x1 - whole * size
+        lo = [
+            f * size + int(np.clip(lo_t - t, 0, n))
+            for f, t, n in zip(self.full, tails[:-1], np.diff(tails))
+        ]
+        hi = [
+            f * size + int(np.clip(hi_t - t, 0, n))
+            for f, t, n in zip(self.full, tails[:-1], np.diff(tails))
+        ]
+        ids, times = self._from_streams(lo, hi)
         if self.shuffle:
             return ids[
                 _rng(f"batch:{self.plan.fingerprint}:{b}", self.seed, self.epoch).permutation(
