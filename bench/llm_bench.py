@@ -16,7 +16,8 @@ warm pass: the second pass of one loader, i.e. the next epoch):
   fresh memory per batch as a loader's batches are), nothing else
 
 ``bin`` fill: documents of log-normal lengths (median 600 tokens, sigma 1.0), seq_len 2048,
-``ds.to_torch(pack={"mode": "bin"})``: ``stats()["fill"]`` and tokens/s.
+``ds.to_torch(pack={"mode": "bin"})``: ``stats()["fill"]`` and tokens/s of a first pass;
+``bin_concat`` packs the same documents with ``mode="concat"``.
 
 tokenize: the same texts (synthetic sentences) through a BPE tokenizer (vocabulary 8,000,
 trained here): ``tok_spark`` is ``df.write.format("mds")`` with the ``tokenize`` op on a
@@ -200,13 +201,13 @@ def case_pack_litdata(directory: Path) -> dict[str, Any]:
     return {"tokens_per_s": rows * SEQ / seconds, "seconds": seconds, "tokens": rows * SEQ}
 
 
-def case_bin(directory: Path) -> dict[str, Any]:
+def case_bin(directory: Path, mode: str = "bin") -> dict[str, Any]:
     import torch  # noqa: F401
 
     from spark_dl_core import open_dataset
 
     ds = open_dataset(str(directory / "lognormal"))
-    pack = {"column": "tokens", "seq_len": SEQ, "mode": "bin"}
+    pack = {"column": "tokens", "seq_len": SEQ, "mode": mode}
     loader = ds.to_torch(batch_size=BATCH, shuffle=True, seed=0, pack=pack)
     started = time.perf_counter()
     for _ in loader:
@@ -214,6 +215,10 @@ def case_bin(directory: Path) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     stats = loader.stats()
     return {"fill": stats["fill"], "tokens_per_s": stats["tokens"] / seconds, "seconds": seconds}
+
+
+def case_bin_concat(directory: Path) -> dict[str, Any]:
+    return case_bin(directory, "concat")
 
 
 def case_tok_plain(directory: Path) -> dict[str, Any]:
@@ -293,13 +298,14 @@ CASES = {
     "pack_litdata": case_pack_litdata,
     "litdata_write": case_litdata_write,
     "bin": case_bin,
+    "bin_concat": case_bin_concat,
     "tok_plain": case_tok_plain,
     "tok_spark": case_tok_spark,
     "tok_write": case_tok_write,
 }
 GROUPS = {
     "pack": ["pack_ours", "pack_litdata", "pack_limit"],
-    "bin": ["bin"],
+    "bin": ["bin", "bin_concat"],
     "tokenize": ["tok_plain", "tok_write", "tok_spark"],
 }
 
@@ -358,7 +364,7 @@ def main() -> None:
         value = median(name, key)
         unit = "rows/s" if name.startswith("tok") else "tokens/s"
         shown = "not run" if value is None else f"{value:,.0f} {unit}"
-        extra = f"  fill {median(name, 'fill'):.3f}" if name == "bin" and value else ""
+        extra = f"  fill {median(name, 'fill'):.3f}" if name.startswith("bin") and value else ""
         print(f"{name:<14} {shown:>24}  ({len(results[name])}){extra}")
     ours, lit, limit = (
         median("pack_ours", "tokens_per_s"),
@@ -369,6 +375,9 @@ def main() -> None:
         print(f"pack_ours / pack_litdata: {ours / lit:.2f}x (target >= 1x)")
     if ours and limit:
         print(f"pack_ours / pack_limit: {ours / limit:.2f}x of the bandwidth limit for 24 B/token")
+    packed, concat = median("bin", "tokens_per_s"), median("bin_concat", "tokens_per_s")
+    if packed and concat:
+        print(f"bin / bin_concat (same documents, first pass): {packed / concat:.2f}x")
     plain, spark = median("tok_plain", "rows_per_s"), median("tok_spark", "rows_per_s")
     if plain and spark:
         print(f"tok_spark / tok_plain: {spark / plain:.2f}x (target >= 0.8x)")

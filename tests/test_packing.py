@@ -350,3 +350,74 @@ def test_a_mixture_packs_like_a_dataset(tmp_path: Path) -> None:
     for r in range(2):
         for got, want in zip(ranks[r], whole[r::2]):
             assert np.array_equal(got["input_ids"], want)
+
+
+def _reference_best_fit(lengths: list[int], seq_len: int, window: int) -> list[tuple[int, ...]]:
+    """Best fit the plain way: per document, its whole rows, then the open row with the least
+    room that holds the rest (equal room: the older row), else a new row; open rows are
+    forgotten every ``window`` documents. Segments (row, col, doc, tok, length) by row, col."""
+    segments, opened = [], 0
+    for begin in range(0, len(lengths), window):
+        room: dict[int, int] = {}  # row -> free tokens
+        for d in range(begin, min(len(lengths), begin + window)):
+            tok = 0
+            while lengths[d] - tok >= seq_len:
+                segments.append((opened, 0, d, tok, seq_len))
+                opened, tok = opened + 1, tok + seq_len
+            rest = lengths[d] - tok
+            if not rest:
+                continue
+            fits = [(free, row) for row, free in room.items() if free >= rest]
+            if fits:
+                free, row = min(fits)
+            else:
+                free, row, opened = seq_len, opened, opened + 1
+            segments.append((row, seq_len - free, d, tok, rest))
+            room[row] = free - rest
+    return sorted(segments)
+
+
+def test_bin_packing_matches_a_plain_best_fit() -> None:
+    from spark_dl_core.packing import pack_bin
+
+    rng = np.random.default_rng(7)
+    for case in range(200):
+        seq_len = int(rng.integers(1, 200))
+        n = int(rng.integers(0, 300))
+        if case % 2:
+            lengths = rng.integers(0, 3 * seq_len + 2, n)
+        else:  # log-normal: mostly short documents, a few long ones
+            lengths = np.clip(rng.lognormal(np.log(seq_len / 3 + 1), 1.0, n), 0, 5 * seq_len)
+        lengths = lengths.astype(np.int64)
+        window, row_at = int(rng.integers(1, 60)), int(rng.integers(0, 50))
+        seg, rows = pack_bin(lengths, row_at, seq_len, window)
+        want = _reference_best_fit(lengths.tolist(), seq_len, window)
+        got = list(zip(seg.row - row_at, seg.col, seg.doc, seg.tok, seg.length))
+        assert [tuple(int(v) for v in s) for s in got] == want, case
+        assert rows == (max(s[0] for s in want) + 1 if want else 0)
+
+
+def test_bin_resumes_at_the_row_on_another_world_size(dataset: Any) -> None:
+    pack = {"column": "tokens", "seq_len": L, "mode": "bin", "window": 16}
+    full = dataset.to_torch(batch_size=4, shuffle=True, seed=4, shuffle_window=2, pack=pack)
+    rows = np.concatenate([b["input_ids"].numpy() for b in full])
+    first = dataset.to_torch(batch_size=4, shuffle=True, seed=4, shuffle_window=2, pack=pack)
+    it = iter(first)
+    seen = [next(it)["input_ids"].numpy() for _ in range(7)]
+    state = first.state_dict()
+    rest = []
+    for rank in range(3):
+        again = dataset.to_torch(
+            batch_size=4,
+            shuffle=True,
+            seed=4,
+            shuffle_window=2,
+            pack=pack,
+            rank=rank,
+            world_size=3,
+            even_batches=False,
+        )
+        again.load_state_dict(state)
+        rest.append([b["input_ids"].numpy() for b in again])
+    merged = [b for k in range(len(rest[0])) for r in rest if k < len(r) for b in [r[k]]]
+    assert np.array_equal(np.concatenate(seen + merged), rows)

@@ -251,53 +251,69 @@ def pack_bin(lengths: np.ndarray, row_at: int, seq_len: int, window: int) -> tup
     documents (rows numbered from ``row_at`` in the order they are opened); a document
     longer than a row first fills whole rows of its own. Returns the segments (sorted by
     row, then column) and the number of rows."""
-    rows: list[int] = []
-    cols: list[int] = []
-    docs: list[int] = []
-    toks: list[int] = []
-    lens: list[int] = []
-    opened = 0
-    items = lengths.tolist()
-    for begin in range(0, len(items), window):
-        room: list[tuple[int, int]] = []  # (free tokens, row) of open rows, sorted
-        for d in range(begin, min(len(items), begin + window)):
-            n = items[d]
-            tok = 0
-            while n - tok > seq_len or (n - tok == seq_len):
-                rows.append(opened)
-                cols.append(0)
-                docs.append(d)
-                toks.append(tok)
-                lens.append(seq_len)
-                opened += 1
-                tok += seq_len
-            rest = n - tok
-            if rest <= 0:
-                continue
-            k = bisect.bisect_left(room, (rest, -1))
-            if k < len(room):
-                free, r = room.pop(k)
-                col = seq_len - free
-            else:
-                free, r, col = seq_len, opened, 0
-                opened += 1
-            rows.append(r)
-            cols.append(col)
-            docs.append(d)
-            toks.append(tok)
-            lens.append(rest)
-            if free - rest > 0:
-                bisect.insort(room, (free - rest, r))
+    lengths = np.asarray(lengths, dtype=np.int64)
+    full, rest = np.divmod(lengths, seq_len)
+    first_full, place, opened = _best_fit(full, rest, seq_len, window)
+    # whole rows: document d's k-th whole row is row first_full[d] + k, tokens from k * L
+    long_docs = np.flatnonzero(full)
+    count = full[long_docs]
+    doc_f = np.repeat(long_docs, count)
+    k = np.arange(len(doc_f)) - np.repeat(np.cumsum(count) - count, count)
+    # each document's remainder, where best fit put it
+    doc_r = np.flatnonzero(rest)
+    row_r, col_r = place[doc_r] // (seq_len + 1), place[doc_r] % (seq_len + 1)
+    row = np.concatenate([first_full[doc_f] + k, row_r])
+    col = np.concatenate([np.zeros(len(doc_f), np.int64), col_r])
+    order = np.lexsort((col, row))
     seg = _Segments(
-        np.asarray(rows, dtype=np.int64) + row_at,
-        np.asarray(cols, dtype=np.int64),
-        np.asarray(docs, dtype=np.int64),
-        np.asarray(toks, dtype=np.int64),
-        np.asarray(lens, dtype=np.int64),
+        row[order] + row_at,
+        col[order],
+        np.concatenate([doc_f, doc_r])[order],
+        np.concatenate([k * seq_len, full[doc_r] * seq_len])[order],
+        np.concatenate([np.full(len(doc_f), seq_len, np.int64), rest[doc_r]])[order],
     )
-    order = np.lexsort((seg.col, seg.row))
-    seg = _Segments(*(a[order] for a in (seg.row, seg.col, seg.doc, seg.tok, seg.length)))
     return seg, opened
+
+
+def _best_fit(
+    full: np.ndarray, rest: np.ndarray, seq_len: int, window: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The sequential part of :func:`pack_bin`, one step per document with a remainder:
+    per document the first of its whole rows, and where its remainder went (``row *
+    (seq_len + 1) + column``), and the rows opened. Open rows are kept as one sorted list
+    of ``free * 2**40 + row`` (best fit: the first with ``free >= rest``; equal room: the
+    older row)."""
+    n = len(full)
+    first_full = np.zeros(n, dtype=np.int64)
+    place = np.zeros(n, dtype=np.int64)
+    fulls, rests = full.tolist(), rest.tolist()
+    starts, placed = [0] * n, [0] * n
+    shift, stride = 1 << 40, seq_len + 1
+    bisect_left, insort = bisect.bisect_left, bisect.insort
+    opened = 0
+    for begin in range(0, n, window):
+        room: list[int] = []
+        for d in range(begin, min(n, begin + window)):
+            f = fulls[d]
+            if f:
+                starts[d] = opened
+                opened += f
+            r = rests[d]
+            if not r:
+                continue
+            k = bisect_left(room, r * shift)
+            if k < len(room):
+                key = room.pop(k)
+                free, row = key >> 40, key & (shift - 1)
+            else:
+                free, row = seq_len, opened
+                opened += 1
+            placed[d] = row * stride + seq_len - free
+            if free > r:
+                insort(room, (free - r) * shift + row)
+    first_full[:] = starts
+    place[:] = placed
+    return first_full, place, opened
 
 
 @dataclass
@@ -398,7 +414,10 @@ class EpochPacking:
         """Packed blocks from the one holding row ``row`` on."""
         L = self.seq_len
         b, stream, rows = 0, 0, 0
+        concat = self.pack.mode == "concat"
         while b < self.blocks:  # skip blocks before ``row`` (their lengths only)
+            if self.known[b, 0] < 0 and (stream >= row * L if concat else rows >= row):
+                break  # nothing left to skip: do not pack this block twice for its counts
             tokens, n = self._counts(b)
             if self.pack.mode == "concat" and stream + tokens <= row * L:
                 stream += tokens
