@@ -1,7 +1,7 @@
 """Image files as bytes: their size from the header, the decoders at hand, and the
-write-time ``reencode_image`` op's shrinking. Below both the transforms (which declare the
-op) and the read-time image pipeline (:mod:`spark_dl_core.images`), so neither imports
-the other's way back.
+write-time ``reencode_image`` op's shrinking (registered in the op registry, where the
+transforms that declare the op find it). Below the read-time image pipeline
+(:mod:`spark_dl_core.images`) and the dataset card, which use its header reading.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from .errors import SpecError
+from .op_registry import register_op
 
 try:  # region decoding over libjpeg-turbo: an optional C extension, built at install
     from . import _jpeg as jpeg_ext
@@ -77,3 +78,11 @@ def reencode_array(array: pa.Array, max_side: int, quality: int, column: str) ->
                 f"reencode_image on column {column!r}: row {row} does not decode: {exc}"
             ) from None
     return pa.array(out, type=array.type)
+
+
+def _reencode_op(op: Any, array: pa.Array) -> pa.Array:
+    """The ``reencode_image`` op's work on one column (found through the op registry)."""
+    return reencode_array(array, op.max_side, op.quality, op.column)
+
+
+register_op("reencode_image", _reencode_op)

@@ -26,12 +26,11 @@ See docs/images.md for the decoders' measured speed.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import io
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -41,6 +40,7 @@ from .image_codec import image_size
 from .image_codec import jpeg_ext as _jpeg
 from .image_codec import pil as _pil
 from .image_codec import simplejpeg as _simplejpeg
+from .op_registry import register_op
 from .transforms import (
     CenterCrop,
     HorizontalFlip,
@@ -49,9 +49,10 @@ from .transforms import (
     RandomResizedCrop,
     Resize,
     ToCHW,
+    sample_rngs,
 )
+from .transforms import augment_key as augment_key  # where image code has always found it
 
-IMAGE_ENCODINGS = ("jpeg", "png", "pil", "bytes")
 _decodes = 0  # images decoded by this process (tests count decodes per sample)
 
 
@@ -108,19 +109,6 @@ class Plan:
 
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
     return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
-
-
-def sample_rngs(key: bytes, indices: np.ndarray) -> list[np.random.Generator]:
-    """One generator per global sample index, keyed by (fingerprint, seed, epoch)."""
-    words = np.frombuffer(key[:16], dtype=np.uint64)
-    return [
-        np.random.Generator(np.random.Philox(key=np.array([words[0] ^ int(i), words[1]])))
-        for i in np.asarray(indices, dtype=np.uint64).tolist()
-    ]
-
-
-def augment_key(fingerprint: str, seed: int, epoch: int) -> bytes:
-    return hashlib.sha256(f"spark-dl-augment:{fingerprint}:{seed}:{epoch}".encode()).digest()
 
 
 def _random_box(
@@ -548,6 +536,43 @@ class ImagePipeline:
     normalize: Normalize | None = None
     chw: bool = False
     exact: bool = False  # full-resolution decode, ops one by one as torchvision
+    kind: ClassVar[str] = "image"
+    on_device: ClassVar[bool] = True  # run_torch decodes a batch on a torch device
+
+    @classmethod
+    def from_op(cls, op: ImageDecode, column: str) -> ImagePipeline:
+        """The pipeline ``image_decode`` starts on ``column`` (the registered factory)."""
+        if op.exact and _resampler() is None:
+            raise SpecError(
+                f"image_decode on column {column!r}: exact=True resamples as "
+                "torchvision does, with torch; install torch"
+            )
+        return cls(column, op.mode, exact=op.exact)
+
+    def add(self, op: Any) -> None:
+        """Take an op after the decode: geometry (before ``normalize`` / ``to_chw``),
+        ``normalize`` (one value or one per channel), ``to_chw``."""
+        if isinstance(op, ToCHW):
+            self.chw = True
+        elif isinstance(op, Normalize):
+            for name in ("mean", "std"):
+                value = getattr(op, name)
+                if isinstance(value, list) and len(value) not in (1, self.channels):
+                    raise SpecError(
+                        f"normalize on column {self.column!r}: {name} has {len(value)} values, "
+                        f"the image has {self.channels} channel(s)"
+                    )
+            self.normalize = op
+        elif self.normalize is not None or self.chw:
+            raise SpecError(f"{op.op} on column {self.column!r} must come before normalize/to_chw")
+        else:
+            self.geometry.append(op)
+
+    def run(
+        self, raws: list[Any], key: bytes, index: np.ndarray, where: Any, alloc: Any = np.empty
+    ) -> Any:
+        """A batch decoded and transformed on the CPU (see :meth:`run_cpu`)."""
+        return self.run_cpu(raws, self.plan(raws, key, index, where), where, alloc)
 
     @property
     def channels(self) -> int:
@@ -791,97 +816,4 @@ def gpu_decoder_available() -> bool:
     return True
 
 
-def compile_pipelines(
-    transforms: list[Any], columns: dict[str, str]
-) -> tuple[dict[str, ImagePipeline], list[Any]]:
-    """Split loader transforms into per-column image pipelines and the other ops.
-
-    Refuses, before any data is read, an op on a missing column (as the columns are at its
-    step: after earlier selects, drops and renames), a name collision or a column of the
-    wrong kind, naming the op and the column. ``columns`` maps each column to its encoding.
-    """
-    pipelines: dict[str, ImagePipeline] = {}
-    others: list[Any] = []
-    image_ops = (ImageDecode, Resize, CenterCrop, RandomResizedCrop, HorizontalFlip, ToCHW)
-    names = list(columns)
-    for op in transforms:
-        column = getattr(op, "column", None)
-        names = op.columns_after(names)
-        if column is not None and column not in columns:
-            if isinstance(op, (ImageDecode, *image_ops)):
-                raise SpecError(
-                    f"{op.op} (field 'column') names {column!r}, which the dataset does not "
-                    f"store (it has {sorted(columns)}); image ops run on the stored columns, "
-                    "before renames"
-                )
-            others.append(op)
-            continue
-        if isinstance(op, ImageDecode):
-            if columns[op.column] not in IMAGE_ENCODINGS:
-                raise SpecError(
-                    f"image_decode on column {op.column!r}: it stores "
-                    f"{columns[op.column]!r}, not image bytes ({', '.join(IMAGE_ENCODINGS)})"
-                )
-            if op.column in pipelines:
-                raise SpecError(f"image_decode on column {op.column!r} is listed twice")
-            if op.exact and _resampler() is None:
-                raise SpecError(
-                    f"image_decode on column {op.column!r}: exact=True resamples as "
-                    "torchvision does, with torch; install torch"
-                )
-            pipelines[op.column] = ImagePipeline(op.column, op.mode, exact=op.exact)
-            continue
-        pipeline = pipelines.get(column) if column is not None else None
-        if isinstance(op, image_ops):
-            if pipeline is None:
-                raise SpecError(f"{op.op} on column {column!r} needs an image_decode of it before")
-            late = pipeline.normalize is not None or pipeline.chw
-            if late and not isinstance(op, ToCHW):
-                raise SpecError(f"{op.op} on column {column!r} must come before normalize/to_chw")
-            if isinstance(op, ToCHW):
-                pipeline.chw = True
-            else:
-                pipeline.geometry.append(op)
-            continue
-        if isinstance(op, Normalize):
-            if pipeline is not None:
-                channels = pipeline.channels
-                for name in ("mean", "std"):
-                    value = getattr(op, name)
-                    if isinstance(value, list) and len(value) not in (1, channels):
-                        raise SpecError(
-                            f"normalize on column {column!r}: {name} has {len(value)} values, "
-                            f"the image has {channels} channel(s)"
-                        )
-                pipeline.normalize = op
-                continue
-            encoding = columns[op.column]
-            numeric = encoding.startswith("ndarray") or encoding in _NUMERIC
-            if not numeric:
-                raise SpecError(
-                    f"normalize on column {op.column!r}: it holds {encoding!r} values, "
-                    "not numbers (decode images with image_decode first)"
-                )
-        others.append(op)
-    return pipelines, others
-
-
-_NUMERIC = {
-    "int",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-    "str_int",
-    "str_float",
-}
-
-
-# --------------------------------------------------------------------------- write side
+register_op("image_decode", ImagePipeline.from_op)

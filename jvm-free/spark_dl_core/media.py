@@ -25,7 +25,8 @@ import numpy as np
 
 from .errors import DatasetError, MissingDependencyError, SpecError
 from .format.buffers import Jagged
-from .images import _resample, plan_boxes, sample_rngs
+from .images import _resample, plan_boxes
+from .op_registry import register_op
 from .transforms import (
     AudioCrop,
     AudioDecode,
@@ -36,13 +37,12 @@ from .transforms import (
     Resize,
     ToCHW,
     VideoDecode,
+    sample_rngs,
 )
 
 Where = Callable[[int, str], str]
-_BYTES = ("bytes",)
 # Image ops that apply to every frame of a decoded video column (one plan per clip).
 FRAME_GEOMETRY = (Resize, CenterCrop, RandomResizedCrop, HorizontalFlip)
-FRAME_OPS = "resize, center_crop, random_resized_crop, horizontal_flip, normalize and to_chw"
 
 
 class MediaError(DatasetError):
@@ -71,11 +71,23 @@ def _start(mode: str, free: int, rng: np.random.Generator | None) -> int:
 class AudioPipeline:
     """``audio_decode`` and an optional ``audio_crop`` of one column."""
 
+    kind = "audio"
+    on_device = False
+    column = ""
+
     def __init__(self, decode: AudioDecode) -> None:
         self.decode = decode
         self.crop: AudioCrop | None = None
 
-    def run(self, raws: list[bytes], key: bytes, index: np.ndarray, where: Where) -> Any:
+    def add(self, op: AudioCrop) -> None:
+        """Take the column's ``audio_crop`` (the only op audio columns take)."""
+        if self.crop is not None:
+            raise SpecError(f"audio_crop on column {self.column!r} is listed twice")
+        self.crop = op
+
+    def run(
+        self, raws: list[bytes], key: bytes, index: np.ndarray, where: Where, alloc: Any = None
+    ) -> Any:
         sf = _need("soundfile")
         crop, target = self.crop, self.decode.sample_rate
         rngs = sample_rngs(key, index) if crop is not None and crop.start == "random" else None
@@ -140,15 +152,21 @@ class VideoPipeline:
     (``resize``, ``center_crop``, ``random_resized_crop``, ``horizontal_flip``) planned once
     per clip, ``normalize`` and ``to_chw`` on the whole batch."""
 
-    def __init__(self, decode: VideoDecode) -> None:
+    kind = "video"
+    on_device = False
+
+    def __init__(self, decode: VideoDecode, column: str = "") -> None:
         self.decode = decode
+        self.column = column
         self.geometry: list[Resize | CenterCrop | RandomResizedCrop | HorizontalFlip] = []
         self.normalize: Normalize | None = None
         self.chw = False
 
-    def add(self, op: Any, column: str) -> None:
-        """Take a frame op of this column, refusing (naming op and column) one that frames
-        do not support or that comes after ``normalize`` / ``to_chw``."""
+    def add(self, op: Any) -> None:
+        """Take a frame op of this column (the registry's compiler passes only ops that
+        apply to video), refusing geometry after ``normalize`` / ``to_chw`` and a
+        ``normalize`` that does not fit RGB frames."""
+        column = self.column
         if isinstance(op, FRAME_GEOMETRY):
             if self.normalize is not None or self.chw:
                 raise SpecError(
@@ -168,10 +186,10 @@ class VideoPipeline:
             self.normalize = op
         elif isinstance(op, ToCHW):
             self.chw = True
-        else:
-            raise SpecError(f"{op.op} on video column {column!r}: frames take {FRAME_OPS}")
 
-    def run(self, raws: list[bytes], key: bytes, index: np.ndarray, where: Where) -> np.ndarray:
+    def run(
+        self, raws: list[bytes], key: bytes, index: np.ndarray, where: Where, alloc: Any = None
+    ) -> np.ndarray:
         av = _need("av")
         op = self.decode
         rngs = sample_rngs(key, index) if op.start == "random" else None
@@ -264,45 +282,12 @@ def frame_key(key: bytes) -> bytes:
     return hashlib.sha256(b"spark-dl-video-frames:" + key).digest()
 
 
-def compile_media(
-    transforms: list[Any], columns: dict[str, str]
-) -> tuple[dict[str, AudioPipeline | VideoPipeline], list[Any]]:
-    """Take the audio and video ops (and the frame ops of decoded video columns) out of a
-    loader's transforms, as per-column pipelines; the rest go on to the image pipelines.
-    Refuses, before any data is read, an op on a missing column or a column that does not
-    hold bytes, a crop before its decode, and ops video frames do not support."""
-    pipelines: dict[str, AudioPipeline | VideoPipeline] = {}
-    rest: list[Any] = []
-    for op in transforms:
-        column = getattr(op, "column", None)
-        pipeline = pipelines.get(column) if column is not None else None
-        if isinstance(op, (AudioDecode, VideoDecode)):
-            if column not in columns:
-                raise SpecError(
-                    f"{op.op} names column {column!r}, which the dataset does not have "
-                    f"(it has {sorted(columns)})"
-                )
-            if columns[column] not in _BYTES:
-                raise SpecError(
-                    f"{op.op} on column {column!r}: it stores {columns[column]!r}, not encoded "
-                    "bytes (write the files' bytes as a binary column)"
-                )
-            if pipeline is not None:
-                raise SpecError(f"{op.op} on column {column!r} is listed twice")
-            is_audio = isinstance(op, AudioDecode)
-            pipelines[column] = AudioPipeline(op) if is_audio else VideoPipeline(op)  # type: ignore[arg-type]
-        elif isinstance(op, AudioCrop):
-            if not isinstance(pipeline, AudioPipeline) or pipeline.crop is not None:
-                raise SpecError(
-                    f"audio_crop on column {column!r} needs one audio_decode of it before"
-                )
-            pipeline.crop = op
-        elif isinstance(pipeline, VideoPipeline):
-            pipeline.add(op, str(column))
-        elif isinstance(pipeline, AudioPipeline):
-            raise SpecError(
-                f"{op.op} on audio column {column!r}: after audio_decode only audio_crop applies"
-            )
-        else:
-            rest.append(op)
-    return pipelines, rest
+def _audio(op: AudioDecode, column: str) -> AudioPipeline:
+    pipeline = AudioPipeline(op)
+    pipeline.column = column
+    return pipeline
+
+
+# The decode ops' implementations, found by op name (spark_dl_core.op_registry).
+register_op("audio_decode", _audio)
+register_op("video_decode", VideoPipeline)

@@ -18,7 +18,11 @@ from .errors import SpecError
 
 # op name -> the module that registers its implementation when imported.
 IMPLEMENTATION_MODULES = {
+    "reencode_image": "spark_dl_core.image_codec",  # write ops: a function over a column
     "reencode_audio": "spark_dl_core.audio_codec",
+    "image_decode": "spark_dl_core.images",  # decode ops: a pipeline factory (op, column)
+    "audio_decode": "spark_dl_core.media",
+    "video_decode": "spark_dl_core.media",
 }
 _IMPLEMENTATIONS: dict[str, Any] = {}
 

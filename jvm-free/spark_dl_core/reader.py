@@ -16,7 +16,6 @@ import numpy as np
 
 from .errors import ColumnNotFoundError, SpecError
 from .format.buffers import Jagged
-from .images import ImageList
 from .meta import python_types
 
 if TYPE_CHECKING:
@@ -343,7 +342,7 @@ class BatchReader:
                 decoded = self.ops.apply(decoded, index)
                 if not self.jagged:  # plain numpy: token sequences, images as object arrays
                     for name, value in decoded.items():
-                        if isinstance(value, (Jagged, ImageList)):
+                        if hasattr(value, "to_objects"):  # Jagged, a pipeline's ImageList
                             decoded[name] = value.to_objects()
                 ended = time.perf_counter()
                 self.times["decode"] += ended - started
@@ -452,10 +451,11 @@ class BatchReader:
 
 
 class EncodedImages:
-    """An image column on its way to the device: encoded bytes plus their crop plan.
+    """A column on its way to the device: encoded bytes plus their plan.
 
-    DataLoader workers send this (``device="cuda"``); the main process decodes the whole
-    batch in one call on the GPU and applies the same plan (:meth:`ImagePipeline.run_torch`).
+    DataLoader workers send this (``device="cuda"``) for pipelines that decode on a device
+    (``on_device``: images); the main process decodes the whole batch in one call on the
+    GPU and applies the same plan (:meth:`ImagePipeline.run_torch`).
     """
 
     __slots__ = ("pipeline", "plan", "raws")
@@ -476,7 +476,8 @@ class EncodedImages:
 class ReadOps:
     """Read-time transforms of one loader: the spec's ``"at": "read"`` ones, then the
     loader's own ``transforms=``, checked against the dataset's columns before any data is
-    read. Image columns run their compiled :class:`~spark_dl_core.images.ImagePipeline`;
+    read. Decoded columns (image, audio, video...) run the pipelines their decode ops start,
+    found through the op registry (:func:`~spark_dl_core.transforms.compile_read_ops`);
     ``normalize`` on numeric columns runs on numpy; other ops go through Arrow.
     """
 
@@ -497,8 +498,7 @@ class ReadOps:
         self.dataset = dataset
         recorded = read_transforms(dataset) if spec else []
         self.transforms = recorded + parse_transforms(transforms)
-        self.pipelines: dict[str, Any] = {}
-        self.media: dict[str, Any] = {}  # audio / video columns (spark_dl_core.media)
+        self.pipelines: dict[str, Any] = {}  # decoded column -> its ColumnPipeline
         self.others: list[Any] = []
         self.device = device
         # Makes decoded image batches (uint8, by shape); DataLoader workers allocate them in
@@ -508,12 +508,10 @@ class ReadOps:
         _check_columns_setting(dataset, names)
         if not self.transforms:
             return
-        from .images import augment_key, compile_pipelines
-        from .media import compile_media
+        from .transforms import augment_key, compile_read_ops
 
         kinds = {n: dataset.columns.get(n, "?") for n in names}
-        self.media, rest = compile_media(self.transforms, kinds)
-        self.pipelines, self.others = compile_pipelines(rest, kinds)
+        self.pipelines, self.others = compile_read_ops(self.transforms, kinds)
         self.key = augment_key(dataset.fingerprint, seed, epoch)
 
     def __bool__(self) -> bool:
@@ -522,7 +520,7 @@ class ReadOps:
     @property
     def transformed(self) -> set[str]:
         """Columns a pipeline (image, audio, video) turns into dense decoded batches."""
-        return set(self.pipelines) | set(self.media)
+        return set(self.pipelines)
 
     def apply(self, batch: Batch, index: np.ndarray) -> Batch:
         """Run the ops on one decoded batch whose samples have global indices ``index``."""
@@ -530,23 +528,19 @@ class ReadOps:
             return batch
         from .transforms import Normalize
 
-        for name, media in self.media.items():
-
-            def located(i: int, message: str, name: str = name) -> str:
-                return self._where(name, int(index[i]), message)
-
-            batch[name] = media.run([bytes(r) for r in batch[name]], self.key, index, located)
+        on_device = self.device is not None and self.device != "cpu"
         for name, pipeline in self.pipelines.items():
             raws = [bytes(r) for r in batch[name]]
 
             def where(i: int, message: str, name: str = name) -> str:
                 return self._where(name, int(index[i]), message)
 
-            plan = pipeline.plan(raws, self.key, index, where)
-            if self.device is not None and self.device != "cpu":
-                batch[name] = EncodedImages(pipeline, raws, plan)
+            if on_device and pipeline.on_device:  # decoded in the main process, on the device
+                batch[name] = EncodedImages(
+                    pipeline, raws, pipeline.plan(raws, self.key, index, where)
+                )
             else:
-                batch[name] = pipeline.run_cpu(raws, plan, where, self.alloc)
+                batch[name] = pipeline.run(raws, self.key, index, where, self.alloc)
         arrow_ops: list[Any] = []
         for op in self.others:
             if isinstance(op, Normalize) and not arrow_ops:

@@ -5,14 +5,24 @@ time (after decoding, in the loader). Because they are data, transforms are reco
 spec, feed the fingerprint and survive a trip through JSON. The ``python`` transform is the
 escape hatch (Petastorm's TransformSpec idea): a function named by import path plus the
 schema it promises, which is checked on every batch.
+
+This module is also the op registry's declaring half: every op declares what it is
+(:class:`OpFacts`: the kind of decoded column a decode op starts and the stored encodings
+it reads, the kinds of decoded column other read ops apply to, the dtype and shape a batch
+leaves as). :func:`compile_read_ops` splits a loader's ops into per-column pipelines by
+those facts and finds each pipeline's implementation by op name in
+:mod:`spark_dl_core.op_registry`, where the media rooms (images, audio, video) register
+their work when imported. Nothing here imports those rooms.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any, Literal, get_args
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, Protocol, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -28,14 +38,33 @@ from pydantic import (
 )
 
 from .errors import SpecError, TokenizeError
-from .image_codec import reencode_array
 from .op_registry import implementation
 from .text import encode_texts, load_tokenizer, token_type, tokenizer_facts
+
+
+@dataclass(frozen=True)
+class OpFacts:
+    """What an op declares about itself (a class attribute, not a spec field).
+
+    ``starts``: for a decode op, the kind of decoded column it makes (``"image"``,
+    ``"audio"``, ``"video"``), ``reads`` the stored encodings it accepts (``needs`` says
+    what those are, for the refusal). ``applies_to``: for the ops after a decode, the kinds
+    of decoded column they transform. ``dtype`` / ``shape``: what a batch of the column
+    leaves as after the op (None: as before it).
+    """
+
+    starts: str | None = None
+    reads: tuple[str, ...] = ()
+    needs: str = ""
+    applies_to: tuple[str, ...] = ()
+    dtype: str | None = None
+    shape: str | None = None
 
 
 class _Base(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     at: Literal["write", "read"] = "write"
+    facts: ClassVar[OpFacts] = OpFacts()
 
     def columns_after(self, names: list[str]) -> list[str]:
         """The column names after this op over ``names``; refuses a missing column."""
@@ -121,6 +150,7 @@ class Normalize(_Base):
     """
 
     op: Literal["normalize"] = "normalize"
+    facts = OpFacts(applies_to=("image", "video"), dtype="float32")
     column: str
     mean: float | list[float]
     std: float | list[Annotated[float, Field(gt=0)]] = Field(default=1.0)
@@ -213,6 +243,10 @@ class PythonTransform(_Base):
 Size = int | tuple[int, int]
 
 
+# geometric ops: on images, and on every frame of a video clip
+_FRAMES = OpFacts(applies_to=("image", "video"))
+
+
 class _ImageOp(_Base):
     op: str
     at: Literal["read"] = "read"
@@ -249,6 +283,13 @@ class ImageDecode(_ImageOp):
     """
 
     op: Literal["image_decode"] = "image_decode"
+    facts = OpFacts(
+        starts="image",
+        reads=("jpeg", "png", "pil", "bytes"),
+        needs="image bytes (jpeg, png, pil, bytes)",
+        dtype="uint8",
+        shape="[B, H, W, C] (a list of [H, W, C] when sizes differ)",
+    )
     mode: Literal["RGB", "L"] = "RGB"
     # left out of the spec's JSON when off, so existing fingerprints keep their meaning
     exact: bool = Field(default=False, exclude_if=lambda value: not value)
@@ -258,6 +299,7 @@ class Resize(_ImageOp):
     """``size=int``: the shorter side becomes ``size`` (aspect kept); ``(h, w)``: exact."""
 
     op: Literal["resize"] = "resize"
+    facts = _FRAMES
     size: Size = Field(union_mode="left_to_right")
 
 
@@ -266,6 +308,7 @@ class CenterCrop(_ImageOp):
     is padded with ``fill`` (torchvision's ``center_crop``)."""
 
     op: Literal["center_crop"] = "center_crop"
+    facts = _FRAMES
     size: Size = Field(union_mode="left_to_right")
     fill: int = Field(default=0, ge=0, le=255)
 
@@ -275,6 +318,7 @@ class RandomResizedCrop(_ImageOp):
     ``size`` (torchvision's RandomResizedCrop)."""
 
     op: Literal["random_resized_crop"] = "random_resized_crop"
+    facts = _FRAMES
     size: Size = Field(union_mode="left_to_right")
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
@@ -291,6 +335,7 @@ class HorizontalFlip(_ImageOp):
     """Mirror left-right with probability ``p``."""
 
     op: Literal["horizontal_flip"] = "horizontal_flip"
+    facts = _FRAMES
     p: float = Field(default=0.5, ge=0, le=1)
 
 
@@ -298,6 +343,7 @@ class ToCHW(_ImageOp):
     """Batch layout ``[B, C, H, W]`` instead of ``[B, H, W, C]``."""
 
     op: Literal["to_chw"] = "to_chw"
+    facts = OpFacts(applies_to=("image", "video"), shape="[B, C, H, W]; video [B, T, C, H, W]")
 
 
 class ReencodeImage(_Base):
@@ -317,8 +363,7 @@ class ReencodeImage(_Base):
             raise SpecError(
                 f"reencode_image on column {self.column!r}: needs image bytes, not {array.type}"
             )
-        out = reencode_array(array, self.max_side, self.quality, self.column)
-        return _replace(batch, self.column, out)
+        return _replace(batch, self.column, implementation(self.op)(self, array))
 
 
 class ReencodeAudio(_Base):
@@ -447,9 +492,6 @@ def resolve_write_ops(transforms: list[Any], schema: pa.Schema | None) -> list[A
     return out
 
 
-IMAGE_OPS = (ImageDecode, Resize, CenterCrop, RandomResizedCrop, HorizontalFlip, ToCHW)
-
-
 # Audio and video: read-time ops run by :mod:`spark_dl_core.media`, seeded like the image
 # ops (random windows drawn from fingerprint, seed, epoch and the global sample index).
 
@@ -460,6 +502,13 @@ class AudioDecode(_ImageOp):
     the channels."""
 
     op: Literal["audio_decode"] = "audio_decode"
+    facts = OpFacts(
+        starts="audio",
+        reads=("bytes",),
+        needs="encoded bytes (write the files' bytes as a binary column)",
+        dtype="float32",
+        shape="[B, C, T] (mono clips of different lengths: ragged [B, T*])",
+    )
     sample_rate: int | None = Field(default=None, ge=1)
     mono: bool = False
 
@@ -469,6 +518,7 @@ class AudioCrop(_ImageOp):
     first or the central position; shorter clips zero-padded to it when ``pad``."""
 
     op: Literal["audio_crop"] = "audio_crop"
+    facts = OpFacts(applies_to=("audio",))
     seconds: float = Field(gt=0)
     start: Literal["random", "begin", "center"] = "random"
     pad: bool = True
@@ -480,12 +530,16 @@ class VideoDecode(_ImageOp):
     it apply to every frame. A clip with fewer frames repeats its last one."""
 
     op: Literal["video_decode"] = "video_decode"
+    facts = OpFacts(
+        starts="video",
+        reads=("bytes",),
+        needs="encoded bytes (write the files' bytes as a binary column)",
+        dtype="uint8",
+        shape="[B, T, H, W, C]",
+    )
     num_frames: int = Field(default=8, ge=1)
     stride: int = Field(default=1, ge=1)
     start: Literal["random", "begin", "center"] = "random"
-
-
-MEDIA_OPS = (AudioDecode, AudioCrop, VideoDecode)
 
 
 Transform = Annotated[
@@ -513,9 +567,138 @@ Transform = Annotated[
 _TRANSFORM = TypeAdapter(Transform)
 
 
+def op_models() -> list[type[_Base]]:
+    """Every transform op's model, in the order the ops are declared."""
+    return list(get_args(get_args(Transform)[0]))
+
+
 def known_ops() -> list[str]:
     """Every transform op name, in the order the ops are declared."""
-    return [m.model_fields["op"].default for m in get_args(get_args(Transform)[0])]
+    return [m.model_fields["op"].default for m in op_models()]
+
+
+def ops_for(kind: str) -> list[str]:
+    """The ops that apply to a decoded column of ``kind`` (``"image"``, ``"video"``...)."""
+    return [m.model_fields["op"].default for m in op_models() if kind in m.facts.applies_to]
+
+
+def decoders_of(kinds: tuple[str, ...]) -> list[str]:
+    """The decode ops that make a column of one of ``kinds``."""
+    return [m.model_fields["op"].default for m in op_models() if m.facts.starts in kinds]
+
+
+# --------------------------------------------------------------------------- read time
+#
+# Random read-time ops (crop windows, clip starts, flips) draw from one generator per
+# sample keyed by (dataset fingerprint, seed, epoch) and the sample's global index: the
+# same draws on any world size, worker count and after resume, whatever room runs the op.
+
+
+def augment_key(fingerprint: str, seed: int, epoch: int) -> bytes:
+    return hashlib.sha256(f"spark-dl-augment:{fingerprint}:{seed}:{epoch}".encode()).digest()
+
+
+def sample_rngs(key: bytes, indices: np.ndarray) -> list[np.random.Generator]:
+    """One generator per global sample index, keyed by (fingerprint, seed, epoch)."""
+    words = np.frombuffer(key[:16], dtype=np.uint64)
+    return [
+        np.random.Generator(np.random.Philox(key=np.array([words[0] ^ int(i), words[1]])))
+        for i in np.asarray(indices, dtype=np.uint64).tolist()
+    ]
+
+
+class ColumnPipeline(Protocol):
+    """What a decode op's registered implementation makes for one column: it takes the ops
+    after the decode that apply to its kind, and turns a batch's encoded values into the
+    column's decoded batch. ``on_device``: it can also decode on a torch device (then it
+    has ``plan(raws, key, index, where)`` and ``run_torch(raws, plan, device)``)."""
+
+    kind: str
+    on_device: bool
+
+    def add(self, op: Any) -> None: ...
+
+    def run(
+        self, raws: list[Any], key: bytes, index: np.ndarray, where: Any, alloc: Any
+    ) -> Any: ...
+
+
+def compile_read_ops(
+    transforms: list[Any], columns: dict[str, str]
+) -> tuple[dict[str, ColumnPipeline], list[Any]]:
+    """Split a loader's read-time ops into per-column pipelines and the other ops, by what
+    each op declares (:class:`OpFacts`): a decode op starts a pipeline (its implementation
+    found by op name in the registry), the ops after it that apply to its kind join it.
+    Refuses, before any data is read, naming op and column: a decode of a column that is
+    not stored, or stores the wrong kind of value, or is decoded already; an op its
+    column's kind does not take; an op that needs a decode before it; ``normalize`` on a
+    column that does not hold numbers. ``columns`` maps each stored column to its encoding.
+    """
+    pipelines: dict[str, ColumnPipeline] = {}
+    others: list[Any] = []
+    names = list(columns)
+    for op in transforms:
+        facts: OpFacts = op.facts
+        column = getattr(op, "column", None)
+        names = op.columns_after(names)  # refuses a column missing at this step
+        pipeline = pipelines.get(column) if column is not None else None
+        if facts.starts is not None:
+            if column not in columns:
+                raise SpecError(
+                    f"{op.op} (field 'column') names {column!r}, which the dataset does not "
+                    f"store (it has {sorted(columns)}); decode ops run on the stored columns, "
+                    "before renames"
+                )
+            if columns[column] not in facts.reads:
+                raise SpecError(
+                    f"{op.op} on column {column!r}: it stores {columns[column]!r}, not "
+                    f"{facts.needs}"
+                )
+            if pipeline is not None:
+                twice = pipeline.kind == facts.starts
+                what = "is listed twice" if twice else f"is decoded as {pipeline.kind} already"
+                raise SpecError(f"{op.op} on column {column!r} {what}")
+            pipelines[column] = implementation(op.op)(op, column)
+        elif pipeline is not None:
+            kind = pipeline.kind
+            if kind not in facts.applies_to:
+                raise SpecError(
+                    f"{op.op} on {kind} column {column!r}: {kind} columns take "
+                    + ", ".join(ops_for(kind))
+                )
+            pipeline.add(op)
+        elif facts.applies_to and not isinstance(op, Normalize):
+            decoders = " or ".join(decoders_of(facts.applies_to))
+            article = "an" if decoders[:1] in ("a", "e", "i", "o", "u") else "a"
+            raise SpecError(f"{op.op} on column {column!r} needs {article} {decoders} of it before")
+        else:
+            if isinstance(op, Normalize) and column in columns:
+                encoding = columns[column]
+                if not (encoding.startswith("ndarray") or encoding in NUMERIC_ENCODINGS):
+                    raise SpecError(
+                        f"normalize on column {column!r}: it holds {encoding!r} values, "
+                        "not numbers (decode images with image_decode first)"
+                    )
+            others.append(op)
+    return pipelines, others
+
+
+NUMERIC_ENCODINGS = {
+    "int",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "str_int",
+    "str_float",
+}
 
 
 def _check_op(value: Any) -> Any:
