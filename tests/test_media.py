@@ -338,8 +338,14 @@ def test_frame_ops_normalize_and_chw_shapes_dtypes_and_frameworks(stills: str) -
         assert np.array_equal(t["id"].numpy(), n["id"])
         assert np.array_equal(t["video"].numpy(), n["video"])
         assert np.array_equal(f["video"].numpy(), n["video"])
-    uint8 = next(iter(ds.to_torch(batch_size=4, num_workers=2, transforms=FRAME_OPS)))
-    assert uint8["video"].dtype == torch.uint8 and tuple(uint8["video"].shape) == (4, 4, 24, 32, 3)
+    for extra, shape in (([], (4, 4, 24, 32, 3)), ([chw], (4, 4, 3, 24, 32))):
+        ops = [*FRAME_OPS, *extra]  # uint8: decoded into the workers' shared memory
+        workers = list(ds.to_torch(batch_size=4, seed=9, num_workers=2, transforms=ops))
+        alone = list(ds.iter_batches(batch_size=4, seed=9, transforms=ops))
+        assert workers[0]["video"].dtype == torch.uint8
+        assert tuple(workers[0]["video"].shape) == shape
+        for t, n in zip(workers, alone, strict=True):
+            assert np.array_equal(t["video"].numpy(), n["video"])
 
 
 def test_frame_ops_refused_naming_the_column(stills: str) -> None:

@@ -213,7 +213,7 @@ class VideoPipeline:
             )
         if not clips:
             return self._finish(np.zeros((0, op.num_frames, 0, 0, 3), np.uint8))
-        return self._finish(np.stack(clips))
+        return self._batch(clips, alloc)
 
     def _frames(self, av: Any, raw: bytes, rng: np.random.Generator | None) -> list[Any]:
         """The picked frames (PyAV VideoFrames), decoded from the start up to the last."""
@@ -262,6 +262,18 @@ class VideoPipeline:
             _resample(
                 pixels, box, (bottom - top, right - left), flip, out[t, top:bottom, left:right]
             )
+        return out
+
+    def _batch(self, clips: list[np.ndarray], alloc: Any) -> np.ndarray:
+        """The clips as one batch. A uint8 batch goes into ``alloc``'s buffer (in DataLoader
+        workers the reused shared memory images use, so it reaches the main process
+        uncopied), laid out ``[B, T, C, H, W]`` there directly with ``to_chw``."""
+        if alloc is None or self.normalize is not None:
+            return self._finish(np.stack(clips))
+        t, h, w, c = clips[0].shape
+        out = alloc((len(clips), t, c, h, w) if self.chw else (len(clips), t, h, w, c))
+        for i, clip in enumerate(clips):
+            out[i] = clip.transpose(0, 3, 1, 2) if self.chw else clip
         return out
 
     def _finish(self, batch: np.ndarray) -> np.ndarray:
