@@ -436,3 +436,180 @@ def test_spark_write_reencodes_audio_in_the_executors(classic_spark: Any, tmp_pa
     with pytest.raises(Exception, match=r"ReencodeError: column 'audio'.*row 1 of partition 0"):
         bad.coalesce(1).write.format("mds").option("spec", spec).save(str(tmp_path / "bad"))
     assert not (tmp_path / "bad" / "index.json").exists()
+
+
+# -- the fast paths give what the general ones give
+
+
+def _soundfile_reference(raw: bytes, crop: dict[str, object] | None, rng: object) -> np.ndarray:
+    """What audio_decode (16 kHz mono) + audio_crop gave through libsndfile alone."""
+    import math
+
+    import soxr
+
+    from spark_dl_core.media import _start
+
+    with sf.SoundFile(io.BytesIO(raw)) as f:
+        rate, frames = f.samplerate, f.frames
+        if crop is not None:
+            window = math.ceil(float(crop["seconds"]) * rate)  # type: ignore[arg-type]
+            f.seek(_start(str(crop["start"]), frames - window, rng))  # type: ignore[arg-type]
+            data = f.read(min(window, frames), dtype="float32", always_2d=True)
+        else:
+            data = f.read(dtype="float32", always_2d=True)
+    if data.shape[1] > 1:
+        data = data.mean(axis=1, keepdims=True, dtype=np.float32)
+    if rate != 16_000:
+        data = soxr.resample(data, rate, 16_000, quality="HQ")
+    if crop is not None:
+        length = round(float(crop["seconds"]) * 16_000)  # type: ignore[arg-type]
+        data = data[:length]
+        data = np.concatenate([data, np.zeros((length - len(data), 1), np.float32)])
+    return np.ascontiguousarray(data.T)
+
+
+@pytest.mark.parametrize("subtype", ["PCM_16", "PCM_24", "PCM_32", "FLOAT"])
+def test_wav_windows_read_from_the_bytes_equal_libsndfile(subtype: str) -> None:
+    from spark_dl_core.images import sample_rngs
+    from spark_dl_core.media import AudioPipeline, _wav_layout
+    from spark_dl_core.transforms import parse_transforms
+
+    rng = np.random.default_rng(5)
+    raws = []
+    for channels, rate, seconds in [(1, 16_000, 0.7), (2, 44_100, 2.3), (6, 22_050, 1.6)]:
+        wave = rng.uniform(-1, 1, (round(rate * seconds), channels)).astype(np.float32)
+        raws.append(_encode(wave, rate, "WAV", subtype))
+        assert _wav_layout(raws[-1]) is not None  # the fast path reads these
+    index = np.arange(len(raws))
+    for start in ("random", "begin", "center"):
+        crop = {"op": "audio_crop", "column": "a", "seconds": 1.0, "start": start}
+        decode = {"op": "audio_decode", "column": "a", "sample_rate": 16_000, "mono": True}
+        pipeline = AudioPipeline(parse_transforms([decode])[0])
+        pipeline.crop = parse_transforms([crop])[0]
+        got = pipeline.run([memoryview(r) for r in raws], b"k" * 16, index, lambda i, m: m)
+        rngs = sample_rngs(b"k" * 16, index)
+        for i, raw in enumerate(raws):
+            want = _soundfile_reference(raw, crop, rngs[i] if start == "random" else None)
+            assert np.array_equal(got[i], want), (subtype, start, i)
+    whole_clips = {**decode, "mono": False, "sample_rate": None}
+    pipeline = AudioPipeline(parse_transforms([whole_clips])[0])
+    for raw in raws:  # whole clips, every channel
+        whole = pipeline.run([raw], b"k" * 16, index[:1], lambda i, m: m)[0]
+        assert np.array_equal(whole, sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)[0].T)
+
+
+def test_mono_mix_equals_numpy_mean() -> None:
+    from spark_dl_core.media import _mono
+
+    rng = np.random.default_rng(0)
+    for channels in (2, 3, 5, 7, 8, 12):
+        data = rng.standard_normal((1000, channels)).astype(np.float32)
+        assert np.array_equal(_mono(data), data.mean(axis=1, keepdims=True, dtype=np.float32))
+
+
+def _wav(chunks: list[tuple[bytes, bytes]], riff_size: int | None = None) -> bytes:
+    body = b"WAVE" + b"".join(
+        tag + len(data).to_bytes(4, "little") + data + b"\0" * (len(data) % 2)
+        for tag, data in chunks
+    )
+    size = len(body) if riff_size is None else riff_size
+    return b"RIFF" + size.to_bytes(4, "little") + body
+
+
+def _fmt(channels: int = 1, rate: int = 8000, bits: int = 16, tag: int = 1) -> bytes:
+    import struct
+
+    align = channels * bits // 8
+    return struct.pack("<HHIIHH", tag, channels, rate, rate * align, align, bits)
+
+
+def test_odd_and_broken_wav_headers_read_as_libsndfile_or_refuse_naming_the_sample(
+    tmp_path: Path,
+) -> None:
+    from spark_dl_core.media import MediaError, _wav_layout
+
+    pcm = (np.arange(-300, 301, dtype=np.int16) * 100).tobytes()
+    good = _wav([(b"fmt ", _fmt()), (b"data", pcm)])
+    odd_chunk = _wav([(b"fmt ", _fmt()), (b"note", b"abc"), (b"data", pcm)])  # padded chunk
+    odd_data = _wav([(b"fmt ", _fmt()), (b"data", pcm[:-1])])  # half a frame at the end
+    layouts = [_wav_layout(c) for c in (good, odd_chunk, odd_data)]
+    assert [x.frames if x else None for x in layouts] == [601, 601, 600]
+    past_end = good[:-40]  # the data chunk says more than the file holds
+    truncated = good[:30]  # inside the fmt chunk
+    no_data = _wav([(b"fmt ", _fmt())])
+    twelve_bits = _wav([(b"fmt ", _fmt(bits=12)), (b"data", pcm)])
+    bad_align = _wav([(b"fmt ", _fmt()[:12] + b"\x03\x00\x10\x00"), (b"data", pcm)])
+    for broken in (past_end, truncated, no_data, twelve_bits, bad_align, b"RIFF", b""):
+        assert _wav_layout(broken) is None  # left to libsndfile, which reads or refuses it
+    clips = [good, odd_chunk, odd_data, past_end, truncated, no_data, twelve_bits, bad_align]
+    ops = [{"op": "audio_decode", "column": "audio", "sample_rate": None, "mono": True}]
+    for i, raw in enumerate(clips):
+        path = str(tmp_path / f"wav{i}")
+        write_mds(pa.table({"id": [i], "audio": [raw]}), path)
+        rows = open_dataset(path).iter_batches(batch_size=1, transforms=ops, columns=["audio"])
+        try:
+            want = sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)[0].T
+        except (RuntimeError, ValueError, TypeError):
+            with pytest.raises(MediaError, match=r"column 'audio', shard .*wav.*sample 0 "):
+                next(iter(rows))
+        else:
+            assert np.array_equal(next(iter(rows))["audio"][0], want), i
+
+
+def _h264(frames: int, gop: int, bframes: int) -> bytes:
+    out = io.BytesIO()
+    rng = np.random.default_rng(frames)
+    with av.open(out, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=10, options={"bf": str(bframes)})
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        stream.codec_context.gop_size = gop
+        for k in range(frames):
+            pixels = np.full((48, 64, 3), (7 * k) % 256, np.uint8)
+            pixels[:24, :32] = rng.integers(0, 255, (24, 32, 3))
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return out.getvalue()
+
+
+def test_h264_clips_decode_from_the_keyframe_skipping_unreferenced_frames() -> None:
+    from spark_dl_core.media import VideoPipeline, _h264_frames, _in_order
+    from spark_dl_core.transforms import parse_transforms
+
+    clips = [_h264(60, 12, 3), _h264(45, 8, 2), _h264(30, 30, 0), _h264(6, 12, 3)]
+    for settings in ({"num_frames": 8, "stride": 2}, {"num_frames": 5, "stride": 3}):
+        for start in ("random", "center", "begin"):
+            op = {"op": "video_decode", "column": "v", **settings, "start": start}
+            pipeline = VideoPipeline(parse_transforms([op])[0])
+            for raw in clips:
+                for seed in range(4):
+                    got = pipeline._frames(av, memoryview(raw), np.random.default_rng(seed))
+                    with av.open(io.BytesIO(raw)) as container:
+                        stream = container.streams.video[0]
+                        wanted = pipeline._wanted(stream.frames, np.random.default_rng(seed))
+                        want = _in_order(container.decode(stream), wanted)
+                    assert len(got) == len(want)
+                    for a, b in zip(got, want):
+                        assert np.array_equal(
+                            a.to_ndarray(format="rgb24"), b.to_ndarray(format="rgb24")
+                        )
+    with av.open(io.BytesIO(clips[0])) as container:  # the fast path ran (no fallback)
+        stream = container.streams.video[0]
+        packets = [p for p in container.demux(stream) if p.size]
+        picked = _h264_frames(stream, packets, stream.frames, [40, 42, 44])
+        assert picked is not None and [f.pts for f in picked] == sorted(f.pts for f in picked)
+
+
+def test_decoder_libraries_and_numpy_ma_load_where_the_loader_is_built(audio: str) -> None:
+    """DataLoader workers are forked for every pass: what they import costs every pass."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from spark_dl_core import open_dataset; "
+        f"open_dataset({audio!r}).to_torch(batch_size=4, num_workers=2, transforms={OPS!r}); "
+        "print(sorted(m for m in ('soundfile', 'soxr', 'numpy.ma') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[-2] == "['numpy.ma', 'soundfile', 'soxr']"

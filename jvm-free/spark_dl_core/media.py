@@ -18,8 +18,9 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-from collections.abc import Callable
-from typing import Any
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,6 +44,8 @@ from .transforms import (
 Where = Callable[[int, str], str]
 # Image ops that apply to every frame of a decoded video column (one plan per clip).
 FRAME_GEOMETRY = (Resize, CenterCrop, RandomResizedCrop, HorizontalFlip)
+# A clip's encoded bytes: bytes, or a view of a shard's memory (no copy)
+Buffer = bytes | memoryview
 
 
 class MediaError(DatasetError):
@@ -77,6 +80,7 @@ class AudioPipeline:
 
     def __init__(self, decode: AudioDecode) -> None:
         self.decode = decode
+        _need("soundfile"), _need("soxr")  # here, not in each DataLoader worker of each pass
         self.crop: AudioCrop | None = None
 
     def add(self, op: AudioCrop) -> None:
@@ -86,26 +90,27 @@ class AudioPipeline:
         self.crop = op
 
     def run(
-        self, raws: list[bytes], key: bytes, index: np.ndarray, where: Where, alloc: Any = None
+        self,
+        raws: Sequence[Buffer],
+        key: bytes,
+        index: np.ndarray,
+        where: Where,
+        alloc: Any = None,
     ) -> Any:
-        sf = _need("soundfile")
         crop, target = self.crop, self.decode.sample_rate
         rngs = sample_rngs(key, index) if crop is not None and crop.start == "random" else None
         clips = []
         for i, raw in enumerate(raws):
-            try:
-                with sf.SoundFile(io.BytesIO(raw)) as f:
-                    rate, frames = f.samplerate, f.frames
-                    if crop is not None:
-                        window = math.ceil(crop.seconds * rate)
-                        f.seek(_start(crop.start, frames - window, rngs[i] if rngs else None))
-                        data = f.read(min(window, frames), dtype="float32", always_2d=True)
-                    else:
-                        data = f.read(dtype="float32", always_2d=True)
-            except (RuntimeError, ValueError, TypeError) as exc:  # libsndfile's errors
-                raise MediaError(where(i, f"audio_decode: {exc}")) from None
+            rng = rngs[i] if rngs else None
+            # Plain PCM / float WAV: the window straight from the bytes (no copy of the rest);
+            # anything else (FLAC, OGG, MP3, unusual WAV) through libsndfile.
+            layout = _wav_layout(raw)
+            if layout is not None:
+                data, rate = _wav_window(raw, layout, crop, rng), layout.rate
+            else:
+                data, rate = _sf_window(raw, crop, rng, i, where)
             if self.decode.mono and data.shape[1] > 1:
-                data = data.mean(axis=1, keepdims=True, dtype=np.float32)
+                data = _mono(data)
             if target is not None and target != rate and len(data):
                 data = _need("soxr").resample(data, rate, target, quality="HQ")
                 rate = target
@@ -147,6 +152,117 @@ class AudioPipeline:
         return out
 
 
+def _sf_window(
+    raw: Buffer, crop: AudioCrop | None, rng: np.random.Generator | None, i: int, where: Where
+) -> tuple[np.ndarray, int]:
+    """A clip (or its crop window) through libsndfile, seeked to the window: ``[T, C]``."""
+    sf = _need("soundfile")
+    try:
+        with sf.SoundFile(io.BytesIO(raw)) as f:
+            rate, frames = f.samplerate, f.frames
+            if crop is not None:
+                window = math.ceil(crop.seconds * rate)
+                f.seek(_start(crop.start, frames - window, rng))
+                data = f.read(min(window, frames), dtype="float32", always_2d=True)
+            else:
+                data = f.read(dtype="float32", always_2d=True)
+    except (RuntimeError, ValueError, TypeError) as exc:  # libsndfile's errors
+        raise MediaError(where(i, f"audio_decode: {exc}")) from None
+    return data, rate
+
+
+class WavLayout(NamedTuple):
+    """Where a plain WAV file's samples lie: what :func:`_wav_window` needs."""
+
+    rate: int
+    channels: int
+    bits: int  # 16, 24 or 32
+    floating: bool  # IEEE float (32-bit) rather than signed integers
+    data: int  # byte offset of the first frame
+    frames: int
+
+
+_PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
+# The GUID of WAVE_FORMAT_EXTENSIBLE's sub-format, after its 2-byte format tag.
+_GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")
+
+
+def _wav_layout(raw: Buffer) -> WavLayout | None:
+    """A RIFF/WAVE file of 16/24/32-bit PCM or 32-bit float whose chunks all lie within
+    the bytes: where its samples are. None for anything else (other formats, unusual or
+    inconsistent headers), which libsndfile then reads or refuses as before. Every field is
+    bounds-checked here, so no header can make the caller read outside ``raw``."""
+    view = memoryview(raw).cast("B") if not isinstance(raw, bytes) else raw
+    size = len(view)
+    if size < 12 or bytes(view[:4]) != b"RIFF" or bytes(view[8:12]) != b"WAVE":
+        return None
+    at, fmt = 12, None
+    while at + 8 <= size:
+        chunk, length = bytes(view[at : at + 4]), int.from_bytes(view[at + 4 : at + 8], "little")
+        body = at + 8
+        if chunk == b"fmt ":
+            if length < 16 or body + length > size or fmt is not None:
+                return None
+            tag, channels, rate, _, align, bits = struct.unpack_from("<HHIIHH", view, body)
+            if tag == _EXTENSIBLE:
+                if length < 40 or bytes(view[body + 26 : body + 40]) != _GUID_TAIL:
+                    return None
+                valid, sub = struct.unpack_from("<HxxxxH", view, body + 18)
+                if valid != bits:
+                    return None
+                tag = sub
+            usable = (tag == _PCM and bits in (16, 24, 32)) or (tag == _FLOAT and bits == 32)
+            if not usable or channels < 1 or rate < 1 or align != channels * bits // 8:
+                return None
+            fmt = (rate, channels, bits, tag == _FLOAT)
+        elif chunk == b"data":
+            if fmt is None or length == 0 or body + length > size:
+                return None
+            frames = length // (fmt[1] * fmt[2] // 8)
+            return WavLayout(*fmt, data=body, frames=frames) if frames else None
+        at = body + length + (length & 1)  # chunks are padded to an even length
+    return None
+
+
+def _wav_window(
+    raw: Buffer, wav: WavLayout, crop: AudioCrop | None, rng: np.random.Generator | None
+) -> np.ndarray:
+    """The crop window (or the whole clip) of a plain WAV as float32 ``[T, C]``, scaled as
+    libsndfile scales (integers by 1 / 2^(bits-1), exactly), reading only those bytes."""
+    start, count = 0, wav.frames
+    if crop is not None:
+        window = math.ceil(crop.seconds * wav.rate)
+        start = _start(crop.start, wav.frames - window, rng)
+        count = min(window, wav.frames)
+    width = wav.bits // 8
+    at = wav.data + start * width * wav.channels
+    if wav.floating:
+        values = np.frombuffer(raw, "<f4", count * wav.channels, at)
+        return values.astype(np.float32).reshape(count, wav.channels)
+    if wav.bits == 24:  # 3-byte samples: widened to int32's top bytes, as libsndfile does
+        packed = np.frombuffer(raw, np.uint8, count * wav.channels * 3, at).reshape(-1, 3)
+        wide = np.zeros((len(packed), 4), np.uint8)
+        wide[:, 1:] = packed
+        values = wide.view("<i4")[:, 0]
+    else:
+        values = np.frombuffer(raw, "<i2" if wav.bits == 16 else "<i4", count * wav.channels, at)
+    scale = np.float32(2.0 ** -(31 if wav.bits == 24 else wav.bits - 1))
+    return (values.astype(np.float32) * scale).reshape(count, wav.channels)
+
+
+def _mono(data: np.ndarray) -> np.ndarray:
+    """``data.mean(axis=1, keepdims=True, dtype=float32)`` of ``[T, C]``, computed as numpy
+    does for a few channels (summed in order, then divided) without its slow short-axis
+    reduction. From 8 channels on numpy sums pairwise: then numpy's own mean."""
+    if data.shape[1] >= 8:
+        return data.mean(axis=1, keepdims=True, dtype=np.float32)
+    total = data[:, 0] + data[:, 1]
+    for c in range(2, data.shape[1]):
+        total += data[:, c]
+    total /= np.float32(data.shape[1])
+    return total[:, None]
+
+
 class VideoPipeline:
     """``video_decode`` of one column, then the image ops on every frame: geometry
     (``resize``, ``center_crop``, ``random_resized_crop``, ``horizontal_flip``) planned once
@@ -157,6 +273,7 @@ class VideoPipeline:
 
     def __init__(self, decode: VideoDecode, column: str = "") -> None:
         self.decode = decode
+        _need("av")  # imported where the loader is built, not in each worker of each pass
         self.column = column
         self.geometry: list[Resize | CenterCrop | RandomResizedCrop | HorizontalFlip] = []
         self.normalize: Normalize | None = None
@@ -215,10 +332,10 @@ class VideoPipeline:
             return self._finish(np.zeros((0, op.num_frames, 0, 0, 3), np.uint8))
         return self._batch(clips, alloc)
 
-    def _frames(self, av: Any, raw: bytes, rng: np.random.Generator | None) -> list[Any]:
-        """The picked frames (PyAV VideoFrames), decoded from the start up to the last."""
-        op = self.decode
-        span = (op.num_frames - 1) * op.stride + 1
+    def _frames(self, av: Any, raw: Buffer, rng: np.random.Generator | None) -> list[Any]:
+        """The picked frames (PyAV VideoFrames). H.264 clips whose packets carry timestamps
+        decode only what the picks need (see :func:`_h264_frames`); other clips decode from
+        the start up to the last pick. Both give the same frames."""
         with av.open(io.BytesIO(raw)) as container:
             stream = container.streams.video[0]
             total = int(stream.frames or 0)
@@ -226,16 +343,23 @@ class VideoPipeline:
             if total <= 0:  # the container does not say: count by decoding
                 decoded = list(container.decode(stream))
                 total = len(decoded)
-            first = _start(op.start, total - span, rng)
-            wanted = [min(first + k * op.stride, total - 1) for k in range(op.num_frames)]
+            wanted = self._wanted(total, rng)
+            if decoded is None and stream.codec_context.name == "h264":
+                packets = [p for p in container.demux(stream) if p.size]
+                picked = _h264_frames(stream, packets, total, wanted)
+                if picked is not None:
+                    return picked
+                with av.open(io.BytesIO(raw)) as again:  # not as expected: decode in order
+                    return _in_order(again.decode(again.streams.video[0]), wanted)
             if decoded is None:
-                decoded = []
-                for frame in container.decode(stream):
-                    decoded.append(frame)
-                    if len(decoded) > wanted[-1]:
-                        break
-            last = len(decoded) - 1  # containers may count more frames than they hold
-            return [decoded[min(w, last)] for w in wanted] if decoded else []
+                return _in_order(container.decode(stream), wanted)
+            return _in_order(iter(decoded), wanted)
+
+    def _wanted(self, total: int, rng: np.random.Generator | None) -> list[int]:
+        """The frame numbers picked from a clip of ``total`` frames (the last repeats)."""
+        op = self.decode
+        first = _start(op.start, total - (op.num_frames - 1) * op.stride - 1, rng)
+        return [min(first + k * op.stride, total - 1) for k in range(op.num_frames)]
 
     def _shape(self, frames: list[Any], key: bytes, sample: int) -> np.ndarray:
         """One clip's frames ``[T, H, W, C]`` through the geometry, planned once for the
@@ -286,6 +410,85 @@ class VideoPipeline:
         if self.chw:
             batch = np.ascontiguousarray(batch.transpose(0, 1, 4, 2, 3))
         return batch
+
+
+def _in_order(frames: Any, wanted: list[int]) -> list[Any]:
+    """The ``wanted`` frames of decoded ``frames``, decoding no further than the last one;
+    containers may count more frames than they hold: picks past the end repeat the last."""
+    decoded = []
+    for frame in frames:
+        decoded.append(frame)
+        if len(decoded) > wanted[-1]:
+            break
+    last = len(decoded) - 1
+    return [decoded[min(w, last)] for w in wanted] if decoded else []
+
+
+def _h264_frames(
+    stream: Any, packets: list[Any], total: int, wanted: list[int]
+) -> list[Any] | None:
+    """The ``wanted`` frames (numbers in presentation order) of an H.264 clip in MP4 / MKV
+    framing, decoding only what they need: from the last IDR keyframe at or before the
+    first pick (nothing before an IDR is referred to after it), skipping packets that are
+    not picked and that no other frame refers to (``nal_ref_idc`` 0). None when the clip is
+    not as this assumes (a packet per frame, distinct timestamps, length-prefixed NAL
+    units, every pick decoded): the caller then decodes in order."""
+    length_size = _avcc_length_size(stream.codec_context.extradata)
+    pts = [p.pts for p in packets]
+    if length_size is None or len(packets) != total or None in pts or len(set(pts)) != total:
+        return None
+    order = sorted(pts)
+    want = {order[w] for w in wanted}
+    first = order[wanted[0]]
+    start = 0
+    for i, packet in enumerate(packets):
+        if packet.pts <= first and packet.is_keyframe and _nal_kinds(packet, length_size)[0]:
+            start = i
+    context, got = stream.codec_context, {}
+    for packet in packets[start:]:
+        if packet.pts not in want and _nal_kinds(packet, length_size)[1]:
+            continue  # a frame no other frame refers to, not picked: not decoded
+        for frame in context.decode(packet):
+            if frame.pts in want:
+                got[frame.pts] = frame
+        if len(got) == len(want):
+            break
+    else:
+        for frame in context.decode(None):  # the decoder's delayed frames
+            if frame.pts in want:
+                got[frame.pts] = frame
+    if len(got) != len(want):
+        return None
+    return [got[order[w]] for w in wanted]
+
+
+def _avcc_length_size(extradata: bytes | None) -> int | None:
+    """Bytes of each NAL unit's length prefix in MP4 / MKV H.264 (``avcC``), else None."""
+    if not extradata or len(extradata) < 7 or extradata[0] != 1:
+        return None
+    return (extradata[4] & 3) + 1
+
+
+def _nal_kinds(packet: Any, length_size: int) -> tuple[bool, bool]:
+    """(holds an IDR slice, every slice is non-reference) for one length-prefixed H.264
+    packet; (False, False) when its NAL units do not parse (never skipped, never a seek
+    point)."""
+    data = memoryview(packet).cast("B")
+    at, idr, slices, referenced = 0, False, 0, False
+    while at < len(data):
+        if at + length_size >= len(data):
+            return False, False
+        size = int.from_bytes(data[at : at + length_size], "big")
+        at += length_size
+        if size == 0 or at + size > len(data):
+            return False, False
+        kind, ref = data[at] & 0x1F, (data[at] >> 5) & 3
+        if 1 <= kind <= 5:  # coded slices
+            slices += 1
+            idr = idr or kind == 5
+            referenced = referenced or ref != 0
+        at += size
+    return idr, slices > 0 and not referenced
 
 
 def frame_key(key: bytes) -> bytes:

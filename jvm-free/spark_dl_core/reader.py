@@ -14,6 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+# ``np.unique`` (numpy 2.x) imports ``numpy.ma`` on first use, ~45 ms: imported here, in the
+# process that builds loaders, so DataLoader workers forked for every pass inherit it.
+import numpy.ma
+
 from .errors import ColumnNotFoundError, SpecError
 from .format.buffers import Jagged
 from .meta import python_types
@@ -27,6 +31,8 @@ DEFAULT_PREFETCH_BYTES = 256 << 20  # one default window (4 shards of 64 MiB) re
 # see a window's shards coming, a few MiB of index arrays at most.
 LOOKAHEAD_SAMPLES = 1 << 18
 MAX_AHEAD_BATCHES = 1024
+# Decoded columns whose pipelines read their clips' bytes as views of the shard's memory.
+VIEWED_KINDS = ("audio", "video")
 
 
 class BatchReader:
@@ -77,6 +83,19 @@ class BatchReader:
                 f"images={images!r} decodes image columns per sample; with image_decode "
                 "in transforms leave images='bytes'"
             )
+        # Audio / video columns reach their decoders as views of the shard's memory (the
+        # decoders read only what they need: a WAV window, a video's first frames), not as
+        # gathered copies; the other columns decode as usual.
+        pipelines = self.ops.pipelines.items()
+        self.views = [
+            n
+            for n, p in pipelines
+            if getattr(p, "kind", "") in VIEWED_KINDS and n in dataset.layout.names
+        ]
+        self.read_columns = columns
+        if self.views:
+            names = columns if columns is not None else list(dataset.layout.names)
+            self.read_columns = [n for n in names if n not in self.views]
         self.budget = max(0, int(prefetch_bytes))
         # ``batches`` may be lazy (an EpochPlan): only ``ahead`` batches at a time are planned
         # (index, shard of each sample, shards needed), so what is held stays bounded
@@ -337,6 +356,8 @@ class BatchReader:
                     out = self.out_for(j, self.fixed_bytes(len(index)) or 0)
                 started = time.perf_counter()
                 decoded = python_types(self.dataset.plans, self._decode(j, index, shards, out))
+                if self.views:
+                    decoded = self._with_views(j, index, shards, decoded)
                 for name in self.derived:
                     decoded[name] = self.dataset.derive(name, index)
                 decoded = self.ops.apply(decoded, index)
@@ -375,6 +396,28 @@ class BatchReader:
             if idle:  # it ends as soon as it wakes: then nothing holds the dataset any more
                 thread.join()
 
+    def _with_views(
+        self, j: int, index: np.ndarray, shards: dict[int, ShardData], decoded: Batch
+    ) -> Batch:
+        """``decoded`` plus the view columns: per sample a memoryview of its bytes in the
+        shard (bounds checked by :meth:`ShardData.positions`), in the requested order."""
+        shard_of, offsets = self.planned[j][1], self.dataset.shard_offsets
+        views: dict[str, list[Any]] = {name: [None] * len(index) for name in self.views}
+        for s, data in shards.items():
+            where = np.flatnonzero(shard_of == s) if len(shards) > 1 else np.arange(len(index))
+            starts, sizes = data.positions(index[where] - offsets[s])
+            memory = memoryview(data.raw.data)
+            for name, found in views.items():
+                i = data.layout.names.index(name)  # each shard's own layout (mixtures)
+                for k, at, size in zip(where.tolist(), starts[:, i].tolist(), sizes[:, i].tolist()):
+                    found[k] = memory[at : at + size]
+        names = self.columns if self.columns is not None else list(self.dataset.layout.names)
+        out: Batch = {}
+        for name in names:
+            if name in views or name in decoded:
+                out[name] = views[name] if name in views else decoded[name]
+        return out
+
     def fixed_bytes(self, n: int) -> int | None:
         """Bytes :meth:`_decode` needs in an ``out`` buffer for ``n`` rows (None: not fixed)."""
         if self.out_widths is None:
@@ -396,7 +439,7 @@ class BatchReader:
         rows_plan = self._rows_for(shards)
         if rows_plan is None:
             return ds.read(
-                index, self.columns, self.images, self.verify, loaded=dict(shards), jagged=True
+                index, self.read_columns, self.images, self.verify, loaded=dict(shards), jagged=True
             )
         from .format.buffers import Pieces
         from .format.encodings import DecodeOptions
@@ -530,7 +573,8 @@ class ReadOps:
 
         on_device = self.device is not None and self.device != "cpu"
         for name, pipeline in self.pipelines.items():
-            raws = [bytes(r) for r in batch[name]]
+            viewed = getattr(pipeline, "kind", "") in VIEWED_KINDS  # memoryviews: as they are
+            raws = list(batch[name]) if viewed else [bytes(r) for r in batch[name]]
 
             def where(i: int, message: str, name: str = name) -> str:
                 return self._where(name, int(index[i]), message)
