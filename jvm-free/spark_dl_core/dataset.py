@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -313,10 +317,18 @@ class Dataset:
         stored = info.stored
         where = self.store.display(stored.basename)
         started = time.perf_counter()
-        data = self.stored_bytes(shard)
+        check = shard not in self._verified if verify_hashes is None else verify_hashes
+        record = None
+        if check and verify_hashes is None and not self.store.remote:
+            data, status = self.store.map_file(stored.basename)
+            record = self._verified_record(shard, status)
+            if record is not None and os.path.exists(record):
+                check, record = False, None  # this very file passed on this machine
+                self._verified.add(shard)
+        else:
+            data = self.stored_bytes(shard)
         if len(data) != stored.bytes:
             raise ShardError(where, f"has {len(data)} bytes, the index says {stored.bytes}")
-        check = shard not in self._verified if verify_hashes is None else verify_hashes
         full = verify_hashes is True
         checked = check and self._verify_stored(shard, where, data, full)
         if info.zip_data is not None:
@@ -342,9 +354,11 @@ class Dataset:
         else:
             raw = data
         if check and not checked:
-            self._verify_content(shard, where, raw)
+            checked = self._verify_content(shard, where, raw)
         if check:
             self._verified.add(shard)
+        if checked and record is not None:
+            _remember_verified(record)
         if timings is not None and started >= 0:
             timings["read"] += time.perf_counter() - started
         return ShardData(raw, where, self.layout, info.samples)
@@ -365,9 +379,37 @@ class Dataset:
         self._verify(where, hashes, data, recorded_in)
         return True
 
-    def _verify_content(self, shard: int, where: str, raw: np.ndarray) -> None:
+    def _verified_record(self, shard: int, status: os.stat_result) -> str | None:
+        """Where the machine-wide note that this local shard file passed its hash check
+        lives: named by the file's identity (path, device, inode, size, modification and
+        change times: any rewrite changes the change time) and the hashes it was checked
+        against. None for a file changed in the last seconds (timestamps are coarse: a
+        rewrite within the same tick would look unchanged) or no private note directory."""
+        if time.time() - status.st_ctime < _SETTLED_S:
+            return None
+        directory = _verified_dir()
+        if directory is None:
+            return None
+        info = self.shards[shard]
+        recorded = self.meta["shards"][shard] if self.meta else {}
+        identity = [
+            os.path.realpath(self.store.path(info.stored.basename)),
+            status.st_dev,
+            status.st_ino,
+            status.st_size,
+            status.st_mtime_ns,
+            status.st_ctime_ns,
+            dict(info.stored.hashes or {}),
+            dict(info.raw_data.hashes or {}),
+            recorded.get("stored_hashes"),
+            recorded.get("content_hash"),
+        ]
+        key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+        return os.path.join(directory, key[:40])
+
+    def _verify_content(self, shard: int, where: str, raw: np.ndarray) -> bool:
         """Datasets with no per-file hash: spark_dl.json's content hash of the raw shard;
-        Mosaic's without any: say once that corruption goes undetected."""
+        Mosaic's without any: say once that corruption goes undetected. True when checked."""
         expected = self.meta["shards"][shard].get("content_hash") if self.meta else None
         if expected:
             actual = content_hash(raw)
@@ -375,7 +417,7 @@ class Dataset:
                 raise HashMismatchError(
                     where, f"content hash is {actual}, spark_dl.json says {expected}"
                 )
-            return
+            return True
         if not self._warned_unverifiable:
             self._warned_unverifiable = True
             warnings.warn(
@@ -383,6 +425,7 @@ class Dataset:
                 "writer without hashes): corrupted shards cannot be detected",
                 stacklevel=3,
             )
+        return False
 
     @staticmethod
     def _verify(
@@ -766,6 +809,33 @@ def install_loading(functions: Any) -> None:
     reaches no orders, readers or frameworks itself."""
     global _loading
     _loading = functions
+
+
+# A local shard file passes its hash check once per machine, not once per process: a
+# DataLoader worker forked for each pass would otherwise hash every shard it touches again.
+# Notes (empty files named by the file's identity, see Dataset._verified_record) live in a
+# directory only this user can write; a file must have been left unchanged this long before
+# its note is written.
+_SETTLED_S = 2.0
+
+
+def _verified_dir() -> str | None:
+    """This user's private directory of verified-shard notes (None if it is not private)."""
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    directory = os.path.join(tempfile.gettempdir(), f"spark-dl-verified-{uid}")
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        status = os.stat(directory)
+    except OSError:
+        return None
+    if status.st_uid != uid or status.st_mode & 0o077:
+        return None  # another user could forge notes here
+    return directory
+
+
+def _remember_verified(record: str) -> None:
+    with contextlib.suppress(OSError):  # only a note: the next process verifies again
+        os.close(os.open(record, os.O_CREAT | os.O_WRONLY, 0o600))
 
 
 def _merge(parts: list[tuple[np.ndarray, Batch]], n: int) -> Batch:

@@ -170,6 +170,19 @@ class Store:
         except FileNotFoundError:
             raise DatasetError(f"{path} does not exist") from None
 
+    def map_file(self, name: str) -> tuple[np.ndarray, os.stat_result]:
+        """A local file memory-mapped, with the status of the very file mapped (one open:
+        the same inode even if the name is replaced meanwhile)."""
+        path = self._inside(name)
+        try:
+            with open(path, "rb") as f:
+                status = os.fstat(f.fileno())
+                if status.st_size == 0:
+                    return np.empty(0, dtype=np.uint8), status
+                return np.memmap(f, dtype=np.uint8, mode="r"), status
+        except FileNotFoundError:
+            raise DatasetError(f"{path} does not exist") from None
+
     def write_bytes(self, name: str, data: bytes | memoryview | np.ndarray) -> None:
         """Write a whole file; on local disks readers see either nothing or all of it."""
         payload = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
