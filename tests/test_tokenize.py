@@ -75,6 +75,31 @@ def test_bos_and_max_length_cut_documents_specials_included(
         assert ids.tolist() == [bos, *body, eos]
 
 
+@pytest.mark.parametrize("vocab_size", [300, 70_000])
+def test_encode_texts_matches_per_document_ids(tokenizer_file: str, vocab_size: int) -> None:
+    """The vectorized assembly (ids straight into the stored dtype, specials and cuts by
+    masks) equals each document's ids with bos / eos around them, cut to max_length."""
+    from spark_dl_core.text import encode_texts
+
+    tok = Tokenizer.from_file(tokenizer_file)
+    texts = ["", "a", *TEXTS[:60], ""]
+    plain = [tok.encode(t, add_special_tokens=False).ids for t in texts]
+    for eos in (None, 2):
+        for bos in (None, 1):
+            for max_length in (None, 0, 1, 2, 7, 10_000):
+                got = encode_texts(
+                    tok, texts, vocab_size=vocab_size, eos_id=eos, bos_id=bos, max_length=max_length
+                )
+                room = (eos is not None) + (bos is not None)
+                want = []
+                for ids in plain:
+                    body = ids if max_length is None else ids[: max(0, max_length - room)]
+                    want.append([bos] * (bos is not None) + body + [eos] * (eos is not None))
+                leaf = pa.uint16() if vocab_size <= 1 << 16 else pa.int32()
+                assert got.type == pa.list_(leaf)
+                assert got.to_pylist() == want, (eos, bos, max_length)
+
+
 def test_the_tokenizer_files_content_is_in_the_fingerprint(tmp_path: Path) -> None:
     path = tmp_path / "tokenizer.json"
     fingerprints = []

@@ -138,27 +138,32 @@ def encode_texts(
     ``bos`` / ``eos`` added and each document cut to ``max_length`` ids (specials included)."""
     dtype = np.uint16 if vocab_size <= UINT16_VOCAB else np.int32
     ids = [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+    n = len(ids)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=n)
+    # straight into the stored dtype: every id is below the vocabulary size
+    flat = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
     extra = (eos_id is not None) + (bos_id is not None)
     keep = lengths if max_length is None else np.minimum(lengths, max(0, max_length - extra))
-    out_len = keep + extra
-    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-    np.cumsum(out_len, out=offsets[1:])
-    values = np.empty(int(offsets[-1]), dtype=dtype)
-    src = np.zeros(len(texts) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=src[1:])
-    # Each document's kept ids, placed after its bos (one vectorized gather).
-    within = np.arange(int(keep.sum()), dtype=np.int64)
-    doc = np.repeat(np.arange(len(texts)), keep)
-    kept_offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-    np.cumsum(keep, out=kept_offsets[1:])
-    within -= kept_offsets[doc]
-    head = 1 if bos_id is not None else 0
-    values[offsets[doc] + head + within] = flat[src[doc] + within]
-    if bos_id is not None:
-        values[offsets[:-1]] = bos_id
-    if eos_id is not None:
-        values[offsets[1:] - 1] = eos_id
+    if (keep < lengths).any():  # cut documents: keep each one's first ``keep`` ids
+        src = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=src[1:])
+        within = np.arange(len(flat), dtype=np.int64) - np.repeat(src[:-1], lengths)
+        flat = flat[within < np.repeat(keep, lengths)]
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(keep + extra, out=offsets[1:])
+    if extra:  # the kept ids fill every slot but each document's bos / eos
+        values = np.empty(int(offsets[-1]), dtype=dtype)
+        token = np.ones(len(values), dtype=bool)
+        if bos_id is not None:
+            token[offsets[:-1]] = False
+        if eos_id is not None:
+            token[offsets[1:] - 1] = False
+        values[token] = flat
+        if bos_id is not None:
+            values[offsets[:-1]] = bos_id
+        if eos_id is not None:
+            values[offsets[1:] - 1] = eos_id
+    else:
+        values = flat
     leaf = pa.uint16() if dtype is np.uint16 else pa.int32()
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, leaf))
