@@ -1,10 +1,6 @@
-"""PyTorch loading: an iterable of dicts of tensors, sharded over ranks and workers, resumable.
-
-Internally a ``torch.utils.data.IterableDataset`` whose workers each decode *whole batches*
-(``DataLoader(batch_size=None)``), so no per-sample Python objects cross process
-boundaries. Which batch each rank and worker makes, and what a saved state means, is
-defined in :mod:`spark_dl_core.order`.
-"""
+"""The PyTorch loader: each DataLoader worker decodes its round-robin share of a rank's
+batches as whole groups (:class:`_Batches`), and :class:`TorchLoader` holds the settings,
+the saved position and the passes."""
 
 from __future__ import annotations
 
@@ -17,14 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .errors import SpecError
-from .format.buffers import Jagged
-from .frameworks import register_framework
-from .images import ImageList
-from .loader_settings import (
+from ..errors import SpecError
+from ..loader_settings import (
     PAD_MASK,
     TORCH_ONLY,
     LoaderSettings,
@@ -32,12 +24,14 @@ from .loader_settings import (
     reader_extras,
     settings_from,
 )
-from .order import EpochPlan, LoaderState
-from .reader import BatchReader, EncodedImages, ReadOps
-from .telemetry import PassStats, Spans
+from ..order import EpochPlan, LoaderState
+from ..reader import BatchReader, ReadOps
+from ..telemetry import PassStats, Spans
+from .shared import _in_slab, _Leases, _shared_bytes, _SlabItem, _Slabs
+from .tensors import JaggedTensors, _warm_nested, take_rows, to_device, to_tensors
 
 if TYPE_CHECKING:
-    from .dataset import Batch, Dataset
+    from ..dataset import Dataset
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -52,338 +46,6 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return (found[0] if rank is None else int(rank)), (
         found[1] if world_size is None else int(world_size)
     )
-
-
-def to_tensors(batch: Batch) -> dict[str, Any]:
-    """numpy → torch without copies where possible.
-
-    Dense numeric columns become tensors; token sequences (:class:`Jagged`) become
-    ``torch.nested`` jagged tensors over one values and one offsets buffer (no copy);
-    str/bytes/json columns stay numpy object arrays. The form of each column is fixed by
-    the dataset (``Dataset.forms``), never by which samples a batch holds.
-    """
-    out: dict[str, Any] = {}
-    for name, value in batch.items():
-        if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
-            out[name] = _as_tensor(value)
-        elif isinstance(value, ImageList):  # images of several sizes: views of one tensor
-            out[name] = ImageTensors(_as_tensor(value.flat), value.shapes)
-        elif isinstance(value, Jagged):
-            values = torch.from_numpy(_writable(np.ascontiguousarray(value.values)))
-            out[name] = JaggedTensors(values, value.offsets.astype(np.int64, copy=False))
-        else:
-            out[name] = value
-    return out
-
-
-def nested_jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """A ``torch.nested`` jagged tensor over ``values`` split at ``offsets`` (no copy).
-
-    The public ``nested_tensor_from_jagged`` also records an autograd view relation, which
-    costs about 0.1 ms: at 16 documents a batch that is most of a batch's budget, and a
-    loader's batches never need it. Where this torch's jagged class is as expected the
-    tensor is made directly (:func:`_jagged_maker`); else the public function.
-    """
-    return _jagged_maker()(values, offsets)
-
-
-@functools.cache
-def _jagged_maker() -> Any:
-    """The fastest way this torch offers to make a jagged tensor that behaves exactly like
-    the public function's: torch's jagged wrapper made from its parts (about 20 µs less
-    than the class's constructor, which re-checks its inputs and multiplies symbolic
-    sizes), else the class, else the public function. Each candidate is checked against the
-    public function on a probe; the first that matches is used."""
-    public = torch.nested.nested_tensor_from_jagged
-    try:
-        from torch._C import DispatchKey, DispatchKeySet
-        from torch.nested._internal.nested_tensor import NestedTensor, get_tensor_symint
-    except ImportError:  # another torch: the public function
-        return public
-    keys = DispatchKeySet(DispatchKey.NestedTensor).add(DispatchKey.AutogradNestedTensor)
-
-    def direct(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        if values.dim() != 1:
-            return NestedTensor(values, offsets)
-        ragged = get_tensor_symint(offsets, coeff=1)
-        size, strides = (offsets.shape[0] - 1, ragged), (ragged, 1)
-        out = torch.Tensor._make_wrapper_subclass(
-            NestedTensor,
-            size,
-            strides,
-            0,
-            torch.contiguous_format,
-            values.dtype,
-            torch.jagged,
-            values.device,
-            False,
-            False,
-            "sizes",
-            False,
-            True,
-            keys,
-            storage_size=values.untyped_storage().size(),
-        )
-        out._ragged_idx, out._size, out._strides = 1, size, strides
-        NestedTensor.__init__(out, values, offsets)
-        return out
-
-    for candidate in (direct, NestedTensor):
-        try:
-            if _same_jagged(candidate, public):
-                return candidate
-        except Exception:  # a candidate this torch cannot run: try the next
-            continue
-    return public
-
-
-def _same_jagged(make: Any, public: Any) -> bool:
-    """Whether ``make`` gives what the public function gives, on 1-D and 2-D values."""
-    for values in (torch.arange(6, dtype=torch.int32), torch.arange(12.0).reshape(6, 2)):
-        offsets = torch.tensor([0, 2, 2, 6])
-        ours, ref = make(values, offsets), public(values, offsets.clone())
-        if type(ours) is not type(ref) or ours.layout != ref.layout or ours.dim() != ref.dim():
-            return False
-        if ours.dtype != ref.dtype or ours.requires_grad or ours.is_contiguous() is not True:
-            return False
-        if ours.values().data_ptr() != values.data_ptr() or ours.offsets() is not offsets:
-            return False
-        if ours._ragged_idx != ref._ragged_idx or ours.shape[0] != ref.shape[0]:
-            return False
-        if len(ours.stride()) != len(ref.stride()) or ours.stride()[1:] != ref.stride()[1:]:
-            return False
-        pairs = zip((ours + 1).unbind(), (ref + 1).unbind())
-        if not all(torch.equal(a, b) for a, b in pairs):
-            return False
-        if not torch.equal(ours.to_padded_tensor(-1), ref.to_padded_tensor(-1)):
-            return False
-    return True
-
-
-class JaggedTensors:
-    """A token-sequence column between decode and delivery: one values tensor and numpy
-    offsets. It crosses process boundaries as a plain tensor, splits into batches by
-    slicing, and becomes a ``torch.nested`` jagged tensor once, when delivered."""
-
-    __slots__ = ("offsets", "ready", "values")
-
-    def __init__(
-        self, values: torch.Tensor, offsets: np.ndarray, ready: torch.Tensor | None = None
-    ) -> None:
-        self.values, self.offsets = values, offsets
-        self.ready = ready  # the offsets as a tensor from 0, when already made
-
-    def split(self, sizes: list[int]) -> list[JaggedTensors]:
-        """Consecutive batches of ``sizes`` rows, their offsets made in one step (one
-        tensor, a view per batch) rather than per batch."""
-        bounds = np.cumsum([0, *sizes])
-        counts = np.asarray(sizes) + 1
-        block = np.repeat(np.arange(len(sizes)), counts)
-        rows = np.arange(int(counts.sum())) - block  # each batch's rows, its end row too
-        firsts = self.offsets[bounds[:-1]]
-        ready = torch.from_numpy(self.offsets[rows] - firsts[block])
-        out = []
-        for k in range(len(sizes)):
-            lo, hi = int(bounds[k]), int(bounds[k + 1])
-            values = self.values[int(self.offsets[lo]) : int(self.offsets[hi])]
-            out.append(JaggedTensors(values, self.offsets[lo : hi + 1], ready[lo + k : hi + k + 1]))
-        return out
-
-    def nested(self) -> torch.Tensor:
-        if self.ready is not None:
-            return nested_jagged(self.values, self.ready)
-        first = int(self.offsets[0])
-        values = self.values[first : int(self.offsets[-1])] if first else self.values
-        offsets = self.offsets - first if first else self.offsets
-        return nested_jagged(values, torch.from_numpy(offsets))
-
-
-class ImageTensors:
-    """Images of several sizes crossing from a worker as one tensor; :meth:`images` gives
-    the list of ``[H, W, C]`` tensors (views) the user sees."""
-
-    __slots__ = ("flat", "shapes")
-
-    def __init__(self, flat: torch.Tensor, shapes: np.ndarray) -> None:
-        self.flat, self.shapes = flat, shapes
-
-    def rows(self, start: int, stop: int) -> ImageTensors:
-        sizes = np.prod(self.shapes, axis=1)
-        lo, hi = int(sizes[:start].sum()), int(sizes[:stop].sum())
-        return ImageTensors(self.flat[lo:hi], self.shapes[start:stop])
-
-    def images(self) -> list[torch.Tensor]:
-        sizes = np.prod(self.shapes, axis=1).tolist()
-        parts = torch.split(self.flat, sizes) if sizes else []
-        return [p.view(*shape) for p, shape in zip(parts, self.shapes.tolist())]
-
-
-def _shared_bytes(shape: tuple[int, ...]) -> np.ndarray:
-    """A uint8 array in shared memory (a worker's decoded images): sending its tensor to
-    the main process passes a file descriptor instead of copying the pixels again.
-
-    Allocated in shared memory from the start: ``Tensor.share_memory_()`` would allocate
-    private memory, then a shared segment, and copy one into the other (a fifth of a
-    decode-only worker's time in a profile)."""
-    nbytes = int(np.prod(shape, dtype=np.int64))
-    return _bytes_over(torch.UntypedStorage._new_shared(nbytes), shape)
-
-
-def _bytes_over(storage: torch.UntypedStorage, shape: tuple[int, ...]) -> np.ndarray:
-    """A C-contiguous uint8 array of ``shape`` at the start of ``storage``."""
-    strides = np.cumprod([1, *shape[:0:-1]])[::-1].tolist() if shape else []
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape, strides).numpy()
-
-
-class _Leases:
-    """Reusable shared-memory buffers that DataLoader workers decode images into, lent to
-    the main process and taken back once no tensor over one is left there.
-
-    A fresh shared-memory segment per batch costs its pages: allocating, zeroing and
-    mapping a batch of full-size pixels took about a third as long as decoding them
-    (measured in one process: 530 images/s into fresh segments, 820 into reused ones).
-    Each worker keeps up to ``slots`` segments; ``state[worker, slot]`` is 1 while the main
-    process may hold tensors over segment ``slot``. The main process watches the storages
-    of each item it receives (torch's weak storage references, which every view shares)
-    and sets the item's slots back to 0 once all of them are freed. A batch the user keeps
-    keeps its segment: the worker takes another, or a fresh one when all are lent, so
-    reuse never changes a tensor the user still holds.
-    """
-
-    def __init__(self, workers: int, slots: int) -> None:
-        self.__setstate__(
-            {"slots": slots, "state": torch.zeros((workers, slots), dtype=torch.uint8)}
-        )
-        self.state.share_memory_()
-
-    def __getstate__(self) -> dict[str, Any]:  # spawn: each process starts with no pool
-        return {"slots": self.slots, "state": self.state}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.slots: int = state["slots"]
-        self.state: torch.Tensor = state["state"]
-        self._pool: list[torch.UntypedStorage | None] = [None] * self.slots  # this worker's
-        self._lent: list[int] = []  # slots the item being decoded took (worker side)
-        self._watched: list[tuple[list[Any], int, list[int]]] = []  # main side
-
-    # -- worker side
-
-    def alloc(self, worker: int, shape: tuple[int, ...]) -> np.ndarray:
-        """A uint8 array of ``shape`` in a free segment of ``worker`` (else a fresh one)."""
-        nbytes = int(np.prod(shape, dtype=np.int64))
-        state = self.state[worker].numpy()
-        free = [i for i in range(self.slots) if state[i] == 0]
-        if not free:
-            return _shared_bytes(shape)
-        fits = [i for i in free if (self._pool[i] or _EMPTY).nbytes() >= nbytes]
-        if fits:
-            slot = min(fits, key=lambda i: (self._pool[i] or _EMPTY).nbytes())
-        else:  # grow the smallest free segment, with headroom for the next batch's sizes
-            slot = min(free, key=lambda i: (self._pool[i] or _EMPTY).nbytes())
-            size = -(-(nbytes + nbytes // 4) // _SEGMENT_ROUND) * _SEGMENT_ROUND
-            self._pool[slot] = None  # free the old segment before the new one
-            self._pool[slot] = torch.UntypedStorage._new_shared(size)
-        state[slot] = 1
-        self._lent.append(slot)
-        storage = self._pool[slot]
-        assert storage is not None
-        return _bytes_over(storage, shape)
-
-    def take_lent(self) -> list[int]:
-        """The slots the item just decoded holds (sent along with it)."""
-        lent, self._lent = self._lent, []
-        return lent
-
-    # -- main side
-
-    def watch(self, worker: int, slots: list[int], item: Any) -> None:
-        """Hand ``slots`` back to ``worker`` once every storage of ``item`` is freed."""
-        self.release_freed()
-        if slots:
-            refs = [StorageWeakRef(t.untyped_storage()) for t in _tensors_of(item)]
-            self._watched.append((refs, worker, slots))
-
-    def release_freed(self) -> None:
-        state = self.state.numpy()
-        kept = []
-        for refs, worker, slots in self._watched:
-            if all(ref.expired() for ref in refs):
-                state[worker, slots] = 0
-            else:
-                kept.append((refs, worker, slots))
-        self._watched = kept
-
-
-_EMPTY = torch.UntypedStorage(0)
-_SEGMENT_ROUND = 1 << 20
-
-
-def _tensors_of(item: Any) -> Iterator[torch.Tensor]:
-    """The tensors of a worker item (a batch dict), those inside carriers included."""
-    values = item.values() if isinstance(item, dict) else [item]
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif isinstance(value, ImageTensors):
-            yield value.flat
-        elif isinstance(value, JaggedTensors):
-            yield value.values
-
-
-def _as_tensor(value: np.ndarray) -> torch.Tensor:
-    """The shared-memory tensor a :func:`_shared_bytes` array is, else a tensor over it."""
-    base = value.base
-    if (
-        isinstance(base, torch.Tensor)
-        and base.is_shared()
-        and base.data_ptr() == value.ctypes.data
-        and tuple(base.shape) == value.shape
-    ):
-        return base
-    return torch.from_numpy(_writable(value))
-
-
-def _writable(value: np.ndarray) -> np.ndarray:
-    # torch wants writable memory (e.g. memory-mapped shards)
-    return value if value.flags.writeable else value.copy()
-
-
-def _warm_nested() -> None:
-    """The first jagged tensor of a process imports torch.distributed.tensor (seconds):
-    do it when the loader is built, not in the first batch (workers inherit it on fork)."""
-    nested_jagged(torch.zeros(1), torch.tensor([0, 1]))
-
-
-def take_rows(value: Any, start: int, stop: int) -> Any:
-    """Rows ``start:stop`` of one column of a worker item (views where possible)."""
-    if isinstance(value, (EncodedImages, ImageTensors)):
-        return value.rows(start, stop)
-    return value[start:stop]
-
-
-def to_device(batch: dict[str, Any], device: str | None, non_blocking: bool = False) -> Any:
-    """Finish a batch in the main process: decode shipped images on ``device`` in one
-    batched call per column, and move tensors there."""
-    if device is None:
-        for name, value in batch.items():
-            if isinstance(value, JaggedTensors):
-                batch[name] = value.nested()
-            elif isinstance(value, ImageTensors):
-                batch[name] = value.images()
-        return batch
-    out: dict[str, Any] = {}
-    for name, value in batch.items():
-        if isinstance(value, JaggedTensors):
-            out[name] = value.nested().to(device, non_blocking=non_blocking)
-        elif isinstance(value, ImageTensors):
-            out[name] = [image.to(device, non_blocking=non_blocking) for image in value.images()]
-        elif isinstance(value, EncodedImages):
-            out[name] = value.to_device(device)
-        elif isinstance(value, torch.Tensor):
-            out[name] = value.to(device, non_blocking=non_blocking)
-        else:
-            out[name] = value
-    return out
 
 
 def check_device(device: str | None, transforms: Any, dataset: Dataset) -> str | None:
@@ -413,75 +75,6 @@ def check_device(device: str | None, transforms: Any, dataset: Dataset) -> str |
         )
         return None
     return device
-
-
-class _Slabs:
-    """Reusable shared-memory output buffers for DataLoader workers, with free counts.
-
-    Sending a fresh tensor from a worker costs a shared-memory segment, a copy into it and a
-    file-descriptor hand-over per item; on a small machine that per-item cost outweighs the
-    decoding the worker saved. Instead each worker gets a ring of ``depth`` slabs, allocated
-    once (before the workers start, so fork inherits and spawn passes them once), decodes
-    fixed-width batches straight into the next slab and sends only (slab, offsets, dtypes).
-    The main process copies the batch out (one memcpy: the user may keep batches as long as
-    they like) and releases the slab through a per-worker semaphore. Workers wait for a free
-    slab, so at most ``depth`` items per worker are in flight; ``stop`` ends waiting workers
-    when the consumer goes away mid-epoch.
-    """
-
-    def __init__(self, workers: int, depth: int, nbytes: int, context: Any) -> None:
-        self.depth = depth
-        self.tensor = torch.empty((workers, depth, nbytes), dtype=torch.uint8).share_memory_()
-        self.free = [context.Semaphore(depth) for _ in range(workers)]
-        self.stop = context.Event()
-
-    def acquire(self, worker: int) -> bool:
-        """Wait for worker's next slab; False if the consumer stopped meanwhile."""
-        while not self.free[worker].acquire(timeout=0.05):
-            if self.stop.is_set():
-                return False
-        return True
-
-
-class _SlabItem:
-    """What a worker sends for a slab-decoded group: where each column lies in which slab."""
-
-    __slots__ = ("columns", "others", "slab", "worker")
-
-    def __init__(
-        self,
-        worker: int,
-        slab: int,
-        columns: dict[str, tuple[int, str, tuple[int, ...]]],
-        others: dict[str, Any],
-    ) -> None:
-        self.worker, self.slab, self.columns, self.others = worker, slab, columns, others
-
-    def take(self, slabs: _Slabs, pin: bool) -> dict[str, Any]:
-        """Copy the columns out of the slab, then hand the slab back to its worker."""
-        try:
-            raw = slabs.tensor[self.worker, self.slab].numpy()
-            out: dict[str, Any] = {}
-            for name, (offset, dtype, shape) in self.columns.items():
-                dt = np.dtype(dtype)
-                size = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-                view = raw[offset : offset + size].view(dt).reshape(shape)
-                tensor = torch.from_numpy(view.copy())
-                out[name] = tensor.pin_memory() if pin else tensor
-        finally:
-            slabs.free[self.worker].release()
-        out.update(self.others)
-        return out
-
-
-def _in_slab(value: Any, slab: np.ndarray) -> int | None:
-    """Byte offset of a C-contiguous numeric array inside ``slab``, else None."""
-    if not (isinstance(value, np.ndarray) and value.dtype.kind in "biufc"):
-        return None
-    if not value.flags.c_contiguous or not np.shares_memory(value, slab):
-        return None
-    offset = value.__array_interface__["data"][0] - slab.__array_interface__["data"][0]
-    return offset if offset >= 0 and offset + value.nbytes <= slab.nbytes else None
 
 
 def _mean_sample_bytes(dataset: Dataset) -> int:
@@ -927,6 +520,3 @@ class _Pass:
 
     def __init__(self, plan: EpochPlan, epoch: int) -> None:
         self.plan, self.epoch, self.steps = plan, epoch, 0
-
-
-register_framework("torch", TorchLoader)
