@@ -438,6 +438,170 @@ def test_spark_write_reencodes_audio_in_the_executors(classic_spark: Any, tmp_pa
     assert not (tmp_path / "bad" / "index.json").exists()
 
 
+# ------------------------------------------------------------------ write side: reencode_video
+
+REENCODE_VIDEO = {"op": "reencode_video", "column": "video", "size": 32, "gop": 4}
+
+
+def _mpeg4_mkv(frames: int) -> bytes:
+    """An MPEG-4 part 2 clip in Matroska (another codec and container), 12 fps, 40 x 40."""
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="matroska") as container:
+        stream = container.add_stream("mpeg4", rate=12)
+        stream.width, stream.height, stream.pix_fmt = 40, 40, "yuv420p"
+        for k in range(frames):
+            pixels = np.full((40, 40, 3), 8 * k, np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return out.getvalue()
+
+
+def _stream_facts(raw: bytes) -> tuple[str, int, int, list[str], list[int]]:
+    """(codec, height, width, picture types, gray level of each frame) of a stored clip."""
+    with av.open(io.BytesIO(raw)) as container:
+        stream = container.streams.video[0]
+        frames = list(container.decode(stream))
+        context = stream.codec_context
+        kinds = [("I" if f.key_frame else "") + "?IPB"[int(f.pict_type)] for f in frames]
+        levels = [int(f.to_ndarray(format="rgb24").mean().round()) for f in frames]
+        return context.name, context.height, context.width, kinds, levels
+
+
+def test_reencode_video_at_write_time(tmp_path: Path) -> None:
+    from spark_dl_core import DatasetSpec
+
+    clips = [_video(30, 80, 48), None, _video(13, 48, 64), _mpeg4_mkv(20)]
+    table = pa.table({"id": np.arange(4), "video": pa.array(clips, pa.binary())})
+    write_mds(table, str(tmp_path / "v"), DatasetSpec(transforms=[REENCODE_VIDEO], nulls="mask"))
+    ds = open_dataset(tmp_path / "v")
+    (batch,) = ds.iter_batches(batch_size=4)
+    stored = batch["video"]
+    assert list(batch["video__isnull"]) == [0, 1, 0, 0]  # a null stays null
+    sizes = {0: (32, 54), 2: (42, 32), 3: (32, 32)}  # shorter side 32, the other even
+    counts = {0: 30, 2: 13, 3: 20}
+    for i, (h, w) in sizes.items():
+        codec, height, width, kinds, levels = _stream_facts(stored[i])
+        assert (codec, height, width) == ("h264", h, w)
+        assert len(kinds) == counts[i]
+        # a keyframe every 4 frames (IDR: video_decode can start there), no B-frames
+        keys = [k for k, kind in enumerate(kinds) if kind == "II"]
+        assert all(kind in ("II", "P") for kind in kinds), kinds
+        assert keys[0] == 0 and np.diff([*keys, len(kinds)]).max() <= 4, kinds
+        if i == 0:  # no scene cuts: a keyframe exactly every 4 frames
+            assert keys == list(range(0, 30, 4))
+        source = _stream_facts(clips[i])[4]  # type: ignore[arg-type]
+        assert np.abs(np.array(levels) - source).max() <= 3, (i, levels, source)
+    # read back as clips of the stored size: 8 frames at stride 2 from the middle (seeked
+    # to a keyframe), the frames decoding the whole stored clip gives
+    ops = [
+        {"op": "video_decode", "column": "video", "num_frames": 8, "stride": 2, "start": "center"}
+    ]
+    for i in sizes:
+        write_mds(pa.table({"video": [stored[i]]}), str(tmp_path / f"r{i}"))
+        (batch,) = open_dataset(tmp_path / f"r{i}").iter_batches(batch_size=1, transforms=ops)
+        frames = batch["video"]
+        assert frames.shape == (1, 8, *sizes[i], 3) and frames.dtype == np.uint8
+        with av.open(io.BytesIO(stored[i])) as container:
+            every = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        first = max(0, counts[i] - 15) // 2
+        picked = [min(first + 2 * k, counts[i] - 1) for k in range(8)]
+        assert np.array_equal(frames[0], np.stack([every[k] for k in picked])), i
+    # the same input gives the same bytes, in another process too
+    again = write_mds(
+        table, str(tmp_path / "again"), DatasetSpec(transforms=[REENCODE_VIDEO], nulls="mask")
+    )
+    assert again.fingerprint == open_dataset(tmp_path / "v").fingerprint
+    (repeat,) = [b["video"] for b in open_dataset(tmp_path / "again").iter_batches(batch_size=4)]
+    assert list(repeat) == list(stored)
+    import hashlib
+    import subprocess
+    import sys
+
+    (tmp_path / "clip0").write_bytes(clips[0])  # type: ignore[arg-type]
+    script = (
+        "import hashlib, sys, pyarrow as pa\n"
+        "from spark_dl_core.transforms import parse_transforms\n"
+        "from spark_dl_core.video_codec import reencode_video\n"
+        f"op = parse_transforms([{REENCODE_VIDEO!r}])[0]\n"
+        "raw = open(sys.argv[1], 'rb').read()\n"
+        "print(hashlib.sha256(reencode_video(op, pa.array([raw])).to_pylist()[0]).hexdigest())\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "clip0")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert run.stdout.strip() == hashlib.sha256(stored[0]).hexdigest()
+
+
+def test_reencode_video_frame_rate_and_length() -> None:
+    from spark_dl_core.transforms import parse_transforms
+    from spark_dl_core.video_codec import reencode_video
+
+    clip = _video(30)  # 10 fps, frame k at gray level 8 k
+    for fps, max_frames, want in ((5, None, list(range(0, 30, 2))), (5, 6, [0, 2, 4, 6, 8, 10])):
+        op = {"op": "reencode_video", "column": "v", "fps": fps, "max_frames": max_frames}
+        (raw,) = reencode_video(parse_transforms([op])[0], pa.array([clip])).to_pylist()
+        with av.open(io.BytesIO(raw)) as container:
+            assert container.streams.video[0].average_rate == fps
+        _, height, width, _, levels = _stream_facts(raw)
+        assert (height, width) == (48, 64)  # no size: frames as they are
+        assert len(levels) == len(want)
+        assert all(abs(level - 8 * k) <= 3 for k, level in zip(want, levels)), levels
+    op = {"op": "reencode_video", "column": "v", "fps": 25, "size": [20, 30]}  # 2.5 x each
+    (raw,) = reencode_video(parse_transforms([op])[0], pa.array([clip])).to_pylist()
+    _, height, width, _, levels = _stream_facts(raw)
+    assert (height, width, len(levels)) == (20, 30, 75)
+    assert all(abs(level - 8 * (n * 10 // 25)) <= 3 for n, level in enumerate(levels)), levels
+
+
+def test_reencode_video_refuses_bad_bytes_and_columns(tmp_path: Path) -> None:
+    from spark_dl_core.errors import ReencodeError
+
+    clips = [_video(10), _video(12), _video(8)[:300], _video(9)]
+    table = pa.table({"id": np.arange(4), "video": clips})
+    with pytest.raises(ReencodeError, match=r"column 'video'.*does not decode.*row 2 of the data"):
+        write_mds(table, str(tmp_path / "bad"), {"transforms": [REENCODE_VIDEO]})
+    audio_only = pa.table({"video": [_encode(_tone(16_000, 0.3, 1), 16_000, "WAV", None)]})
+    with pytest.raises(ReencodeError, match=r"no video stream.*row 0 of the data"):
+        write_mds(audio_only, str(tmp_path / "wav"), {"transforms": [REENCODE_VIDEO]})
+    with pytest.raises(SpecError, match="reencode_video on column 'id': needs video bytes"):
+        write_mds(
+            table, str(tmp_path / "ids"), {"transforms": [{**REENCODE_VIDEO, "column": "id"}]}
+        )
+    for bad in ({"size": 33}, {"size": [32, 0]}, {"gop": 0}, {"crf": 60}, {"fps": 0}):
+        with pytest.raises(SpecError, match=r"reencode_video\."):
+            write_mds(table, str(tmp_path / "x"), {"transforms": [{**REENCODE_VIDEO, **bad}]})
+    assert not (tmp_path / "bad" / "index.json").exists()
+
+
+def test_spark_write_reencodes_video_in_the_executors(classic_spark: Any, tmp_path: Path) -> None:
+    import json
+
+    import spark_dl
+
+    spark_dl.register(classic_spark)
+    df = classic_spark.createDataFrame([(0, _video(12)), (1, _video(9))], "id long, video binary")
+    spec = json.dumps({"transforms": [REENCODE_VIDEO]})
+    df.coalesce(2).write.format("mds").option("spec", spec).save(str(tmp_path / "spark"))
+    stored = [
+        raw
+        for b in open_dataset(tmp_path / "spark").iter_batches(batch_size=2)
+        for raw in b["video"]
+    ]
+    assert sorted((*_stream_facts(raw)[:3], len(_stream_facts(raw)[3])) for raw in stored) == [
+        ("h264", 32, 42, 9),
+        ("h264", 32, 42, 12),
+    ]
+    bad = classic_spark.createDataFrame([(0, _video(5)), (1, b"garbage")], "id long, video binary")
+    with pytest.raises(Exception, match=r"ReencodeError: column 'video'.*row 1 of partition 0"):
+        bad.coalesce(1).write.format("mds").option("spec", spec).save(str(tmp_path / "bad"))
+    assert not (tmp_path / "bad" / "index.json").exists()
+
+
 # -- the fast paths give what the general ones give
 
 

@@ -49,8 +49,9 @@ class EncodingError(SparkDLError, ValueError):
 
 
 class ReencodeError(EncodingError):
-    """A write-time re-encoding op (``reencode_audio``) met a value it cannot decode; the
-    message names the column and the row (with the partition in a Spark write)."""
+    """A write-time re-encoding op (``reencode_audio``, ``reencode_video``) met a value it
+    cannot decode; the message names the column and the row (with the partition in a Spark
+    write)."""
 
 
 class MissingDependencyError(SparkDLError, ImportError):

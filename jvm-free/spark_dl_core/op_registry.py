@@ -20,6 +20,7 @@ from .errors import SpecError
 IMPLEMENTATION_MODULES = {
     "reencode_image": "spark_dl_core.image_codec",  # write ops: a function over a column
     "reencode_audio": "spark_dl_core.audio_codec",
+    "reencode_video": "spark_dl_core.video_codec",
     "image_decode": "spark_dl_core.images",  # decode ops: a pipeline factory (op, column)
     "audio_decode": "spark_dl_core.media",
     "video_decode": "spark_dl_core.media",

@@ -390,6 +390,43 @@ class ReencodeAudio(_Base):
         return _replace(batch, self.column, implementation(self.op)(self, array))
 
 
+class ReencodeVideo(_Base):
+    """Write time: re-encode a video column (MP4, WebM, MKV...) as H.264 in MP4, frames
+    scaled to ``size`` (``int``: the shorter side, aspect kept; ``(h, w)``: exact; None:
+    as they are; sides even), re-timed to ``fps`` (None: the clip's rate), cut to
+    ``max_frames``, keyframes at most ``gop`` frames apart (x264 adds one at a scene cut)
+    and no B-frames, so a read-time ``video_decode`` decodes few frames before a clip's
+    start. Same input, same bytes.
+    Runs where rows are written (Spark's executors for a Spark write)."""
+
+    op: Literal["reencode_video"] = "reencode_video"
+    column: str
+    size: Size | None = Field(default=None, union_mode="left_to_right")
+    fps: float | None = Field(default=None, gt=0)
+    gop: int = Field(default=8, ge=1)
+    crf: int = Field(default=23, ge=0, le=51)
+    max_frames: int | None = Field(default=None, ge=1)
+
+    @field_validator("size")
+    @classmethod
+    def _even_sides(cls, size: Size | None) -> Size | None:
+        sides = () if size is None else (size,) if isinstance(size, int) else size
+        if any(side < 2 or side % 2 for side in sides):
+            raise ValueError(f"sizes must be even and >= 2 pixels (yuv420p), got {size!r}")
+        return size
+
+    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        _require(batch, [self.column], self.op)
+        array = batch.column(self.column)
+        if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
+            raise SpecError(
+                f"reencode_video on column {self.column!r}: needs video bytes, not {array.type}"
+            )
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        return _replace(batch, self.column, implementation(self.op)(self, array))
+
+
 class Tokenize(_Base):
     """Write time: a text column to token ids with a Hugging Face ``tokenizers`` file.
 
@@ -560,7 +597,8 @@ Transform = Annotated[
     | AudioDecode
     | AudioCrop
     | VideoDecode
-    | ReencodeAudio,
+    | ReencodeAudio
+    | ReencodeVideo,
     Field(discriminator="op"),
     BeforeValidator(lambda value: _check_op(value)),
 ]
