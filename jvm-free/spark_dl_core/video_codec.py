@@ -5,10 +5,10 @@ each clip is decoded with FFmpeg (PyAV), optionally re-timed to ``fps`` and cut 
 ``max_frames``, its frames scaled in FFmpeg's scaler to ``size`` and encoded again as
 H.264 in MP4 (yuv420p) with keyframes (IDR) at most ``gop`` frames apart and no
 B-frames, so a read-time ``video_decode`` starts close to any clip start and decodes few
-frames. The encoder runs on one thread, gets the pixels alone (not the decoded frames'
-picture types or side data) and no timestamp comes from the clock, so the same clip gives
-the same bytes on any machine with the same FFmpeg. Only the first video stream is kept.
-Needs the ``media`` extra.
+frames. The encoder runs on one thread without macroblock-tree rate control, gets the
+pixels alone (not the decoded frames' picture types or side data) and no timestamp comes
+from the clock, so the same clip gives the same bytes on any machine with the same FFmpeg.
+Only the first video stream is kept. Needs the ``media`` extra.
 """
 
 from __future__ import annotations
@@ -97,7 +97,14 @@ def _reencode_clip(av: Any, op: Any, raw: bytes) -> bytes:
                     context.thread_count = 1  # x264's output depends on its thread count
                     context.gop_size = op.gop
                     context.max_b_frames = 0
-                    encoder.options = {"crf": str(op.crf), "bf": "0", "threads": "1"}
+                    # x264's macroblock-tree rate control gives different bytes from run
+                    # to run on the same frames (measured, one thread): off
+                    encoder.options = {
+                        "crf": str(op.crf),
+                        "bf": "0",
+                        "threads": "1",
+                        "x264-params": "mbtree=0",
+                    }
                 scaled = frame.reformat(
                     width=width, height=height, format="yuv420p", interpolation="BICUBIC"
                 )
