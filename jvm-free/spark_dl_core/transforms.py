@@ -38,6 +38,7 @@ from pydantic import (
 )
 
 from .errors import SpecError, TokenizeError
+from .format.encodings import NUMERIC_ENCODINGS
 from .op_registry import implementation
 from .text import encode_texts, load_tokenizer, token_type, tokenizer_facts
 
@@ -719,24 +720,6 @@ def compile_read_ops(
                     )
             others.append(op)
     return pipelines, others
-
-
-NUMERIC_ENCODINGS = {
-    "int",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-    "str_int",
-    "str_float",
-}
 
 
 def _check_op(value: Any) -> Any:

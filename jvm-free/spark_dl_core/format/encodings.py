@@ -930,6 +930,8 @@ _SCALARS = {
     "int": "int64",
     **{name: name for name in _DTYPE_CODES},
 }
+# Encodings whose values are numbers: the scalars and the numbers stored as text.
+NUMERIC_ENCODINGS = frozenset(_SCALARS) | {"str_int", "str_float"}
 
 
 def _registry() -> dict[str, Callable[[], Encoding]]:
