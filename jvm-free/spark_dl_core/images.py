@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -741,21 +742,15 @@ class ImagePipeline:
         return batch
 
     def run_torch(self, raws: list[bytes], plan: Plan, device: str) -> Any:
-        """The same plan on a torch device: one batched ``decode_jpeg`` call, then crops.
+        """The same plan on a torch device: one batched decode call there, then the crops.
 
-        Needs torchvision with its CUDA decoder for ``cuda`` devices.
+        The decode comes from :func:`device_decoder` (on CUDA: torchvision's batched
+        ``decode_jpeg``); everything after it is :meth:`transform_tensors`.
         """
-        import torch
-
-        decode_jpeg = _torchvision_decoder()
-        from torchvision.io import ImageReadMode
-
-        data = [torch.frombuffer(bytearray(r), dtype=torch.uint8) for r in raws]
-        read_mode = ImageReadMode.RGB if self.mode == "RGB" else ImageReadMode.GRAY
-        decoded = decode_jpeg(data, mode=read_mode, device=device)
         global _decodes
+        decoded = device_decoder(device)(raws, self.mode, device)
         _decodes += len(decoded)
-        return self.transform_tensors(list(decoded), plan)
+        return self.transform_tensors(decoded, plan)
 
     def transform_tensors(self, images: list[Any], plan: Plan) -> Any:
         """Crop, resize and flip ``[C, H, W]`` uint8 tensors by ``plan`` (any device)."""
@@ -791,13 +786,25 @@ class ImagePipeline:
                 canvas[:, region[0] : region[2], region[1] : region[3]] = image
                 image = canvas
             out.append(image)
-        batch = torch.stack(out)  # [B, C, H, W]
+        if not self.fixed_size and len({tuple(image.shape) for image in out}) > 1:
+            return [self._finish_tensor(image[None])[0] for image in out]  # as the CPU path
+        if not out:
+            return self._finish_tensor(torch.empty((0, self.channels, 0, 0), dtype=torch.uint8))
+        return self._finish_tensor(torch.stack(out))
+
+    def _finish_tensor(self, batch: Any) -> Any:
+        """normalize and to_chw on a ``[B, C, H, W]`` uint8 tensor (any device)."""
+        import torch
+
         if self.normalize is not None:
             shape = (1, -1, 1, 1)
             mean = torch.tensor(self.normalize.mean, device=batch.device).reshape(shape) * 255
             std = torch.tensor(self.normalize.std, device=batch.device).reshape(shape) * 255
             batch = (batch.float() - mean) / std
         return batch if self.chw else batch.permute(0, 2, 3, 1).contiguous()
+
+
+DeviceDecode = Callable[[list[Any], str, str], list[Any]]
 
 
 def _torchvision_decoder() -> Any:
@@ -814,6 +821,60 @@ def gpu_decoder_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def decode_on_host(raws: list[Any], mode: str, device: str) -> list[Any]:
+    """Each image decoded on the CPU (the workers' decoder) as a ``[C, H, W]`` uint8 tensor
+    on ``device``: what the device path does with images its decoder cannot read."""
+    import torch
+
+    out = []
+    for raw in raws:
+        pixels = decode_image(bytes(raw), mode)
+        if not pixels.flags.writeable:  # PIL's buffer: torch wants memory it may write
+            pixels = pixels.copy()
+        out.append(torch.from_numpy(pixels).permute(2, 0, 1).to(device))
+    return out
+
+
+def decode_with_nvjpeg(raws: list[Any], mode: str, device: str) -> list[Any]:
+    """JPEGs decoded in one batched ``torchvision.io.decode_jpeg`` call on ``device``; other
+    formats (PNG…), and a batch that call refuses, decode on the host and move there."""
+    import torch
+    from torchvision.io import ImageReadMode
+
+    decode_jpeg = _torchvision_decoder()
+    jpegs = [i for i, raw in enumerate(raws) if bytes(raw[:2]) == _JPEG]
+    out: list[Any] = [None] * len(raws)
+    if jpegs:
+        data = [torch.frombuffer(bytearray(raws[i]), dtype=torch.uint8) for i in jpegs]
+        read_mode = ImageReadMode.RGB if mode == "RGB" else ImageReadMode.GRAY
+        try:
+            decoded = decode_jpeg(data, mode=read_mode, device=device)
+        except RuntimeError:  # e.g. a CMYK or damaged JPEG: the host decoder names it
+            decoded = decode_on_host([raws[i] for i in jpegs], mode, device)
+        for i, image in zip(jpegs, decoded):
+            out[i] = image
+    others = [i for i in range(len(raws)) if out[i] is None]
+    for i, image in zip(others, decode_on_host([raws[i] for i in others], mode, device)):
+        out[i] = image
+    return out
+
+
+# Batch decoders by torch device type. CUDA decodes with nvjpeg; "cpu" decodes with the
+# workers' decoder, so tests run every line of the device path but the nvjpeg call.
+DEVICE_DECODERS: dict[str, DeviceDecode] = {"cuda": decode_with_nvjpeg, "cpu": decode_on_host}
+
+
+def device_decoder(device: str) -> DeviceDecode:
+    """The batch decoder for a torch device such as ``cuda:1``."""
+    kind = str(device).split(":")[0]
+    if kind not in DEVICE_DECODERS:
+        raise SpecError(
+            f"device={device!r}: images decode on {sorted(DEVICE_DECODERS)} devices; "
+            "leave device unset to decode on the CPU in the DataLoader workers"
+        )
+    return DEVICE_DECODERS[kind]
 
 
 register_op("image_decode", ImagePipeline.from_op)

@@ -571,7 +571,7 @@ class ReadOps:
             return batch
         from .transforms import Normalize
 
-        on_device = self.device is not None and self.device != "cpu"
+        on_device = self.device is not None  # the loader's check_device: a torch device
         for name, pipeline in self.pipelines.items():
             viewed = getattr(pipeline, "kind", "") in VIEWED_KINDS  # memoryviews: as they are
             raws = list(batch[name]) if viewed else [bytes(r) for r in batch[name]]

@@ -65,7 +65,7 @@ def check_device(device: str | None, transforms: Any, dataset: Dataset) -> str |
         )
     if not ReadOps(dataset, transforms, None).pipelines:
         return None
-    from .images import gpu_decoder_available
+    from ..images import gpu_decoder_available
 
     if not gpu_decoder_available():
         warnings.warn(
