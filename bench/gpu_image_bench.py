@@ -10,7 +10,9 @@ second (warm):
   in one nvjpeg call and runs the crops there;
 - ``cpu_wN``: the CPU path: N workers decode and crop, the batch then moves to the GPU;
 - ``nvjpeg_limit``: torchvision's batched ``decode_jpeg`` alone over preloaded bytes, batch
-  128, no crops: the decoder's own rate on this GPU.
+  128, no crops: the decoder's own rate on this GPU;
+- ``crops_per_image`` / ``crops_batched``: the main process's share alone (nvjpeg decode, then
+  the crops one image at a time or in one ``grid_sample``) over preloaded bytes.
 
 Usage: ``python bench/gpu_image_bench.py [--images 4000] [--workers 4,12] [--json]``. Needs
 torch with CUDA and torchvision; prints images/s and the GPU path's ratio to the CPU path.
@@ -125,6 +127,32 @@ def nvjpeg_limit(path: Path) -> dict[str, float]:
     return {"warm_img_s": len(raws) / (time.perf_counter() - start)}
 
 
+def stage_rates(path: Path) -> dict[str, dict[str, float]]:
+    """The main process's share of the device path on preloaded bytes: nvjpeg decode, then
+    the crops one image at a time or batched (no workers, no I/O)."""
+    from spark_dl_core.images import ImagePipeline, decode_with_nvjpeg
+    from spark_dl_core.transforms import parse_transforms
+
+    ops = parse_transforms(OPS)
+    pipeline = ImagePipeline("image", geometry=ops[1:3])
+    raws = open_dataset(path).to_arrow().column("image").to_pylist()
+    batches = [raws[at : at + BATCH] for at in range(0, len(raws) - BATCH + 1, BATCH)]
+    plans = [pipeline.plan(b, b"k" * 32, np.arange(len(b)), lambda i, m: m) for b in batches]
+    out = {}
+    for name, batched in (("crops_per_image", False), ("crops_batched", True)):
+        pipeline.transform_tensors(
+            decode_with_nvjpeg(batches[0], "RGB", "cuda"), plans[0], batched=batched
+        )
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for raw, plan in zip(batches, plans):
+            images = decode_with_nvjpeg(raw, "RGB", "cuda")
+            pipeline.transform_tensors(images, plan, batched=batched)
+        torch.cuda.synchronize()
+        out[name] = {"warm_img_s": len(batches) * BATCH / (time.perf_counter() - start)}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=4000)
@@ -138,6 +166,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = make(Path(tmp), args.images)
         results: dict[str, dict[str, float]] = {"nvjpeg_limit": nvjpeg_limit(path)}
+        results.update(stage_rates(path))
         for workers in [int(w) for w in args.workers.split(",")]:
             results[f"gpu_w{workers}"] = case(path, workers, "cuda")
             results[f"cpu_w{workers}"] = case(path, workers, None)
