@@ -896,6 +896,25 @@ def gpu_decoder_available() -> bool:
     return True
 
 
+def _as_bytes(raw: Any) -> bytes:
+    """An image's bytes from ``bytes``, a numpy array or a CPU torch tensor."""
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        return bytes(raw)
+    numpy = getattr(raw, "numpy", None)  # a torch tensor
+    return (numpy() if numpy is not None else np.asarray(raw)).tobytes()
+
+
+def _as_uint8_tensor(raw: Any) -> Any:
+    """A 1-D uint8 CPU tensor over an image's bytes (no copy where it already is one)."""
+    import torch
+
+    if isinstance(raw, torch.Tensor):
+        return raw
+    if isinstance(raw, np.ndarray):
+        return torch.from_numpy(raw if raw.flags.writeable else raw.copy())
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
 def decode_on_host(raws: list[Any], mode: str, device: str) -> list[Any]:
     """Each image decoded on the CPU (the workers' decoder) as a ``[C, H, W]`` uint8 tensor
     on ``device``: what the device path does with images its decoder cannot read."""
@@ -903,7 +922,7 @@ def decode_on_host(raws: list[Any], mode: str, device: str) -> list[Any]:
 
     out = []
     for raw in raws:
-        pixels = decode_image(bytes(raw), mode)
+        pixels = decode_image(_as_bytes(raw), mode)
         if not pixels.flags.writeable:  # PIL's buffer: torch wants memory it may write
             pixels = pixels.copy()
         out.append(torch.from_numpy(pixels).permute(2, 0, 1).to(device))
@@ -913,14 +932,13 @@ def decode_on_host(raws: list[Any], mode: str, device: str) -> list[Any]:
 def decode_with_nvjpeg(raws: list[Any], mode: str, device: str) -> list[Any]:
     """JPEGs decoded in one batched ``torchvision.io.decode_jpeg`` call on ``device``; other
     formats (PNG…), and a batch that call refuses, decode on the host and move there."""
-    import torch
     from torchvision.io import ImageReadMode
 
     decode_jpeg = _torchvision_decoder()
-    jpegs = [i for i, raw in enumerate(raws) if bytes(raw[:2]) == _JPEG]
+    jpegs = [i for i, raw in enumerate(raws) if _as_bytes(raw[:2]) == _JPEG]
     out: list[Any] = [None] * len(raws)
     if jpegs:
-        data = [torch.frombuffer(bytearray(raws[i]), dtype=torch.uint8) for i in jpegs]
+        data = [_as_uint8_tensor(raws[i]) for i in jpegs]
         read_mode = ImageReadMode.RGB if mode == "RGB" else ImageReadMode.GRAY
         try:
             decoded = decode_jpeg(data, mode=read_mode, device=device)

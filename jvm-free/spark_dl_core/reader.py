@@ -498,19 +498,48 @@ class EncodedImages:
 
     DataLoader workers send this (``device="cuda"``) for pipelines that decode on a device
     (``on_device``: images); the main process decodes the whole batch in one call on the
-    GPU and applies the same plan (:meth:`ImagePipeline.run_torch`).
+    GPU and applies the same plan (:meth:`ImagePipeline.run_torch`). The images lie back to
+    back in one buffer (``data``, split at ``offsets``): made by the workers' allocator, in
+    shared memory, so a batch's bytes reach the main process without being pickled.
     """
 
-    __slots__ = ("pipeline", "plan", "raws")
+    __slots__ = ("data", "offsets", "pipeline", "plan")
 
-    def __init__(self, pipeline: Any, raws: list[bytes], plan: Any) -> None:
-        self.pipeline, self.raws, self.plan = pipeline, raws, plan
+    def __init__(self, pipeline: Any, data: Any, offsets: np.ndarray, plan: Any) -> None:
+        self.pipeline, self.data, self.offsets, self.plan = pipeline, data, offsets, plan
+
+    @classmethod
+    def pack(
+        cls, pipeline: Any, raws: list[Any], plan: Any, alloc: Callable[..., np.ndarray]
+    ) -> EncodedImages:
+        """``raws`` copied back to back into one buffer from ``alloc``."""
+        sizes = np.array([len(raw) for raw in raws], dtype=np.int64)
+        offsets = np.zeros(len(raws) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        data = alloc((int(offsets[-1]),))
+        for raw, at, size in zip(raws, offsets[:-1].tolist(), sizes.tolist()):
+            data[at : at + size] = np.frombuffer(raw, dtype=np.uint8)
+        return cls(pipeline, data, offsets, plan)
 
     def __len__(self) -> int:
-        return len(self.raws)
+        return len(self.offsets) - 1
+
+    @property
+    def raws(self) -> list[Any]:
+        """Each image's bytes: views of ``data`` (a numpy array or a torch tensor)."""
+        at = self.offsets.tolist()
+        return [self.data[at[i] : at[i + 1]] for i in range(len(self))]
 
     def rows(self, start: int, stop: int) -> EncodedImages:
-        return EncodedImages(self.pipeline, self.raws[start:stop], self.plan.rows(start, stop))
+        first, last = int(self.offsets[start]), int(self.offsets[stop])
+        offsets = self.offsets[start : stop + 1] - first
+        return EncodedImages(
+            self.pipeline, self.data[first:last], offsets, self.plan.rows(start, stop)
+        )
+
+    def with_data(self, data: Any) -> EncodedImages:
+        """The same images over another form of the buffer (a torch tensor, for transport)."""
+        return EncodedImages(self.pipeline, data, self.offsets, self.plan)
 
     def to_device(self, device: str) -> Any:
         return self.pipeline.run_torch(self.raws, self.plan, device)
@@ -580,9 +609,8 @@ class ReadOps:
                 return self._where(name, int(index[i]), message)
 
             if on_device and pipeline.on_device:  # decoded in the main process, on the device
-                batch[name] = EncodedImages(
-                    pipeline, raws, pipeline.plan(raws, self.key, index, where)
-                )
+                plan = pipeline.plan(raws, self.key, index, where)
+                batch[name] = EncodedImages.pack(pipeline, raws, plan, self.alloc)
             else:
                 batch[name] = pipeline.run(raws, self.key, index, where, self.alloc)
         arrow_ops: list[Any] = []

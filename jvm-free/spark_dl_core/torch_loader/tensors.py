@@ -36,6 +36,8 @@ def to_tensors(batch: Batch) -> dict[str, Any]:
         elif isinstance(value, Jagged):
             values = torch.from_numpy(_writable(np.ascontiguousarray(value.values)))
             out[name] = JaggedTensors(values, value.offsets.astype(np.int64, copy=False))
+        elif isinstance(value, EncodedImages):  # bytes for the device: shared, not pickled
+            out[name] = value.with_data(_as_tensor(value.data))
         else:
             out[name] = value
     return out
