@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import hashlib
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 import numpy as np
 
@@ -742,6 +742,18 @@ class LoaderState:
             )
         return cls(**{k: state[k] for k in cls.__dataclass_fields__ if k in state})
 
+    def position(self, total: int) -> tuple[int, int]:
+        """(epoch, consumed) to resume at, for an epoch of ``total`` samples.
+
+        A ``drop_last`` state with less than one of its batches left had finished its epoch:
+        no batch of the loader that saved it takes that tail, at any world size (states saved
+        by earlier versions at such an end count short of ``total``).
+        """
+        consumed = self.consumed
+        if self.drop_last and consumed and total - consumed < self.batch_size:
+            consumed = total
+        return epoch_position(self.epoch, consumed, total)
+
     def check(self, dataset: Dataset, **settings: Any) -> None:
         """Raise if this state belongs to another dataset or other order settings. A packed
         position is refused unless ``pack`` (the loader's pack settings) is given."""
@@ -771,6 +783,40 @@ class LoaderState:
 
 def resolve_window(window: int | None) -> int:
     return DEFAULT_WINDOW if window is None else int(window)
+
+
+def epoch_position(epoch: int, consumed: int, total: int) -> tuple[int, int]:
+    """A position at the end of its epoch (all ranks' samples consumed) is the next epoch's
+    start; any other position stays in its epoch."""
+    if consumed and consumed >= total:
+        return epoch + 1, 0
+    return epoch, consumed
+
+
+class _Positioned(Protocol):
+    @property
+    def total(self) -> int: ...
+
+
+P = TypeVar("P", bound=_Positioned)
+
+
+def plan_position(build: Callable[[int, int], P], epoch: int, at: int) -> tuple[int, int, P]:
+    """The position a loader saves and the plan its next pass reads, from ``(epoch, at)``
+    (samples, or packed rows, consumed by all ranks).
+
+    Whether the epoch is over is a global fact (:func:`epoch_position`), never this rank's:
+    a rank whose plan is empty inside the epoch (the other ranks hold the last batches, or
+    ``drop_last`` at this batch size leaves no whole round) makes an empty pass of that
+    epoch. Dealing it the next epoch instead would deliver samples twice, and a trainer's
+    ``set_epoch(current)`` would then restart the epoch in progress.
+    """
+    plan = build(epoch, at)
+    moved = epoch_position(epoch, at, plan.total)
+    if moved != (epoch, at):
+        epoch, at = moved
+        plan = build(epoch, at)
+    return epoch, at, plan
 
 
 @dataclass(frozen=True)
@@ -955,7 +1001,10 @@ class EpochPlan(Sequence[np.ndarray]):
         return self._take(start, stop)
 
     def consumed_after(self, steps: int) -> int:
-        """Global samples consumed once every rank has taken ``steps`` batches of this plan."""
+        """Global samples consumed once every rank has taken ``steps`` batches of this plan:
+        the whole epoch once no rank has a batch left (a tail ``drop_last`` drops included)."""
+        if steps > 0 and steps * self.world_size >= self.global_batches:
+            return self.total
         return min(self.total, self.consumed + steps * self.world_size * self.batch_size)
 
     def exhausted(self) -> EpochPlan:

@@ -37,7 +37,7 @@ from .loader_settings import (
     reader_extras,
     settings_from,
 )
-from .order import EpochPlan, LoaderState, resolve_window
+from .order import EpochPlan, LoaderState, epoch_position, plan_position, resolve_window
 from .reader import BatchReader
 from .telemetry import PassStats
 
@@ -183,7 +183,7 @@ def make_tf_dataset(
             shuffle_window=window,
             batch_size=settings.batch_size,
         )
-        epoch, consumed = loaded.epoch, loaded.consumed
+        epoch, consumed = loaded.position(len(dataset))
 
     def plan_for(epoch: int, consumed: int) -> EpochPlan:
         return EpochPlan.build(
@@ -201,10 +201,8 @@ def make_tf_dataset(
         )
 
     consumed = min(len(dataset), consumed + start_batch * world_size * settings.batch_size)
-    first = plan_for(epoch, consumed)
-    if consumed and not len(first):  # a finished epoch: start at the next one
-        epoch, consumed = epoch + 1, 0
-        first = plan_for(epoch, 0)
+    # a finished epoch starts the next; inside one, an empty first pass keeps this rank in it
+    epoch, consumed, first = plan_position(plan_for, epoch, consumed)
     chosen = settings.column_list
     names = chosen if chosen is not None else [*dataset.layout.names, *dataset.derived]
     read: dict[str, Any] = {
@@ -283,15 +281,16 @@ def make_tf_dataset(
     def state_dict(steps: int) -> dict[str, Any]:
         """The position after ``steps`` batches of the latest pass, on every rank."""
         plan, pass_epoch = passes.current
+        at_epoch, consumed = epoch_position(pass_epoch, plan.consumed_after(int(steps)), plan.total)
         return LoaderState(
             fingerprint=dataset.fingerprint,
             seed=settings.seed,
-            epoch=pass_epoch,
+            epoch=at_epoch,
             shuffle=settings.shuffle,
             shuffle_window=window,
             batch_size=settings.batch_size,
             drop_last=settings.drop_last,
-            consumed=plan.consumed_after(int(steps)),
+            consumed=consumed,
         ).to_dict()
 
     def stats() -> dict[str, Any]:

@@ -24,7 +24,7 @@ from ..loader_settings import (
     reader_extras,
     settings_from,
 )
-from ..order import EpochPlan, LoaderState
+from ..order import EpochPlan, LoaderState, epoch_position, plan_position
 from ..reader import BatchReader, ReadOps
 from ..telemetry import PassStats, Spans
 from .shared import _in_slab, _Leases, _shared_bytes, _SlabItem, _Slabs
@@ -296,6 +296,7 @@ class TorchLoader:
             self.loader_kwargs["prefetch_factor"] = settings.prefetch_factor
         self.progress = settings.progress
         self._live: _Pass | None = None  # the latest pass (iterator) and what it delivered
+        self._done: _Pass | None = None  # the latest pass, once it has finished
         self._stats: PassStats | None = None
         self.sampler = EpochHook(self)  # where trainers call set_epoch (as on a sampler)
         self._set_position(settings.epoch, 0)  # validates the order settings eagerly
@@ -317,15 +318,14 @@ class TorchLoader:
             even_batches=self.settings.even_batches,
         )
 
-    def _set_position(self, epoch: int, consumed: int) -> None:
-        """Move the saved position; a position with nothing left is the next epoch's start."""
-        plan = self._build_plan(epoch, consumed)
-        if consumed and not len(plan):
-            epoch, consumed = epoch + 1, 0
-            plan = self._build_plan(epoch, 0)
+    def _set_position(self, epoch: int, consumed: int, done: _Pass | None = None) -> None:
+        """Move the saved position (the end of an epoch is the next epoch's start; inside
+        it, even with no batch left for this rank, it stays). ``done``: the pass that
+        finished, which :meth:`state_dict` still reports."""
+        epoch, consumed, plan = plan_position(self._build_plan, epoch, consumed)
         self.epoch, self._consumed, self._plan_for = epoch, consumed, plan
         self._epoch_len = len(plan if not consumed else self._build_plan(epoch, 0))
-        self._live = None
+        self._live, self._done = None, done
 
     def sample_order(self) -> EpochPlan:
         """This rank's remaining batches of global sample indices (what the next pass reads)."""
@@ -365,6 +365,8 @@ class TorchLoader:
         """Start epoch ``epoch`` afresh, unless it is already the saved position's epoch."""
         if int(epoch) != self.epoch:
             self._set_position(int(epoch), 0)
+        elif self._done is not None and self._done.epoch != self.epoch:
+            self._done = None  # the trainer has moved on from the finished pass's epoch
 
     def __len__(self) -> int:
         """Batches of the saved epoch for this rank, as ``DataLoader``'s ``len``: the same
@@ -420,7 +422,7 @@ class TorchLoader:
                     if live.steps == len(plan) - 1:
                         stats.repeated = plan.repeats
                         if self._live is live:  # its last batch: the pass is finished, even
-                            self._set_position(live.epoch, plan.total)  # if left unexhausted
+                            self._set_position(live.epoch, plan.total, live)  # if unexhausted
                     live.steps += 1
                     now = time.perf_counter()
                     stats.delivered(size, now - resumed, now)
@@ -442,7 +444,7 @@ class TorchLoader:
                 stats.write_trace(trace_path)
             del items
         if self._live is live:  # the pass ran to its end: the saved position moves on
-            self._set_position(live.epoch, plan.total)
+            self._set_position(live.epoch, plan.total, live)
 
     # -- telemetry
 
@@ -458,10 +460,16 @@ class TorchLoader:
     # -- state
 
     def state_dict(self) -> dict[str, Any]:
-        """The live global position: resumable at any world size and worker count."""
-        live = self._live
+        """The live global position: resumable at any world size and worker count.
+
+        After ``k`` batches of a pass it is the position once every rank has taken ``k``
+        (a finished pass included): a rank that ran out one batch before the others
+        (``even_batches=False``) reports the epoch those others are still finishing.
+        """
+        live = self._live if self._live is not None else self._done
         if live is not None and live.steps:
-            epoch, consumed = live.epoch, live.plan.consumed_after(live.steps)
+            consumed = live.plan.consumed_after(live.steps)
+            epoch, consumed = epoch_position(live.epoch, consumed, live.plan.total)
         else:
             epoch, consumed = self.epoch, self._consumed
         return LoaderState(
@@ -488,7 +496,7 @@ class TorchLoader:
             shuffle_window=self.shuffle_window,
             batch_size=self.batch_size,
         )
-        self._set_position(loaded.epoch, loaded.consumed)
+        self._set_position(*loaded.position(len(self.dataset)))
 
     def __repr__(self) -> str:
         return (
