@@ -178,3 +178,58 @@ def test_a_state_saved_at_a_drop_last_epoch_end_starts_the_next_epoch(
     fresh = ds.to_torch(**kw)
     fresh.load_state_dict({**state, "epoch": 0, "consumed": 1000})  # saved by a tf pass
     assert fresh.epoch == 1 and fresh.remaining == 10
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+    """Documents of unique tokens (so every packed row is told apart), some longer than a row."""
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 60, size=300)
+    starts = np.cumsum(lengths) - lengths + 1
+    docs = [list(range(s, s + k)) for s, k in zip(starts.tolist(), lengths.tolist())]
+    path = str(tmp_path_factory.mktemp("tokens") / "ds")
+    write_mds(pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))}), path)
+    return open_dataset(path)
+
+
+PACK = {"column": "tokens", "seq_len": 32}
+
+
+def _rows(batches: Any) -> list[tuple[int, ...]]:
+    return [tuple(np.asarray(row).tolist()) for b in batches for row in b["input_ids"]]
+
+
+@pytest.mark.parametrize("framework", ["torch", "tf"])
+def test_packed_rows_once_when_a_rank_has_nothing_left(tokens: Dataset, framework: str) -> None:
+    """One rank stops two batches short of the epoch's end; four ranks resume without
+    even_batches: two of them have no batch left, and must not replay the next epoch."""
+    pytest.importorskip("tensorflow" if framework == "tf" else "torch")
+    kw: dict[str, Any] = dict(batch_size=4, shuffle=True, seed=3, pack=PACK, even_batches=False)
+    if framework == "tf":
+        epochs = [_rows(tokens.to_tf(epoch=e, **kw)) for e in (0, 1)]
+        head = tokens.to_tf(**kw)
+        steps = -(-len(epochs[0]) // 4) - 2
+        seen = _rows(b for _, b in zip(range(steps), head))
+        state = head.state_dict(steps)
+        rest, after = [], []
+        for r in range(4):
+            tfds = tokens.to_tf(rank=r, world_size=4, state=state, **kw)
+            rest += _rows(tfds)
+            after += _rows(tfds)
+    else:
+        epochs = [_rows(tokens.to_torch(epoch=e, **kw)) for e in (0, 1)]
+        loader = tokens.to_torch(**kw)
+        steps = len(loader) - 2
+        it = iter(loader)
+        seen = _rows(next(it) for _ in range(steps))
+        state = loader.state_dict()
+        rest, after = [], []
+        for r in range(4):
+            resumed = tokens.to_torch(rank=r, world_size=4, **kw)
+            resumed.load_state_dict(state)
+            resumed.set_epoch(0)
+            rest += _rows(resumed)
+            resumed.set_epoch(1)
+            after += _rows(resumed)
+    assert Counter(seen + rest) == Counter(epochs[0]) and len(rest) < 8
+    assert Counter(after) == Counter(epochs[1])

@@ -812,9 +812,8 @@ def plan_position(build: Callable[[int, int], P], epoch: int, at: int) -> tuple[
     ``set_epoch(current)`` would then restart the epoch in progress.
     """
     plan = build(epoch, at)
-    moved = epoch_position(epoch, at, plan.total)
-    if moved != (epoch, at):
-        epoch, at = moved
+    if at and at >= plan.total:  # (``total`` only when needed: a packed plan reads for it)
+        epoch, at = epoch_position(epoch, at, plan.total)
         plan = build(epoch, at)
     return epoch, at, plan
 

@@ -566,7 +566,10 @@ class PackedPlan:
         return max(0, -(-(self._shape()[0] - self.rank) // self.world_size))
 
     def rows_after(self, steps: int) -> int:
-        """Global rows consumed once every rank has taken ``steps`` batches of this plan."""
+        """Global rows consumed once every rank has taken ``steps`` batches of this plan:
+        the whole epoch once no rank has a batch left (a tail ``drop_last`` drops included)."""
+        if steps > 0 and steps * self.world_size >= self._shape()[0]:
+            return self.total
         after = self.rows + steps * self.world_size * self.batch_size
         return min(after, self._total) if self._total is not None else after
 

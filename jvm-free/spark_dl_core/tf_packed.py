@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .frameworks import register_framework
 from .loader_settings import TF_ONLY, LoaderSettings, settings_from
+from .order import epoch_position, plan_position
 from .packing import PackedPlan, packed_plan, packed_state, resume_position
 from .telemetry import PassStats
 
@@ -43,10 +44,8 @@ def make_packed_tf_dataset(
     def plan_for(epoch: int, rows: int) -> PackedPlan:
         return packed_plan(dataset, settings, epoch=epoch, rows=rows, rank=rank, world_size=world)
 
-    first = plan_for(epoch, rows)
-    if rows and not len(first):  # a finished epoch: start at the next one
-        epoch, rows = epoch + 1, 0
-        first = plan_for(epoch, 0)
+    # a finished epoch starts the next; inside one, an empty first pass keeps this rank in it
+    epoch, rows, first = plan_position(plan_for, epoch, rows)
     seq_len = settings.pack.seq_len
     signature = {
         "input_ids": tf.TensorSpec((None, seq_len), tf.int64),
@@ -85,7 +84,8 @@ def make_packed_tf_dataset(
     def state_dict(steps: int) -> dict[str, Any]:
         """The position after ``steps`` batches of the latest pass, on every rank."""
         plan, pass_epoch = passes["current"]
-        return packed_state(dataset, settings, pass_epoch, plan.rows_after(int(steps)))
+        at_epoch, rows = epoch_position(pass_epoch, plan.rows_after(int(steps)), plan.total)
+        return packed_state(dataset, settings, at_epoch, rows)
 
     def stats() -> dict[str, Any]:
         """The latest pass as produced for tf.data, with ``tokens`` and ``fill``."""

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .frameworks import register_framework
 from .loader_settings import TORCH_ONLY, LoaderSettings, settings_from
+from .order import epoch_position, plan_position
 from .packing import PackedPlan, packed_plan, packed_state, resume_position
 from .telemetry import PassStats
 from .torch_loader import resolve_rank, to_device
@@ -63,6 +64,7 @@ class PackedTorchLoader:
         self.rank, self.world_size = resolve_rank(settings.rank, settings.world_size)
         self.device = None if settings.device is None else str(settings.device)
         self._live: _Pass | None = None
+        self._done: _Pass | None = None  # the latest pass, once it has finished
         self._stats: PassStats | None = None
         self._fill = (0, 0)  # real tokens, all tokens of the latest pass
         self._set_position(settings.epoch, 0)
@@ -77,19 +79,20 @@ class PackedTorchLoader:
             world_size=self.world_size,
         )
 
-    def _set_position(self, epoch: int, rows: int) -> None:
-        """Move the saved position; a position with nothing left is the next epoch's start."""
-        plan = self._plan(epoch, rows)
-        if rows and not len(plan):
-            epoch, rows = epoch + 1, 0
-            plan = self._plan(epoch, 0)
+    def _set_position(self, epoch: int, rows: int, done: _Pass | None = None) -> None:
+        """Move the saved position (the end of an epoch is the next epoch's start; inside
+        it, even with no batch left for this rank, it stays). ``done``: the pass that
+        finished, which :meth:`state_dict` still reports."""
+        epoch, rows, plan = plan_position(self._plan, epoch, rows)
         self.epoch, self._rows, self._plan_for = epoch, rows, plan
-        self._live = None
+        self._live, self._done = None, done
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` afresh, unless it is already the saved position's epoch."""
         if int(epoch) != self.epoch:
             self._set_position(int(epoch), 0)
+        elif self._done is not None and self._done.epoch != self.epoch:
+            self._done = None  # the trainer has moved on from the finished pass's epoch
 
     def __len__(self) -> int:
         """Batches this rank yields in the next pass (computing it reads every shard's
@@ -144,7 +147,7 @@ class PackedTorchLoader:
             stats.finished = time.perf_counter()
             del items
         if self._live is live:  # the pass ran to its end: the next epoch from its start
-            self._set_position(live.epoch + 1, 0)
+            self._set_position(live.epoch + 1, 0, live)
 
     def stats(self) -> dict[str, Any]:
         """The latest pass: rows (as samples) and batches, rows/s, time to first batch,
@@ -157,9 +160,10 @@ class PackedTorchLoader:
     def state_dict(self) -> dict[str, Any]:
         """The live global position in packed rows: resumable at any world size and
         worker count (a document half delivered continues where it was cut)."""
-        live = self._live
+        live = self._live if self._live is not None else self._done
         if live is not None and live.steps:
-            epoch, rows = live.epoch, live.plan.rows_after(live.steps)
+            rows = live.plan.rows_after(live.steps)
+            epoch, rows = epoch_position(live.epoch, rows, live.plan.total)
         else:
             epoch, rows = self.epoch, self._rows
         return packed_state(self.dataset, self.settings, epoch, rows)
