@@ -131,6 +131,27 @@ def test_verify_without_hashes_checks_structure(table: str, tmp_path: Path) -> N
     assert shard.name in run("verify", out, check=1).stderr
 
 
+def test_export_partitions_that_need_escaping(tmp_path: Path) -> None:
+    """Partition values with a space, ``:``, ``/``, ``%``, non-ASCII, and a timestamp."""
+    import datetime as dt
+
+    table = str(tmp_path / "parts")
+    when = dt.datetime(2024, 1, 2, 10, 0, tzinfo=dt.timezone.utc)
+    data = pa.table(
+        {
+            "id": list(range(5)),
+            "part": ["a b", "c:d", "e/f", "g%h", "é"],
+            "ts": pa.array([when] * 5, pa.timestamp("us", "UTC")),
+        }
+    )
+    write_deltalake(table, data, partition_by=["part", "ts"])
+    out = str(tmp_path / "ds")
+    run("export", table, "--out", out, "--no-progress")
+    from spark_dl_core import open_dataset
+
+    assert len(open_dataset(out)) == 5
+
+
 def test_export_errors_exit_1(table: str, tmp_path: Path) -> None:
     proc = run("export", table, "--version", "5", "--out", str(tmp_path / "x"), check=1)
     assert "version 5" in proc.stderr and "0..1" in proc.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import struct
@@ -95,6 +96,26 @@ def _data(ids: range) -> pa.Table:
     )
 
 
+# Partition values whose directory names need escaping, and a timestamp partition column.
+ESCAPED_PARTS = ["a b", "c:d", "e/f", "g%h", "é", "plain"]
+ESCAPED_TIMES = [dt.datetime(2024, 1, 2, 10, 0, tzinfo=dt.timezone.utc)] * 3 + [
+    dt.datetime(2024, 1, 3, 18, 30, 15, 250000, tzinfo=dt.timezone.utc)
+] * 3
+
+
+def write_escaped(path: str) -> pa.Table:
+    """A table partitioned by text that needs escaping and by a timestamp; its rows."""
+    data = pa.table(
+        {
+            "id": pa.array(range(6), pa.int64()),
+            "part": ESCAPED_PARTS,
+            "ts": pa.array(ESCAPED_TIMES, pa.timestamp("us", "UTC")),
+        }
+    )
+    write_deltalake(path, data, partition_by=["part", "ts"])
+    return data
+
+
 @pytest.fixture(scope="module")
 def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """history: v0 write, v1 append, v2 delete, v3 overwrite; part: partitioned; dv: DVs."""
@@ -121,7 +142,16 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     dv = str(root / "dv")
     write_deltalake(dv, _data(range(10)), configuration={"delta.enableDeletionVectors": "true"})
     add_deletion_vector(dv, [0, 3, 9])
-    return {"root": root, "history": history, "expected": expected, "part": part, "dv": dv}
+    escaped = str(root / "escaped 100% é")  # the table's own path needs escaping too
+    write_escaped(escaped)
+    return {
+        "root": root,
+        "history": history,
+        "expected": expected,
+        "part": part,
+        "dv": dv,
+        "escaped": escaped,
+    }
 
 
 # --------------------------------------------------------------------------- JVM-free reads
@@ -144,6 +174,29 @@ def test_partition_columns_present_and_typed(tables: dict[str, Any]) -> None:
     assert table.schema.field("part").type == pa.string()
     by_id = {r["id"]: (r["part"], r["year"]) for r in table.to_pylist()}
     assert by_id == {i: ("abc"[i % 3], 2020 + i % 2) for i in range(12)}
+
+
+def test_partition_values_that_need_escaping(tables: dict[str, Any], tmp_path: Path) -> None:
+    """Log paths are URI-encoded Hive directories: decoded once, the files are found."""
+    snap = open_delta(tables["escaped"])
+    table = snap.to_arrow()
+    by_id = {r["id"]: (r["part"], r["ts"]) for r in table.to_pylist()}
+    assert by_id == {i: (ESCAPED_PARTS[i], ESCAPED_TIMES[i]) for i in range(6)}
+    assert all(os.path.isfile(f) for f in snap.files)
+    engine = pa.RecordBatchReader.from_stream(DeltaTable(tables["escaped"]).scan()).read_all()
+    assert rows(engine.select(table.schema.names)) == rows(table)
+    ds = snap.to_dataset(str(tmp_path / "out"))
+    assert len(ds) == 6
+
+
+def test_deletion_vector_on_escaped_path(tmp_path: Path) -> None:
+    table = str(tmp_path / "dv 50%")
+    data = _data(range(10)).append_column("part", pa.array(["x y:z"] * 10))
+    write_deltalake(
+        table, data, partition_by=["part"], configuration={"delta.enableDeletionVectors": "true"}
+    )
+    add_deletion_vector(table, [0, 3])
+    assert open_delta(table).to_arrow()["id"].to_pylist() == [1, 2, 4, 5, 6, 7, 8, 9]
 
 
 def test_deletion_vectors_are_honoured(tables: dict[str, Any]) -> None:

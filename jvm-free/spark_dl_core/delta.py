@@ -113,12 +113,26 @@ def _available(history: list[tuple[int, int]]) -> tuple[int, int] | None:
 
 
 def _file_key(uri: str) -> str:
-    """A data file's identity, whatever form (``file://`` URI or plain path) names it."""
+    """A data file's identity: its decoded location (see :func:`_decoded`), local files as
+    plain paths. Never unquotes: a location is decoded once, when it leaves the log."""
     if uri.startswith("file://"):
-        uri = uri[len("file://") :]
+        return uri[len("file://") :]
+    return uri
+
+
+def _decoded(uri: str) -> str:
+    """A URI from the Delta log (``add.path`` joined to the table URI, a deletion vector's
+    file path) as a location: percent-escapes decoded exactly once, local files as plain
+    paths. Hive-style partition directories are themselves escaped (``part=a%20b``), and the
+    log escapes that again (``part=a%2520b``): decoding twice names a file that is not there.
+    """
     from urllib.parse import unquote
 
-    return unquote(uri)
+    if uri.startswith("file:"):
+        path = unquote(uri[len("file:") :])
+        return "/" + path.lstrip("/")  # file:/x, file:///x -> /x
+    scheme, sep, rest = uri.partition("://")
+    return scheme + sep + unquote(rest) if sep else unquote(uri)
 
 
 @dataclass
@@ -404,8 +418,7 @@ def open_delta(
     partition_columns = list(table.metadata().partition_columns)
     base = table.table_uri.rstrip("/")
     rel_paths = actions.column("path").to_pylist()
-    uris = [p if "://" in p or p.startswith("/") else f"{base}/{p}" for p in rel_paths]
-    uris = [_local(u) for u in uris]
+    uris = [_decoded(_joined(base, p)) for p in rel_paths]
     part_values: dict[str, dict[str, Any]] = {}
     for i, u in enumerate(uris):
         part_values[_file_key(u)] = {
@@ -417,11 +430,11 @@ def open_delta(
     if "deletionVectors" in (table.protocol().reader_features or []):
         dvs = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all()
         for fp, sel in zip(dvs.column("filepath").to_pylist(), dvs.column("selection_vector")):
-            keep[_file_key(_local(fp))] = sel.as_py()
+            keep[_file_key(_decoded(fp))] = sel.as_py()
     order = sorted(range(len(uris)), key=lambda i: rel_paths[i])
     files = [uris[i] for i in order]
     snap = DeltaSnapshot(
-        table_uri=_local(base),
+        table_uri=_decoded(base) if base.startswith("file:") else base,
         version=pinned,
         timestamp=_iso(when),
         files=files,
@@ -455,11 +468,11 @@ def _as_expression(filter: Any) -> Any:
     )
 
 
-def _local(uri: str) -> str:
-    """Local files as plain absolute paths, which pyarrow and Spark both accept."""
-    if uri.startswith("file://"):
-        return _file_key(uri)
-    return uri
+def _joined(base: str, path: str) -> str:
+    """A log path as a URI: relative paths (the usual case) resolve against the table URI."""
+    if "://" in path or path.startswith(("file:", "/")):
+        return path
+    return f"{base}/{path}"
 
 
 def _check_features(table: Any, uri: str, asked: str, available: tuple[int, int]) -> None:
