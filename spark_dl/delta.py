@@ -276,13 +276,16 @@ def _read_with_deltalake(spark: SparkSession, snapshot: DeltaSnapshot) -> tuple[
     deleted = snapshot.deleted_rows()
     unique = len(set(snapshot.file_names)) == len(snapshot.files)
     too_many = sum(len(rows) for rows in deleted.values()) > DV_FILTER_MAX_ROWS
-    if not snapshot.files or (deleted and (too_many or not unique)):
+    keys = _relative_paths(snapshot) if snapshot.partition_columns else None
+    unkeyed = bool(snapshot.partition_columns) and keys is None
+    if not snapshot.files or (deleted and (too_many or not unique)) or unkeyed:
         table = snapshot.to_arrow()
         if table.num_rows > ARROW_FALLBACK_WARN_ROWS:
             warnings.warn(
-                f"{snapshot.table_uri}@{snapshot.version} has deletion vectors; its "
-                f"{table.num_rows} rows go through driver memory. Configure delta-spark or "
-                "purge the deletion vectors for large tables.",
+                f"{snapshot.table_uri}@{snapshot.version}: its {table.num_rows} rows go "
+                "through driver memory (many deleted rows, repeated data file names, or "
+                "data files outside the table's directory). Configure delta-spark or purge "
+                "the deletion vectors for large tables.",
                 stacklevel=3,
             )
         if table.num_rows == 0:
@@ -290,12 +293,9 @@ def _read_with_deltalake(spark: SparkSession, snapshot: DeltaSnapshot) -> tuple[
             return empty, "spark-arrow"
         return spark.createDataFrame(table), "spark-arrow"
     data_fields = [f for f in snapshot.schema if f.name not in snapshot.partition_columns]
-    part_fields = [snapshot.schema.field(c) for c in snapshot.partition_columns]
-    read_schema = from_arrow_schema(pa.schema(data_fields + part_fields))
-    reader = spark.read.schema(read_schema)
-    if snapshot.partition_columns:
-        reader = reader.option("basePath", snapshot.table_uri)
-    df = reader.parquet(*snapshot.files)
+    # Leaf files, no basePath: Spark infers no partition columns from directory names
+    # (which it would unescape its own way and parse in the session time zone).
+    df = spark.read.schema(from_arrow_schema(pa.schema(data_fields))).parquet(*snapshot.files)
     if deleted:  # deletion vectors as a filter on each row's (file, row index)
         gone = None
         for name, rows in deleted.items():
@@ -303,4 +303,40 @@ def _read_with_deltalake(spark: SparkSession, snapshot: DeltaSnapshot) -> tuple[
             gone = hit if gone is None else gone | hit
         assert gone is not None
         df = df.filter(~gone)
+    if keys is not None:
+        df = _with_partition_values(df, snapshot, keys)
     return df.select(*names), "spark-parquet"
+
+
+def _relative_paths(snapshot: DeltaSnapshot) -> list[str] | None:
+    """Each data file's path under the table root (decoded), when all files lie under it at
+    one depth, as Hive-partitioned tables' files do: what a row's file is known by."""
+    from urllib.parse import unquote
+
+    root = snapshot.table_uri if "://" not in snapshot.table_uri else unquote(snapshot.table_uri)
+    root = root.rstrip("/") + "/"
+    rel = [f[len(root) :] for f in snapshot.files if f.startswith(root)]
+    if len(rel) != len(snapshot.files) or len({r.count("/") for r in rel}) != 1:
+        return None
+    return rel
+
+
+def _with_partition_values(df: DataFrame, snapshot: DeltaSnapshot, keys: list[str]) -> DataFrame:
+    """Partition columns from the log's values, looked up by each row's data file.
+
+    The same values the core reads (timestamps as UTC instants), whatever the session time
+    zone and however the writer escaped the directory names. A row's file is its
+    ``_metadata.file_path`` (a URI) decoded once, cut to the depth of ``keys``.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    uri = F.regexp_replace(F.col("_metadata.file_path"), r"\+", "%2B")  # '+' is literal
+    file = F.substring_index(F.url_decode(uri), "/", -(keys[0].count("/") + 1))
+    texts = snapshot.partition_text()
+    for c in snapshot.partition_columns:
+        spark_type = from_arrow_type(snapshot.schema.field(c).type)
+        pairs = [x for k, t in zip(keys, texts) if t[c] is not None for x in (k, t[c])]
+        value = F.element_at(F.create_map(*map(F.lit, pairs)), file) if pairs else F.lit(None)
+        df = df.withColumn(c, value.cast(spark_type))
+    return df

@@ -82,6 +82,49 @@ def add_deletion_vector(table: str, deleted_rows: list[int]) -> None:
     )
 
 
+def commit_parquet_directories(path: str, data: pa.Table) -> None:
+    """Make Spark-written ``part=../ts=..`` Parquet directories a Delta table, as delta-spark
+    commits them: ``add.path`` the relative path URI-encoded once, partition values from the
+    rows (timestamps as UTC instants, which the protocol allows).
+
+    (deltalake's ``convert_to_deltalake`` decodes ``%3A`` in directory names, so its log
+    names files that do not exist.)"""
+    from urllib.parse import quote
+
+    fields = [{"name": "id", "type": "long", "nullable": True, "metadata": {}}]
+    fields += [{"name": "part", "type": "string", "nullable": True, "metadata": {}}]
+    fields += [{"name": "ts", "type": "timestamp", "nullable": True, "metadata": {}}]
+    meta = {
+        "id": str(uuid.uuid4()),
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": json.dumps({"type": "struct", "fields": fields}),
+        "partitionColumns": ["part", "ts"],
+        "configuration": {},
+    }
+    actions: list[dict[str, Any]] = [
+        {"commitInfo": {"timestamp": int(time.time() * 1000), "operation": "CONVERT"}},
+        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+        {"metaData": meta},
+    ]
+    by_part = {r["part"]: r["ts"] for r in data.to_pylist()}
+    for file in sorted(Path(path).rglob("*.parquet")):
+        rel = file.relative_to(path).as_posix()
+        part = next(v for v in by_part if rel.startswith(f"part={_spark_escape(v)}/"))
+        when = by_part[part].astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        add = {"path": quote(rel, safe="/="), "size": file.stat().st_size, "dataChange": True}
+        add |= {"partitionValues": {"part": part, "ts": when}, "modificationTime": 0}
+        actions.append({"add": add})
+    Path(path, "_delta_log").mkdir()
+    Path(path, "_delta_log", f"{0:020}.json").write_text(
+        "\n".join(json.dumps(a) for a in actions) + "\n"
+    )
+
+
+def _spark_escape(value: str) -> str:
+    """Spark's escaping of partition directory names (the characters our values use)."""
+    return "".join(f"%{ord(c):02X}" if c in ':/%"#=?*' else c for c in value)
+
+
 def rows(table: pa.Table) -> list[tuple[Any, ...]]:
     return sorted(tuple(r.values()) for r in table.to_pylist())
 
@@ -361,6 +404,46 @@ def test_read_delta_matches_open_delta(spark: Any, tables: dict[str, Any]) -> No
     derived = lineage_for(latest.select("id").filter("id > 100"))
     assert derived is not None and derived["version"] == 3 and derived["derived"] is True
     assert lineage_for(spark.range(3)) is None
+
+
+def _instants(table: pa.Table) -> list[tuple[Any, ...]]:
+    """Rows with timestamps as UTC microseconds: the same instant compares equal."""
+    cols = [c.cast(pa.int64()) if pa.types.is_timestamp(c.type) else c for c in table.columns]
+    return rows(pa.table(cols, names=table.column_names))
+
+
+def _spark_instants(df: Any) -> list[tuple[Any, ...]]:
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import TimestampType
+
+    cols = [
+        F.unix_micros(F.col(f.name)) if isinstance(f.dataType, TimestampType) else F.col(f.name)
+        for f in df.schema.fields
+    ]
+    return sorted(tuple(r) for r in df.select(*cols).collect())
+
+
+@pytest.mark.spark
+def test_read_delta_partitions_like_the_core(
+    spark: Any, tables: dict[str, Any], tmp_path: Path
+) -> None:
+    """Escaped partition directories and timestamp partitions: Spark gives the core's values
+    (the log's, timestamps as UTC instants) whatever the session time zone, for a table
+    written by deltalake and for Parquet partition directories Spark wrote itself."""
+    from spark_dl.delta import lineage_for, read_delta
+
+    written = str(tmp_path / f"spark {spark.conf.get('spark.sql.session.timeZone')}")
+    data = write_escaped(str(tmp_path / "scratch"))
+    spark.createDataFrame(data.to_pandas()).write.partitionBy("part", "ts").parquet(written)
+    commit_parquet_directories(written, data)
+    for path in (tables["escaped"], written):
+        snap = open_delta(path)
+        df = read_delta(spark, path)
+        assert df.columns == snap.schema.names
+        assert _spark_instants(df) == _instants(snap.to_arrow()), path
+        assert lineage_for(df)["reader"] == "spark-parquet"  # type: ignore[index]
+    core = open_delta(tables["escaped"]).to_arrow()
+    assert sorted(core["part"].to_pylist()) == sorted(ESCAPED_PARTS)
 
 
 @pytest.mark.spark

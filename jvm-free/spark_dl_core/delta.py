@@ -195,6 +195,21 @@ class DeltaSnapshot:
         sees ``_metadata.file_name``, tells which file of the snapshot a row came from."""
         return [_file_key(u).rsplit("/", 1)[-1] for u in self.files]
 
+    def partition_text(self) -> list[dict[str, str | None]]:
+        """Each file's partition values from the log (in :attr:`files` order), as text an
+        engine casts back to the column's type: timestamps as UTC instants (``...Z``), so
+        an engine that parses directory names in its session time zone (Spark) is not
+        trusted with them."""
+        return [
+            {
+                c: _as_text(
+                    self._partition_values.get(_file_key(u), {}).get(c), self.schema.field(c)
+                )
+                for c in self.partition_columns
+            }
+            for u in self.files
+        ]
+
     def deleted_rows(self) -> dict[str, list[int]]:
         """Row indexes each file's deletion vector removes, by file base name."""
         out: dict[str, list[int]] = {}
@@ -450,6 +465,18 @@ def open_delta(
     snap.output_schema  # noqa: B018 - validate columns now, not at first read
     _check_files_exist(snap, asked)
     return snap
+
+
+def _as_text(value: Any, f: pa.Field) -> str | None:
+    """A partition value as text that casts back to ``f.type`` without a time zone guess."""
+    if value is None:
+        return None
+    typ = f.type
+    arr = pa.array([value], type=pa.string() if isinstance(value, str) else typ)
+    if pa.types.is_timestamp(typ) and typ.tz is not None:
+        wall = arr.cast(typ).cast(pa.timestamp(typ.unit))  # the UTC wall clock
+        return f"{wall.cast(pa.string())[0]}Z"
+    return str(arr.cast(pa.string())[0].as_py())
 
 
 def _first_line(exc: BaseException) -> str:
