@@ -452,3 +452,37 @@ def test_read_delta_errors(spark: Any, tables: dict[str, Any]) -> None:
 
     with pytest.raises(DeltaSnapshotError, match=r"version 7.*0\.\.3"):
         read_delta(spark, tables["history"], version=7)
+
+
+def _nested_decimals(path: str) -> pa.Table:
+    """A Delta table with decimals inside a list, a struct and a map."""
+    from decimal import Decimal as D
+
+    dec = pa.decimal128(12, 3)
+    data = pa.table(
+        {
+            "id": pa.array([0, 1], pa.int64()),
+            "l": pa.array([[D("1.250"), D("-3.500")], [D("0.001")]], pa.list_(dec)),
+            "s": pa.array([{"d": D("2.500")}, {"d": None}], pa.struct([("d", dec)])),
+            "m": pa.array([[("a", D("9.999"))], []], pa.map_(pa.string(), dec)),
+        }
+    )
+    write_deltalake(path, data)
+    return data
+
+
+def test_nested_decimals_round_trip(tmp_path: Path) -> None:
+    data = _nested_decimals(str(tmp_path / "nested"))
+    open_delta(str(tmp_path / "nested")).write_mds(str(tmp_path / "out"))
+    back = open_dataset(str(tmp_path / "out")).to_arrow()
+    assert back.schema.field("l").type == data.schema.field("l").type
+    assert back.to_pylist() == data.to_pylist()
+
+
+@pytest.mark.spark
+def test_nested_decimals_spark_reader(classic_spark: Any, tmp_path: Path) -> None:
+    data = _nested_decimals(str(tmp_path / "nested"))
+    open_delta(str(tmp_path / "nested")).write_mds(str(tmp_path / "out"))
+    got = classic_spark.read.format("mds").load(str(tmp_path / "out")).orderBy("id").collect()
+    assert [r["l"] for r in got] == data.column("l").to_pylist()
+    assert [r["s"]["d"] for r in got] == [s["d"] for s in data.column("s").to_pylist()]

@@ -7,6 +7,7 @@ become nulls again. Datasets from other writers get each encoding's natural Arro
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -96,6 +97,8 @@ def _jsonish(value: Any, t: pa.DataType) -> Any:
         return {f.name: _jsonish(value.get(f.name), f.type) for f in t}
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         return [_jsonish(v, t.value_type) for v in value]
+    if pa.types.is_decimal(t) and isinstance(value, str):
+        return Decimal(value)  # nested decimals are stored as exact text (see encodings)
     return value
 
 
