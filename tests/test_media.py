@@ -777,3 +777,115 @@ def test_decoder_libraries_and_numpy_ma_load_where_the_loader_is_built(audio: st
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[-2] == "['numpy.ma', 'soundfile', 'soxr']"
+
+
+def _moving(frames: int, seed: int, gop: int, options: dict[str, str]) -> bytes:
+    """An H.264 MP4 of a texture moving across 64x48 frames (motion-predicted frames, so a
+    missing or wrong reference shows), encoded by libx264 with ``options``."""
+    rng = np.random.default_rng(seed)
+    texture = rng.integers(0, 255, (96, 128, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=25, options=options)
+        stream.width, stream.height = 64, 48
+        stream.pix_fmt = "yuv444p" if options.get("profile") == "high444" else "yuv420p"
+        stream.codec_context.gop_size = gop
+        for k in range(frames):
+            y, x = (3 * k) % 48, (5 * k) % 64
+            frame = av.VideoFrame.from_ndarray(texture[y : y + 48, x : x + 64], format="rgb24")
+            frame.pts = k
+            if k % 9 == 0 and options.get("forced"):
+                frame.pict_type = av.video.frame.PictureType.I
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return out.getvalue()
+
+
+def _param_sets(extradata: bytes) -> list[bytes]:
+    """The SPS and PPS NAL units of an ``avcC`` header."""
+    at, units = 6, []
+    for count in (extradata[5] & 0x1F, None):
+        if count is None:
+            count, at = extradata[at], at + 1
+        for _ in range(count):
+            size = int.from_bytes(extradata[at : at + 2], "big")
+            units.append(extradata[at + 2 : at + 2 + size])
+            at += 2 + size
+    return units
+
+
+def _spliced(first: bytes, second: bytes) -> bytes:
+    """Two encodes joined in one MP4 without re-encoding, as cutting tools join clips: the
+    header holds the first's parameter sets, the second's travel in-band in its first
+    packet (its PPS differs: another quantizer)."""
+    out = io.BytesIO()
+    with (
+        av.open(io.BytesIO(first)) as a,
+        av.open(io.BytesIO(second)) as b,
+        av.open(out, "w", format="mp4") as joined,
+    ):
+        target = joined.add_stream_from_template(a.streams.video[0])
+        end = 0
+        for packet in a.demux(a.streams.video[0]):
+            if packet.size:
+                end = max(end, packet.pts + packet.duration)
+                packet.stream = target
+                joined.mux(packet)
+        source = b.streams.video[0]
+        head = b"".join(
+            len(n).to_bytes(4, "big") + n for n in _param_sets(source.codec_context.extradata)
+        )
+        for k, packet in enumerate(p for p in b.demux(source) if p.size):
+            moved = av.Packet((head if k == 0 else b"") + bytes(packet))
+            moved.pts, moved.dts = packet.pts + end, packet.dts + end
+            moved.time_base, moved.is_keyframe = packet.time_base, packet.is_keyframe
+            moved.stream = target
+            joined.mux(moved)
+    return out.getvalue()
+
+
+def test_h264_picks_equal_a_full_decode_for_b_frames_idrs_open_gop_and_spliced_clips() -> None:
+    """Every pick, from any start, is the frame a plain decode of the whole clip gives; a
+    clip whose parameter sets change mid-stream (in-band, after an IDR) decoded from a later
+    keyframe used to come out as wrong pixels without an error."""
+    from spark_dl_core.media import VideoPipeline, _h264_frames, _in_order
+    from spark_dl_core.transforms import parse_transforms
+
+    high444 = {"profile": "high444", "bf": "3"}
+    clips = {
+        "high444, IDR every 8": _moving(50, 1, 8, high444),
+        "high444, forced keyframes": _moving(50, 2, 250, {**high444, "forced": "1"}),
+        "high444, open GOP": _moving(50, 3, 10, {**high444, "x264-params": "open-gop=1"}),
+        "yuv420p, IDR every 7": _moving(40, 4, 7, {"bf": "4"}),
+        "spliced": _spliced(
+            _moving(30, 5, 8, {**high444, "x264-params": "qp=30"}),
+            _moving(40, 6, 8, {**high444, "x264-params": "qp=12"}),
+        ),
+    }
+    for name, raw in clips.items():
+        with av.open(io.BytesIO(raw)) as container:
+            full = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+            total = container.streams.video[0].frames
+        assert total == len(full), name
+        for settings in ({"num_frames": 6, "stride": 3}, {"num_frames": 3, "stride": 1}):
+            for start in ("random", "center", "begin"):
+                op = {"op": "video_decode", "column": "v", **settings, "start": start}
+                pipeline = VideoPipeline(parse_transforms([op])[0])
+                for seed in range(6 if start == "random" else 1):
+                    got = pipeline._frames(av, memoryview(raw), np.random.default_rng(seed))
+                    wanted = pipeline._wanted(total, np.random.default_rng(seed))
+                    for frame, w in zip(got, wanted, strict=True):
+                        assert np.array_equal(frame.to_ndarray(format="rgb24"), full[w]), name
+    with av.open(io.BytesIO(clips["spliced"])) as container:  # decoded from a later IDR
+        stream = container.streams.video[0]
+        packets = [p for p in container.demux(stream) if p.size]
+        picked = _h264_frames(stream, packets, stream.frames, [60, 61])
+        assert picked is not None
+    with av.open(io.BytesIO(clips["spliced"])) as container:
+        want = _in_order(container.decode(video=0), [60, 61])
+    assert all(
+        np.array_equal(a.to_ndarray(format="rgb24"), b.to_ndarray(format="rgb24"))
+        for a, b in zip(picked, want)
+    )

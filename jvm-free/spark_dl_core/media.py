@@ -429,35 +429,77 @@ def _h264_frames(
 ) -> list[Any] | None:
     """The ``wanted`` frames (numbers in presentation order) of an H.264 clip in MP4 / MKV
     framing, decoding only what they need: from the last IDR keyframe at or before the
-    first pick (nothing before an IDR is referred to after it), skipping packets that are
-    not picked and that no other frame refers to (``nal_ref_idc`` 0). None when the clip is
-    not as this assumes (a packet per frame, distinct timestamps, length-prefixed NAL
-    units, every pick decoded): the caller then decodes in order."""
+    first pick (nothing before an IDR is referred to after it), after the parameter sets
+    (SPS / PPS) that earlier packets carry in-band (a spliced or ``avc3`` clip changes them
+    mid-stream: decoded with the header's alone its frames come out wrong, without an
+    error), skipping packets that are not picked and that no other frame refers to
+    (``nal_ref_idc`` 0, no parameter set). None when the clip is not as this assumes (a
+    packet per frame, distinct timestamps, length-prefixed NAL units, every pick decoded)
+    or the decode does not check out (:func:`_decoded_from`): the caller then decodes in
+    order."""
     length_size = _avcc_length_size(stream.codec_context.extradata)
     pts = [p.pts for p in packets]
     if length_size is None or len(packets) != total or None in pts or len(set(pts)) != total:
+        return None
+    parsed = [_nal_units(p, length_size) for p in packets]
+    units = [u for u in parsed if u is not None]
+    if len(units) != total:
         return None
     order = sorted(pts)
     want = {order[w] for w in wanted}
     first = order[wanted[0]]
     start = 0
-    for i, packet in enumerate(packets):
-        if packet.pts <= first and packet.is_keyframe and _nal_kinds(packet, length_size)[0]:
+    for i, (packet, nals) in enumerate(zip(packets, units)):
+        if packet.pts <= first and packet.is_keyframe and _is_idr(nals):
             start = i
-    context, got = stream.codec_context, {}
-    for packet in packets[start:]:
-        if packet.pts not in want and _nal_kinds(packet, length_size)[1]:
-            continue  # a frame no other frame refers to, not picked: not decoded
-        for frame in context.decode(packet):
-            if frame.pts in want:
-                got[frame.pts] = frame
-        if len(got) == len(want):
-            break
-    else:
-        for frame in context.decode(None):  # the decoder's delayed frames
-            if frame.pts in want:
-                got[frame.pts] = frame
-    if len(got) != len(want):
+    if any(p.pts >= packets[start].pts for p in packets[:start]):
+        start = 0  # a frame before the IDR shown after it: not a clean start
+    feed = [p for p, u in zip(packets[start:], units[start:]) if p.pts in want or _needed(u)]
+    sets = [bytes(n) for u in units[:start] for n in u if n[0] & 0x1F in _PARAMETER_SETS]
+    return _decoded_from(stream.codec_context, feed, sets, length_size, want, order, wanted)
+
+
+# NAL unit types of parameter sets: SPS, PPS, SPS extension, subset SPS
+_PARAMETER_SETS = (7, 8, 13, 15)
+
+
+def _decoded_from(
+    context: Any,
+    feed: list[Any],
+    sets: list[bytes],
+    length_size: int,
+    want: set[int],
+    order: list[int],
+    wanted: list[int],
+) -> list[Any] | None:
+    """Decode ``feed`` (an IDR packet first, the in-band parameter sets ``sets`` put in
+    front of its NAL units): the picks, or None unless the decode checks out (no decoder
+    error, no frame marked corrupt, the IDR shown first, frames in increasing time, every
+    pick decoded), so that a start that is not clean costs a decode from the clip's start,
+    never wrong frames."""
+    import av  # present: the caller demuxed with it
+
+    got: dict[int, Any] = {}
+    shown: list[int] = []
+    try:
+        if sets:  # the decoder's parameter state as a decode from the clip's start has it
+            head = b"".join(len(n).to_bytes(length_size, "big") + n for n in sets)
+            idr = av.Packet(head + bytes(feed[0]))
+            idr.pts, idr.dts, idr.time_base = feed[0].pts, feed[0].dts, feed[0].time_base
+            idr.is_keyframe = True
+            feed = [idr, *feed[1:]]
+        for packet in [*feed, None]:
+            for frame in context.decode(packet):
+                if frame.is_corrupt or (shown and frame.pts <= shown[-1]):
+                    return None
+                shown.append(frame.pts)
+                if frame.pts in want:
+                    got[frame.pts] = frame
+            if len(got) == len(want):
+                break
+    except av.FFmpegError:
+        return None
+    if len(got) != len(want) or shown[0] != feed[0].pts:
         return None
     return [got[order[w]] for w in wanted]
 
@@ -469,26 +511,36 @@ def _avcc_length_size(extradata: bytes | None) -> int | None:
     return (extradata[4] & 3) + 1
 
 
-def _nal_kinds(packet: Any, length_size: int) -> tuple[bool, bool]:
-    """(holds an IDR slice, every slice is non-reference) for one length-prefixed H.264
-    packet; (False, False) when its NAL units do not parse (never skipped, never a seek
-    point)."""
+def _nal_units(packet: Any, length_size: int) -> list[memoryview] | None:
+    """The NAL units of one length-prefixed H.264 packet (views, no copy); None when they
+    do not parse."""
     data = memoryview(packet).cast("B")
-    at, idr, slices, referenced = 0, False, 0, False
+    at, units = 0, []
     while at < len(data):
         if at + length_size >= len(data):
-            return False, False
+            return None
         size = int.from_bytes(data[at : at + length_size], "big")
         at += length_size
         if size == 0 or at + size > len(data):
-            return False, False
-        kind, ref = data[at] & 0x1F, (data[at] >> 5) & 3
-        if 1 <= kind <= 5:  # coded slices
-            slices += 1
-            idr = idr or kind == 5
-            referenced = referenced or ref != 0
+            return None
+        units.append(data[at : at + size])
         at += size
-    return idr, slices > 0 and not referenced
+    return units
+
+
+def _is_idr(nals: list[memoryview]) -> bool:
+    """Whether a packet's coded slices are IDR slices (a point a decode can start at)."""
+    kinds = [n[0] & 0x1F for n in nals if 1 <= n[0] & 0x1F <= 5]
+    return bool(kinds) and all(k == 5 for k in kinds)
+
+
+def _needed(nals: list[memoryview]) -> bool:
+    """Whether a packet must be decoded even when not picked: a slice another frame may
+    refer to (``nal_ref_idc`` not 0), a parameter set, or NAL units of no slice at all."""
+    slices = [n for n in nals if 1 <= n[0] & 0x1F <= 5]
+    if not slices or any(n[0] & 0x1F in _PARAMETER_SETS for n in nals):
+        return True
+    return any((n[0] >> 5) & 3 for n in slices)
 
 
 def frame_key(key: bytes) -> bytes:
