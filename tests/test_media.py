@@ -889,3 +889,76 @@ def test_h264_picks_equal_a_full_decode_for_b_frames_idrs_open_gop_and_spliced_c
         np.array_equal(a.to_ndarray(format="rgb24"), b.to_ndarray(format="rgb24"))
         for a, b in zip(picked, want)
     )
+
+
+def _vbr_mp3(seconds: float, rate: int, channels: int, quality: int, xing: bool) -> bytes:
+    """A VBR MP3 by libmp3lame (``-q:a quality``) of a chirp with bursts of noise (frames of
+    very different bitrates); ``xing=False`` leaves out the Xing header, as streamed and cut
+    files lack it."""
+    rng = np.random.default_rng(rate + channels)
+    t = np.arange(round(rate * seconds)) / rate
+    chirp = 0.3 * np.sin(2 * np.pi * 440 * t * (1 + t)) * (t % 1.3 > 0.4)
+    signal = (chirp + 0.2 * rng.standard_normal(len(t)) * (t % 1 > 0.5)).astype(np.float32)
+    layout = "stereo" if channels == 2 else "mono"
+    planes = np.stack([signal, np.roll(signal, 100)][:channels])
+    out = io.BytesIO()
+    with av.open(out, "w", format="mp3", options={} if xing else {"write_xing": "0"}) as mp3:
+        stream = mp3.add_stream("libmp3lame", rate=rate, layout=layout)
+        stream.codec_context.qscale = True  # VBR
+        stream.options = {"global_quality": str(quality * 118)}  # FF_QP2LAMBDA
+        for at in range(0, planes.shape[1], 1152):
+            chunk = np.ascontiguousarray(planes[:, at : at + 1152])
+            frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout=layout)
+            frame.sample_rate, frame.pts = rate, at
+            for packet in stream.encode(frame):
+                mp3.mux(packet)
+        for packet in stream.encode():
+            mp3.mux(packet)
+    return out.getvalue()
+
+
+def test_mp3_windows_equal_a_whole_decode_sample_for_sample() -> None:
+    """libsndfile guessed a VBR MP3's length (reads stopped there, or windows ran into
+    zeros), its seeks landed hundreds of samples off, and reads in pieces gave other
+    samples than a whole read: windows now equal a whole decode's samples exactly."""
+    from spark_dl_core.images import sample_rngs
+    from spark_dl_core.media import AudioPipeline, _start
+    from spark_dl_core.transforms import parse_transforms
+
+    raws = [
+        _vbr_mp3(3.0, 44_100, 2, 2, True),
+        _vbr_mp3(3.0, 44_100, 2, 2, False),
+        _vbr_mp3(3.0, 22_050, 1, 6, False),
+        _vbr_mp3(2.0, 32_000, 1, 4, True),
+    ]
+    wholes, rates = [], []
+    for raw in raws:
+        with av.open(io.BytesIO(raw)) as container:
+            frames = list(container.decode(audio=0))
+            wholes.append(np.concatenate([f.to_ndarray() for f in frames], axis=1))
+            rates.append(frames[0].sample_rate)
+    assert wholes[1].shape[1] > 3.0 * 44_100  # the whole clip, not libsndfile's guess
+    decode = {"op": "audio_decode", "column": "a", "mono": False}
+    pipeline = AudioPipeline(parse_transforms([decode])[0])
+    index = np.arange(len(raws))
+    for i, raw in enumerate(raws):  # whole clips
+        got = pipeline.run([memoryview(raw)], b"k" * 16, index[:1], lambda i, m: m)[0]
+        assert np.array_equal(got, wholes[i]), i
+    for seconds in (0.5, 1.7, 2.0):
+        for start in ("random", "begin", "center"):
+            crop = {"op": "audio_crop", "column": "a", "seconds": seconds, "start": start}
+            pipeline.crop = parse_transforms([crop])[0]
+            for key in (b"k" * 16, b"j" * 16, b"m" * 16):
+                rngs = sample_rngs(key, index)
+                for i, whole in enumerate(wholes):
+                    [got] = pipeline.run(
+                        [memoryview(raws[i])], key, index[i : i + 1], lambda i, m: m
+                    )
+                    window = int(np.ceil(seconds * rates[i]))
+                    rng = rngs[i] if start == "random" else None
+                    at = _start(start, whole.shape[1] - window, rng)
+                    want = whole[:, at : at + window]
+                    if want.shape[1] < round(seconds * rates[i]):  # a clip shorter than it
+                        pad = round(seconds * rates[i]) - want.shape[1]
+                        want = np.pad(want, ((0, 0), (0, pad)))
+                    assert np.array_equal(got, want[:, : round(seconds * rates[i])]), (i, at)

@@ -1,12 +1,13 @@
 """Read-time audio and video decoding: encoded bytes to batches of samples or frames.
 
 ``audio_decode`` (+ ``audio_crop``) turns WAV / FLAC / OGG / MP3 bytes into float32 in
-[-1, 1], channels first, through libsndfile (``soundfile``) and the SoX resampler
-(``soxr``); a crop decodes only its window (the file is seeked before decoding and
-resampling). ``video_decode`` turns video bytes into uint8 RGB frames through FFmpeg
-(PyAV); the image ops after it (``resize``, ``center_crop``, ``random_resized_crop``,
-``horizontal_flip``, ``normalize``, ``to_chw``) apply to every frame of a clip with one
-plan per clip: the image pipeline's box and flip (:func:`~spark_dl_core.images.plan_boxes`),
+[-1, 1], channels first, through libsndfile (``soundfile``; MP3 through FFmpeg) and the
+SoX resampler (``soxr``); a crop decodes only its window (the file is seeked before
+decoding and resampling; an MP3 is decoded whole and cut). ``video_decode`` turns video
+bytes into uint8 RGB frames through FFmpeg (PyAV); the image ops after it (``resize``,
+``center_crop``, ``random_resized_crop``, ``horizontal_flip``, ``normalize``, ``to_chw``)
+apply to every frame of a clip with one plan per clip: the image pipeline's box and flip
+(:func:`~spark_dl_core.images.plan_boxes`),
 each frame's box resampled as images are. Random windows, boxes and flips come from the
 same per-sample generators as the image ops (fingerprint, seed, epoch, global sample
 index), so they are reproducible on any world size and after resume. Both need the
@@ -80,7 +81,8 @@ class AudioPipeline:
 
     def __init__(self, decode: AudioDecode) -> None:
         self.decode = decode
-        _need("soundfile"), _need("soxr")  # here, not in each DataLoader worker of each pass
+        # here, not in each DataLoader worker of each pass (av: MP3)
+        _need("soundfile"), _need("soxr"), _need("av")
         self.crop: AudioCrop | None = None
 
     def add(self, op: AudioCrop) -> None:
@@ -103,10 +105,13 @@ class AudioPipeline:
         for i, raw in enumerate(raws):
             rng = rngs[i] if rngs else None
             # Plain PCM / float WAV: the window straight from the bytes (no copy of the rest);
-            # anything else (FLAC, OGG, MP3, unusual WAV) through libsndfile.
+            # MP3 decoded whole by FFmpeg; anything else (FLAC, OGG, unusual WAV) through
+            # libsndfile.
             layout = _wav_layout(raw)
             if layout is not None:
                 data, rate = _wav_window(raw, layout, crop, rng), layout.rate
+            elif _is_mp3(raw):
+                data, rate = _mp3_window(raw, crop, rng, i, where)
             else:
                 data, rate = _sf_window(raw, crop, rng, i, where)
             if self.decode.mono and data.shape[1] > 1:
@@ -169,6 +174,54 @@ def _sf_window(
     except (RuntimeError, ValueError, TypeError) as exc:  # libsndfile's errors
         raise MediaError(where(i, f"audio_decode: {exc}")) from None
     return data, rate
+
+
+def _is_mp3(raw: Buffer) -> bool:
+    """Whether the bytes are MP3: an ID3v2 tag or an MPEG audio layer III frame first."""
+    head = bytes(memoryview(raw)[:3])
+    if head == b"ID3":
+        return True
+    return len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0 and head[1] & 6 == 2
+
+
+def _mp3_window(
+    raw: Buffer, crop: AudioCrop | None, rng: np.random.Generator | None, i: int, where: Where
+) -> tuple[np.ndarray, int]:
+    """An MP3 clip (or its crop window) ``[T, C]``, cut from a decode of the whole clip by
+    FFmpeg. Not libsndfile: its length of a VBR file without a Xing header is a guess from
+    the first frame's bitrate (reads stop there, or windows run past the end into zeros),
+    its seeks land hundreds of samples off, and reads in pieces give other samples than
+    one whole read."""
+    av = _need("av")
+    parts: list[np.ndarray] = []
+    rate = 0
+    try:
+        with av.open(io.BytesIO(raw), format="mp3") as container:
+            if not container.streams.audio:
+                raise ValueError("no audio stream")
+            for frame in container.decode(container.streams.audio[0]):
+                rate = frame.sample_rate
+                parts.append(_frame_samples(frame))
+    except (av.FFmpegError, ValueError) as exc:
+        raise MediaError(where(i, f"audio_decode: {exc}")) from None
+    if not parts:
+        raise MediaError(where(i, "audio_decode: the MP3 clip has no audio frames"))
+    data = np.concatenate(parts)
+    if crop is not None:
+        window = math.ceil(crop.seconds * rate)
+        start = _start(crop.start, len(data) - window, rng)
+        data = data[start : start + window]
+    return data, rate
+
+
+def _frame_samples(frame: Any) -> np.ndarray:
+    """One decoded audio frame as float32 ``[T, C]`` (FFmpeg's MP3 decoder gives floats)."""
+    values = frame.to_ndarray()
+    if not frame.format.is_planar:
+        values = values.reshape(-1, len(frame.layout.channels)).T
+    if values.dtype.kind != "f":
+        raise ValueError(f"decoded samples are {frame.format.name}, not floats")
+    return np.ascontiguousarray(values.T, dtype=np.float32)
 
 
 class WavLayout(NamedTuple):
