@@ -563,6 +563,28 @@ def test_maps_round_trip_through_spark(classic_spark: Any, tmp_path: Any) -> Non
     } == want
 
 
+def test_nested_bytes_round_trip_through_spark(classic_spark: Any, tmp_path: Any) -> None:
+    """Bytes inside arrays, structs and maps keep every byte (>= 0x80 included) both ways."""
+    spark = classic_spark
+    df = spark.sql(
+        "SELECT id, array(unhex('00FF80C328'), unhex('')) AS lb, "
+        "named_struct('b', unhex(hex(id + 200)), 'x', id) AS sb, "
+        "map('k', unhex('FEFF')) AS mb, "
+        "array(named_struct('m', map('a', array(unhex('9F00'))))) AS deep FROM range(4)"
+    )
+    path = str(tmp_path / "spark")
+    df.write.format("mds").save(path)
+    want = [r.asDict(recursive=True) for r in df.orderBy("id").collect()]
+    back = [r.asDict(recursive=True) for r in spark.read.format("mds").load(path).collect()]
+    assert sorted(back, key=lambda r: r["id"]) == want
+    assert want[0]["lb"] == [b"\x00\xff\x80\xc3(", b""]
+    ds = open_dataset(path)
+    by_id = {r["id"]: r for r in ds.to_arrow().to_pylist(maps_as_pydicts="strict")}
+    assert by_id[1]["sb"] == {"b": bytes([201]), "x": 1} and by_id[1]["mb"] == {"k": b"\xfe\xff"}
+    first = ds[int(np.flatnonzero(ds["id"] == 0)[0])]
+    assert first["deep"] == [{"m": {"a": [b"\x9f\x00"]}}] and first["lb"] == want[0]["lb"]
+
+
 def test_write_errors_name_the_partition_and_row(classic_spark: Any, tmp_path: Any) -> None:
     df = (
         classic_spark.sql("SELECT id, IF(id = 13, NULL, id) AS v FROM range(20)")

@@ -337,6 +337,20 @@ def test_progress_bar_shows_rate_and_starved(
 
 
 @pytest.mark.parametrize("workers", [0, 1])
+def test_nested_bytes_are_bytes(tmp_path: Path, workers: int) -> None:
+    blob = bytes(range(256))
+    table = pa.table(
+        {
+            "lb": pa.array([[blob], []], pa.list_(pa.binary())),
+            "mb": pa.array([[("k", blob)], []], pa.map_(pa.string(), pa.binary())),
+        }
+    )
+    write_mds(table, str(tmp_path))
+    (batch,) = open_dataset(tmp_path).to_torch(batch_size=2, num_workers=workers)
+    assert list(batch["lb"]) == [[blob], []] and list(batch["mb"]) == [{"k": blob}, {}]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
 def test_booleans_are_torch_bool_and_maps_dicts(tmp_path: Path, workers: int) -> None:
     table = pa.table(
         {

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from .errors import ColumnNotFoundError
 from .format.buffers import Jagged
-from .format.encodings import map_key_from_text
+from .format.encodings import bytes_from_json_text, is_binary_type, map_key_from_text
 
 if TYPE_CHECKING:
     from .dataset import Batch, Dataset
@@ -87,6 +87,8 @@ def _jsonish(value: Any, t: pa.DataType) -> Any:
     """A decoded JSON value shaped for Arrow's converter (maps as (key, value) lists)."""
     if value is None:
         return None
+    if is_binary_type(t):  # JSON keeps bytes as latin-1 text
+        return bytes_from_json_text(value) if isinstance(value, str) else value
     if pa.types.is_map(t):
         pairs = value.items() if isinstance(value, dict) else value  # []: an old empty map
         return [

@@ -26,10 +26,23 @@ import xxhash
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._version import __version__
-from .errors import DatasetError, MetadataError, NotOurDatasetError, SparkDLError, SpecError
+from .errors import (
+    DatasetError,
+    EncodingError,
+    MetadataError,
+    NotOurDatasetError,
+    SparkDLError,
+    SpecError,
+)
 from .format.buffers import Jagged
 from .format.compact import COMPACT_FILE, index_digest
-from .format.encodings import get_encoding, infer_encoding, map_key_from_text
+from .format.encodings import (
+    bytes_from_json_text,
+    get_encoding,
+    infer_encoding,
+    is_binary_type,
+    map_key_from_text,
+)
 from .format.index import (
     INDEX_FILE,
     META_FILE,
@@ -497,17 +510,28 @@ def read_meta(
 def python_types(plans: list[ColumnPlan] | None, batch: dict[str, Any]) -> dict[str, Any]:
     """A decoded batch with the recorded Python types where the stored bytes lose them:
     booleans (stored as uint8) as numpy ``bool_``, map keys that are not strings (stored
-    as JSON object keys) as their values, empty maps as ``{}``. Every reader of decoded
-    samples (the batch reader, ``ds[i]``) passes its batches through this."""
+    as JSON object keys) as their values, empty maps as ``{}``, bytes inside lists,
+    structs and maps (stored as JSON text, one character per byte) as ``bytes``. Every
+    reader of decoded samples (the batch reader, ``ds[i]``) passes its batches through
+    this."""
     for plan in plans or []:
         value = batch.get(plan.name)
         if value is None:
             continue
         if _leaf(plan.arrow_type) == pa.bool_():
             batch[plan.name] = _as_bool(value)
-        elif _has_map(plan.arrow_type) and isinstance(value, np.ndarray) and value.dtype == object:
+        elif (
+            _needs_typing(plan.arrow_type)
+            and isinstance(value, np.ndarray)
+            and value.dtype == object
+        ):
             out = np.empty(len(value), dtype=object)
-            out[:] = [_typed_maps(v, plan.arrow_type) for v in value]
+            try:
+                out[:] = [_typed_json(v, plan.arrow_type) for v in value]
+            except UnicodeEncodeError:
+                raise EncodingError(
+                    plan.name, "a stored bytes value holds a character above U+00FF"
+                ) from None
             batch[plan.name] = out
     return batch
 
@@ -530,29 +554,35 @@ def _as_bool(value: Any) -> Any:
     return value
 
 
-def _has_map(t: pa.DataType) -> bool:
+def _needs_typing(t: pa.DataType) -> bool:
+    """Whether a nested (JSON-stored) type holds a map or bytes somewhere below it (a
+    top-level bytes column is stored as bytes and needs nothing)."""
     if pa.types.is_map(t):
         return True
-    if pa.types.is_struct(t):
-        return any(_has_map(f.type) for f in t)
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return _has_map(t.value_type)
-    return False
+    below = [f.type for f in t] if pa.types.is_struct(t) else [t.value_type] if _is_list(t) else []
+    return any(is_binary_type(b) or _needs_typing(b) for b in below)
 
 
-def _typed_maps(value: Any, t: pa.DataType) -> Any:
-    """A decoded JSON value with every map a dict keyed by typed keys."""
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _typed_json(value: Any, t: pa.DataType) -> Any:
+    """A decoded JSON value with every map a dict keyed by typed keys and every bytes
+    value (stored as latin-1 text) as ``bytes``."""
     if value is None:
         return None
+    if is_binary_type(t):
+        return bytes_from_json_text(value) if isinstance(value, str) else value
     if pa.types.is_map(t):
         pairs = value.items() if isinstance(value, dict) else value
         out = {}
         for k, v in pairs:
             key = map_key_from_text(k, t.key_type)
-            out[k if isinstance(key, (dict, list)) else key] = _typed_maps(v, t.item_type)
+            out[k if isinstance(key, (dict, list)) else key] = _typed_json(v, t.item_type)
         return out  # struct and list keys (unhashable) stay JSON text
     if pa.types.is_struct(t) and isinstance(value, dict):
-        return {k: _typed_maps(v, t.field(k).type) if k in t.names else v for k, v in value.items()}
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and isinstance(value, list):
-        return [_typed_maps(v, t.value_type) for v in value]
+        return {k: _typed_json(v, t.field(k).type) if k in t.names else v for k, v in value.items()}
+    if _is_list(t) and isinstance(value, list):
+        return [_typed_json(v, t.value_type) for v in value]
     return value

@@ -312,6 +312,20 @@ def json_key_text(key: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
+def is_binary_type(t: pa.DataType) -> bool:
+    """Whether values of ``t`` are bytes (what JSON stores as text, one char per byte)."""
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+
+
+def bytes_from_json_text(text: str) -> bytes:
+    """Bytes stored inside a ``json`` value: :func:`_jsonable` writes each byte as the
+    character of that code point (latin-1), so this gives back the very bytes.
+
+    UnicodeEncodeError: the text holds a character above U+00FF (not written from bytes).
+    """
+    return text.encode("latin-1")
+
+
 def map_key_from_text(text: Any, key_type: pa.DataType) -> Any:
     """The Python value of a map key stored by :func:`json_key_text` (as Arrow's
     ``as_py`` gives it); keys already typed pass through."""
@@ -321,8 +335,8 @@ def map_key_from_text(text: Any, key_type: pa.DataType) -> Any:
         or pa.types.is_large_string(key_type)
     ):
         return text
-    if pa.types.is_binary(key_type) or pa.types.is_large_binary(key_type):
-        return text.encode("latin-1")
+    if is_binary_type(key_type):
+        return bytes_from_json_text(text)
     if (
         pa.types.is_integer(key_type)
         or pa.types.is_floating(key_type)
