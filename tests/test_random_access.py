@@ -120,3 +120,71 @@ def test_mixture_indexes_its_sources_one_after_another(tmp_path: Path) -> None:
     np.testing.assert_array_equal(m[[0, -1], "src"], [0, 1])
     with pytest.raises(SampleIndexError):
         m[15]
+
+
+def _png(seed: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (20 + seed % 7, 24 + seed % 5, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+READ_OPS = [
+    {"op": "image_decode", "column": "image", "at": "read"},
+    {"op": "random_resized_crop", "column": "image", "size": 8, "at": "read"},
+    {"op": "horizontal_flip", "column": "image", "p": 0.5, "at": "read"},
+    {"op": "normalize", "column": "x", "mean": 1.0, "std": 2.0, "at": "read"},
+    {"op": "rename", "mapping": {"id": "key"}, "at": "read"},
+]
+
+
+def test_random_access_applies_the_specs_read_ops_as_the_loaders_do(tmp_path: Path) -> None:
+    """ds[i] runs the spec's read ops with seed 0 / epoch 0: a loader's first epoch at its
+    default seed gives every sample the same values (random crops and flips included)."""
+    import datetime as dt
+
+    n = 24
+    table = pa.table(
+        {
+            "id": np.arange(n, dtype=np.int64),
+            "x": np.arange(n, dtype=np.float32),
+            "image": pa.array([_png(i) for i in range(n)], pa.binary()),
+            "day": pa.array([dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(n)]),
+            "at": pa.array(
+                [dt.datetime(2024, 5, 1, 3, i, tzinfo=dt.UTC) for i in range(n)],
+                pa.timestamp("us", "UTC"),
+            ),
+        }
+    )
+    path = str(tmp_path / "ds")
+    write_mds(table, path, {"shard_size": 1 << 12, "transforms": READ_OPS})
+    ds = open_dataset(path)
+    assert ds.num_shards > 1
+    seen = 0
+    for batch in ds.iter_batches(batch_size=5, shuffle=True):  # seed 0, epoch 0
+        assert set(batch) == {"key", "x", "image", "day", "at"}
+        for j, key in enumerate(batch["key"].tolist()):
+            sample = ds[key]
+            assert set(sample) == set(batch)
+            for name in batch:
+                np.testing.assert_array_equal(sample[name], batch[name][j], err_msg=name)
+                assert np.asarray(sample[name]).dtype == batch[name].dtype, name
+            seen += 1
+    assert seen == n
+    rows = ds[[3, 17]]
+    np.testing.assert_array_equal(rows["x"], (np.array([3, 17], np.float32) - 1) / 2)
+    assert rows["image"].shape == (2, 8, 8, 3) and rows["image"].dtype == np.uint8
+    # Dates and timestamps as the loaders give them: int32 days, int64 microseconds (UTC).
+    assert rows["day"].dtype == np.int32 and rows["day"].tolist() == [19723 + 3, 19723 + 17]
+    assert ds[0]["at"] == table["at"][0].value
+    # Columns are named as the ops leave them; one column needs no other column's ops.
+    np.testing.assert_array_equal(ds["key"], np.arange(n))
+    assert ds[5, "x"] == np.float32(2.0)
+    assert ds[5:5, ["key"]]["key"].shape == (0,)
+    with pytest.raises(ColumnNotFoundError, match=r"\['id'\] after its read-time ops"):
+        ds[0, "id"]

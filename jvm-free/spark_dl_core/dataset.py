@@ -562,6 +562,11 @@ class Dataset:
     def _access(self, rows: Any, columns: list[str] | None, key: Any) -> Any:
         """``ds[rows, columns]``: a sample dict for an integer ``rows``, else a batch dict."""
         n = int(self.shard_offsets[-1])  # stored samples (a mixture's sources one after another)
+        from .reader import random_access_ops
+
+        asked, ops = columns, random_access_ops(self, columns)
+        if ops is not None:  # asked names are the ops' outputs: read every stored column
+            columns = None
         derived = [c for c in (self.derived if columns is None else columns) if c in self.derived]
         if columns is not None:
             columns = [c for c in columns if c not in self.derived]
@@ -589,6 +594,8 @@ class Dataset:
         indices = np.where(indices < 0, indices + n, indices)
         if not len(indices):
             names = [*(self.layout.names if columns is None else columns), *derived]
+            if ops is not None:
+                names = asked if asked is not None else ops.names_after(names)
             return {c: np.empty(0, dtype=object) for c in names}
         loaded: dict[int, ShardData] = {}
         last = int(np.searchsorted(self.shard_offsets, indices[-1], side="right") - 1)
@@ -599,9 +606,22 @@ class Dataset:
         self._accessed = (last, loaded[last])
         for name in derived:
             batch[name] = self.derive(name, indices)
+        if ops is not None:
+            batch = self._after_ops(batch, ops, asked, indices)
         if not single:
             return batch
         return {name: value[0] for name, value in batch.items()}
+
+    def _after_ops(
+        self, batch: Batch, ops: Any, asked: list[str] | None, indices: np.ndarray
+    ) -> Batch:
+        """A random-access batch through the spec's read ops, as a loader hands it out
+        (plain numpy, no jagged or image-list wrappers), with the asked columns."""
+        out = ops.apply(batch, indices)
+        for name, value in out.items():
+            if hasattr(value, "to_objects"):  # Jagged, a pipeline's ImageList
+                out[name] = value.to_objects()
+        return out if asked is None else {name: out[name] for name in asked}
 
     def _read_loaded(
         self,

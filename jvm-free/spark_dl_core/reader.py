@@ -589,6 +589,12 @@ class ReadOps:
     def __bool__(self) -> bool:
         return bool(self.transforms)
 
+    def names_after(self, names: list[str]) -> list[str]:
+        """The column names a batch with columns ``names`` has after these ops."""
+        for op in self.transforms:
+            names = op.columns_after(names)
+        return names
+
     @property
     def transformed(self) -> set[str]:
         """Columns a pipeline (image, audio, video) turns into dense decoded batches."""
@@ -644,6 +650,54 @@ class ReadOps:
         for op in ops:
             record = apply_transforms(record, [op.model_copy(update={"at": "read"})], "read")
         return {n: arrow_to_numpy(record.column(n)) for n in record.schema.names}
+
+
+def random_access_ops(dataset: Dataset, asked: list[str] | None) -> ReadOps | None:
+    """The spec's read-time ops as ``ds[i]`` runs them, so random access gives what the
+    loaders give: seeded ops with seed 0 and epoch 0 (a loader's first epoch at its default
+    seed draws the same for that sample). ``asked`` are output names (after renames); ops
+    that only change columns not asked are left out (no image decoded for ``ds["label"]``).
+    None when the spec has no read ops."""
+    from .arrow_bridge import read_transforms
+
+    ops = read_transforms(dataset)
+    if not ops:
+        return None
+    if asked is not None:
+        out = [*dataset.layout.names, *dataset.derived]
+        for op in ops:
+            out = op.columns_after(out)
+        missing = [c for c in asked if c not in out]
+        if missing:
+            raise ColumnNotFoundError(
+                f"{dataset.shown} has no column(s) {missing} after its read-time ops; it has {out}"
+            )
+        ops = _ops_reaching(ops, set(asked))
+    return ReadOps(dataset, ops, None, spec=False)
+
+
+def _ops_reaching(ops: list[Any], wanted: set[str] | None) -> list[Any]:
+    """The ops whose effect can reach the columns ``wanted`` at the end (walked backwards:
+    an op on one column that is not wanted is dropped; renames map names back; an op that
+    makes new columns from others, such as ``python``, keeps every op before it)."""
+    from .transforms import Drop, PythonTransform, Rename, Select
+
+    kept = []
+    for op in reversed(ops):
+        column = getattr(op, "column", None)
+        if column is not None and not isinstance(op, PythonTransform):
+            written = getattr(op, "output", None) or column
+            if wanted is not None:
+                if written not in wanted:
+                    continue
+                wanted.add(column)
+        elif isinstance(op, Rename) and wanted is not None:
+            back = {new: old for old, new in op.mapping.items()}
+            wanted = {back.get(name, name) for name in wanted}
+        elif not isinstance(op, (Select, Drop)):
+            wanted = None
+        kept.append(op)
+    return kept[::-1]
 
 
 def _check_columns_setting(dataset: Dataset, names: list[str]) -> None:
