@@ -962,3 +962,17 @@ def test_mp3_windows_equal_a_whole_decode_sample_for_sample() -> None:
                         pad = round(seconds * rates[i]) - want.shape[1]
                         want = np.pad(want, ((0, 0), (0, pad)))
                     assert np.array_equal(got, want[:, : round(seconds * rates[i])]), (i, at)
+
+
+def test_tf_gets_clips_of_different_sizes_ragged(video: str) -> None:
+    """Clips 64 and 80 pixels wide, one per batch: no one shape, so ragged tensors."""
+    tf = pytest.importorskip("tensorflow")
+    ds = open_dataset(video)
+    ops = [{"op": "video_decode", "column": "video", "num_frames": 3}]
+    tfds = ds.to_tf(batch_size=1, shuffle=False, transforms=ops)
+    assert isinstance(tfds.element_spec["video"], tf.RaggedTensorSpec)
+    got = [np.asarray(b["video"].to_list()[0], dtype=np.uint8) for b in tfds]
+    want = [b["video"][0] for b in ds.iter_batches(batch_size=1, shuffle=False, transforms=ops)]
+    assert [g.shape for g in got] == [(3, 48, w, 3) for w in (64, 80, 80, 64)]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)

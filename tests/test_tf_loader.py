@@ -146,3 +146,46 @@ def test_booleans_are_tf_bool(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert batch["flag"].dtype == tf.bool
     assert batch["flag"].numpy().tolist() == [True, False, True]
     assert batch["flags"].dtype == tf.bool
+
+
+def _png(height: int, width: int, seed: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "ops",
+    [
+        [{"op": "image_decode", "column": "image"}],
+        [
+            {"op": "image_decode", "column": "image"},
+            {"op": "resize", "column": "image", "size": 12},  # shorter side: sizes still vary
+            {"op": "normalize", "column": "image", "mean": 0.5, "std": 0.25},
+            {"op": "to_chw", "column": "image"},
+        ],
+    ],
+    ids=["decode", "resize-shorter-side"],
+)
+def test_decoded_images_of_different_sizes_are_ragged(tmp_path, ops) -> None:  # type: ignore[no-untyped-def]
+    sizes = [(20, 30), (16, 16), (25, 18), (20, 30), (9, 31)]
+    images = [_png(h, w, i) for i, (h, w) in enumerate(sizes)]
+    path = str(tmp_path / "ds")
+    write_mds(pa.table({"id": np.arange(len(sizes)), "image": images}), path)
+    ds = open_dataset(path)
+    tfds = ds.to_tf(batch_size=2, shuffle=False, transforms=ops)
+    assert isinstance(tfds.element_spec["image"], tf.RaggedTensorSpec)
+    got = [b["image"] for b in tfds]
+    want = [
+        v for b in ds.iter_batches(batch_size=2, shuffle=False, transforms=ops) for v in b["image"]
+    ]
+    assert {b.dtype.as_numpy_dtype for b in got} == {want[0].dtype.type}
+    rows = [np.asarray(r) for batch in got for r in batch.to_list()]
+    assert len(rows) == len(want) == len(sizes)
+    for row, value in zip(rows, want):
+        np.testing.assert_array_equal(row.astype(value.dtype), value)

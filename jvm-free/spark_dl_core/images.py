@@ -29,7 +29,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -322,6 +322,17 @@ def _four_channel(raw: bytes) -> bool:
         return False
 
 
+def fixes_size(geometry: Sequence[Any]) -> bool:
+    """Whether image (or frame) ops give every output one size: the last op that sets the
+    size is a crop or an exact resize."""
+    for op in reversed(geometry):
+        if isinstance(op, (CenterCrop, RandomResizedCrop)):
+            return True
+        if isinstance(op, Resize):
+            return not isinstance(op.size, int)
+    return False
+
+
 @dataclass(frozen=True)
 class ImageList:
     """Images of different sizes in one buffer: ``flat`` holds them back to back, each
@@ -581,14 +592,9 @@ class ImagePipeline:
 
     @property
     def fixed_size(self) -> bool:
-        """Whether every output has one size (a dense batch): the last op that sets the size
-        is a crop or an exact resize. Otherwise batches are lists of images."""
-        for op in reversed(self.geometry):
-            if isinstance(op, (CenterCrop, RandomResizedCrop)):
-                return True
-            if isinstance(op, Resize):
-                return not isinstance(op.size, int)
-        return False
+        """Whether every output has one size (a dense batch); otherwise batches are lists
+        of images (see :func:`fixes_size`)."""
+        return fixes_size(self.geometry)
 
     @property
     def dtype(self) -> np.dtype:

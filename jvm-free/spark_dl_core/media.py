@@ -27,7 +27,7 @@ import numpy as np
 
 from .errors import DatasetError, MissingDependencyError, SpecError
 from .format.buffers import Jagged
-from .images import _resample, plan_boxes
+from .images import _resample, fixes_size, plan_boxes
 from .op_registry import register_op
 from .transforms import (
     AudioCrop,
@@ -331,6 +331,11 @@ class VideoPipeline:
         self.geometry: list[Resize | CenterCrop | RandomResizedCrop | HorizontalFlip] = []
         self.normalize: Normalize | None = None
         self.chw = False
+
+    @property
+    def fixed_size(self) -> bool:
+        """Whether every clip has one shape (frames cropped or resized to an exact size)."""
+        return fixes_size(self.geometry)
 
     def add(self, op: Any) -> None:
         """Take a frame op of this column (the registry's compiler passes only ops that

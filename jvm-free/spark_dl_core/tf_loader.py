@@ -7,7 +7,9 @@ through ``tf.data.Dataset.from_generator`` with an explicit ``output_signature``
   dimension ``None``;
 - ``str`` / ``bytes`` columns → ``tf.string``;
 - variable-shape ``ndarray`` columns → ``tf.RaggedTensorSpec``;
-- images decode to arrays only with ``images="numpy"`` and a fixed size; otherwise bytes.
+- images decode to arrays only with ``images="numpy"`` and a fixed size; otherwise bytes;
+- images and clips decoded by read ops: dense when the ops give one size (a crop or an exact
+  resize), else ``tf.RaggedTensorSpec`` ragged in every dimension below the batch.
 
 Each pass over the dataset (each Keras epoch) is the next epoch of the order.
 Checkpointing: tf.data cannot snapshot a Python generator and prefetches ahead, so the
@@ -46,13 +48,23 @@ if TYPE_CHECKING:
 
 
 def _column_spec(
-    dataset: Dataset, name: str, sample: Any, transformed: bool = False
+    dataset: Dataset, name: str, sample: Any, transformed: bool = False, varies: bool = False
 ) -> tuple[Any, str]:
     """The TypeSpec for one column and how to convert it ("dense", "string", "jagged",
     "ragged"). Follows the column's form (``Dataset.forms``), not the probed batch:
-    token sequences are ``RaggedTensor`` from row splits, equal-shape arrays dense."""
+    token sequences are ``RaggedTensor`` from row splits, equal-shape arrays dense.
+    ``varies``: a decoded column whose ops give no one size (images or clips not cropped
+    or resized to an exact size) is ragged in every dimension below the batch."""
     import tensorflow as tf
 
+    if varies:
+        value = np.asarray(_samples(sample)[0])
+        spec = tf.RaggedTensorSpec(
+            shape=(None, *([None] * value.ndim)),
+            dtype=tf.as_dtype(value.dtype),
+            ragged_rank=max(1, value.ndim),
+        )
+        return spec, "ragged"
     encoding = dataset.encoding(name)
     if isinstance(sample, Jagged):
         spec = tf.RaggedTensorSpec(
@@ -78,11 +90,17 @@ def _column_spec(
     )
 
 
-def _ragged(values: np.ndarray, ndim: int) -> Any:
+def _samples(values: Any) -> Any:
+    """A batch as its samples: decoded image lists and jagged batches as object arrays,
+    dense batches as they are (iterating gives one sample each)."""
+    return values.to_objects() if hasattr(values, "to_objects") else values
+
+
+def _ragged(values: Any, ndim: int) -> Any:
     """Batch of variable-shape arrays → RaggedTensor ragged in every dimension."""
     import tensorflow as tf
 
-    items = [np.asarray(v) for v in values]
+    items = [np.asarray(v) for v in _samples(values)]
     lengths: list[list[int]] = [[] for _ in range(max(1, ndim))]
 
     def walk(a: np.ndarray, depth: int) -> None:
@@ -219,14 +237,22 @@ def make_tf_dataset(
     probe_reader = BatchReader(dataset, one, epoch=epoch, **read)
     probe = next(iter(probe_reader)) if len(dataset) else {}
     transformed = probe_reader.ops.transformed
+    # Decoded images / clips with no one size (torch gets lists): ragged tensors.
+    varies = {
+        name
+        for name, pipeline in probe_reader.ops.pipelines.items()
+        if getattr(pipeline, "fixed_size", True) is False
+    }
     kinds: dict[str, str] = {}
     signature: dict[str, Any] = {}
     ndims: dict[str, int] = {}
     for name in probe or names:
         sample = probe[name] if len(dataset) else np.empty(0)
-        signature[name], kinds[name] = _column_spec(dataset, name, sample, name in transformed)
+        signature[name], kinds[name] = _column_spec(
+            dataset, name, sample, name in transformed, name in varies and len(dataset) > 0
+        )
         if kinds[name] == "ragged":
-            ndims[name] = max(1, np.asarray(sample[0]).ndim)
+            ndims[name] = max(1, np.asarray(_samples(sample)[0]).ndim)
     if settings.pad_mask:
         signature[PAD_MASK] = tf.TensorSpec((None,), tf.bool)
     passes = _Passes(first, epoch, plan_for)
