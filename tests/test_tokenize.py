@@ -133,8 +133,9 @@ def test_large_vocabularies_store_int32(tmp_path: Path) -> None:
         (pa.table({"text": ["a"]}), {"eos_token": "<eot>"}, "<eot>"),
         (pa.table({"text": [1, 2]}), {}, "int64"),
         (pa.table({"body": ["a"]}), {}, "text"),
+        (pa.table({"id": [7], "text": ["a"]}), {"output": "id"}, "'id'"),
     ],
-    ids=["missing-file", "eos-not-in-vocab", "not-text", "missing-column"],
+    ids=["missing-file", "eos-not-in-vocab", "not-text", "missing-column", "output-exists"],
 )
 def test_bad_tokenize_ops_are_refused_when_the_write_is_planned(
     tokenizer_file: str, tmp_path: Path, table: pa.Table, op: dict[str, Any], named: str
@@ -145,6 +146,14 @@ def test_bad_tokenize_ops_are_refused_when_the_write_is_planned(
     assert "tokenize" in str(err.value) and "'text'" in str(err.value)
     assert named in str(err.value) and err.value.column == "text"
     assert not (tmp_path / "ds").exists() or not os.listdir(tmp_path / "ds")
+
+
+def test_tokenize_in_place_replaces_the_text_column(tokenizer_file: str, tmp_path: Path) -> None:
+    """``output`` equal to ``column`` is the one overwrite allowed: the text becomes its ids."""
+    spec = DatasetSpec(transforms=[_op(tokenizer_file, output="text")])
+    write_mds(pa.table({"id": [1, 2], "text": TEXTS[:2]}), str(tmp_path / "ds"), spec)
+    ds = open_dataset(str(tmp_path / "ds"))
+    assert ds.columns == {"id": "int64", "text": "ndarray:uint16"}
 
 
 def test_a_tokenizer_changed_after_planning_is_refused_in_the_task(tmp_path: Path) -> None:

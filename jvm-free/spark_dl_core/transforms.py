@@ -465,13 +465,28 @@ class Tokenize(_Base):
             )
         return self.model_copy(update=facts)
 
-    def check_input(self, schema: pa.Schema) -> None:
-        """Refuse, naming op, column and type, a column that is missing or not text."""
-        if self.column not in schema.names:
+    def columns_after(self, names: list[str]) -> list[str]:
+        """``names`` with ``output`` added; refuses a missing text column or an output that
+        would overwrite another column (as ``rename`` does)."""
+        if self.column not in names:
             raise TokenizeError(
-                f"tokenize names missing column {self.column!r} (columns: {schema.names})",
+                f"tokenize names missing column {self.column!r} (columns: {names})",
                 column=self.column,
             )
+        if self.output != self.column and self.output in names:
+            raise TokenizeError(
+                f"tokenize on column {self.column!r} (field 'output') names {self.output!r}, "
+                "which is another existing column: its values would be replaced by token ids; "
+                "pick another output name, or drop or rename the existing column first",
+                column=self.column,
+                value=self.output,
+            )
+        return names if self.output in names else [*names, self.output]
+
+    def check_input(self, schema: pa.Schema) -> None:
+        """Refuse, naming op, column and type, a column that is missing or not text, or an
+        output that names another existing column."""
+        self.columns_after(schema.names)
         t = schema.field(self.column).type
         if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
             raise TokenizeError(
