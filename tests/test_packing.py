@@ -421,3 +421,35 @@ def test_bin_resumes_at_the_row_on_another_world_size(dataset: Any) -> None:
         rest.append([b["input_ids"].numpy() for b in again])
     merged = [b for k in range(len(rest[0])) for r in rest if k < len(r) for b in [r[k]]]
     assert np.array_equal(np.concatenate(seen + merged), rows)
+
+
+@pytest.mark.parametrize(
+    ("leaf", "bad", "named"),
+    [
+        (pa.uint64(), (1 << 63) + 5, str((1 << 63) + 5)),
+        (pa.int32(), -7, "-7"),
+        (pa.int64(), -100, "-100"),
+    ],
+    ids=["uint64-above-int64", "negative-int32", "negative-int64-is-ignore-index"],
+)
+def test_token_ids_that_int64_input_ids_cannot_hold_are_refused(
+    tmp_path: Path, leaf: pa.DataType, bad: int, named: str
+) -> None:
+    """A uint64 id >= 2**63 used to wrap to a negative input id, a negative one passed through
+    (and -100 reads as an ignored label): both are refused naming the column and the row."""
+    docs = [[1, 2, 3], [4, 5, bad, 6], [7, 8]]
+    path = str(tmp_path / "ds")
+    write_mds(pa.table({"ids": pa.array(docs, pa.list_(leaf))}), path)
+    ds = open_dataset(path)
+    with pytest.raises(PackError) as err:
+        list(ds.iter_batches(batch_size=1, pack={"column": "ids", "seq_len": 4, "pad_id": 0}))
+    assert err.value.field == "column" and "'ids'" in str(err.value)
+    assert named in str(err.value) and "row 1" in str(err.value)
+    fine = [[1, 2, 3], [4, 5, 6], [(1 << 63) - 1 if leaf == pa.uint64() else 9]]
+    write_mds(pa.table({"ids": pa.array(fine, pa.list_(leaf))}), str(tmp_path / "ok"))
+    got = list(
+        open_dataset(str(tmp_path / "ok")).iter_batches(
+            batch_size=2, pack={"column": "ids", "seq_len": 4, "pad_id": 0}
+        )
+    )
+    assert _stack(got, "input_ids").reshape(-1)[:7].tolist() == [x for d in fine for x in d]

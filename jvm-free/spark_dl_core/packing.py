@@ -452,12 +452,36 @@ _BLOCKS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], np.ndarray]] = (
 # --------------------------------------------------------------------------- batches
 
 
+def _refuse_negative_ids(
+    input_ids: np.ndarray, stored: np.ndarray, column: str, first_row: int
+) -> None:
+    """Token ids become int64 ``input_ids``: a uint64 id >= 2**63 would wrap to a negative
+    one and a negative stored id would pass through (and -100 reads as an ignored label),
+    so any negative id in the batch is refused, naming the column, the packed row and the
+    stored value. One vectorized pass over the batch, only for dtypes that can go negative."""
+    if not input_ids.size or input_ids.min() >= 0:
+        return
+    at = int(np.argmax(input_ids.reshape(-1) < 0))
+    value = stored.reshape(-1)[at].item()
+    why = (
+        "above the int64 range of input_ids (2**63 - 1)"
+        if stored.dtype.kind == "u"
+        else "negative; token ids must be 0 or more"
+    )
+    raise PackError(
+        f"pack column {column!r} holds token id {value} ({stored.dtype}) in packed row "
+        f"{first_row + at // input_ids.shape[1]}: {why}",
+        field="column",
+    )
+
+
 def assemble(
-    chunks: list[_Chunk], a: int, b: int, seq_len: int, pad_id: int
+    chunks: list[_Chunk], a: int, b: int, seq_len: int, pad_id: int, column: str = "tokens"
 ) -> tuple[dict[str, Any], int]:
     """Rows ``a`` to ``b`` (exclusive) as a batch (input_ids, labels, position_ids,
     cu_seqlens, max_seqlen; see the module's docstring) and its count of real tokens.
-    Tokens are copied once, straight from the shards' bytes into the batch."""
+    Tokens are copied once, straight from the shards' bytes into the batch; ids that do
+    not fit int64 ``input_ids`` as themselves are refused naming ``column``."""
     L, k = seq_len, b - a
     parts = []
     for ch in chunks:
@@ -500,6 +524,8 @@ def assemble(
     for r in padded.tolist():
         input_ids[r, fill[r] :] = pad_id
         labels[r, fill[r] :] = IGNORE_INDEX
+    if dtype.kind == "i" or (dtype.kind == "u" and dtype.itemsize == 8):
+        _refuse_negative_ids(input_ids, out.view(dtype).reshape(k, L), column, a)
     batch = {
         "input_ids": input_ids,
         "labels": labels,
@@ -585,6 +611,7 @@ class PackedPlan:
         exhausted = False
         j = worker
         seq_len, pad = self.packing.seq_len, int(self.packing.pack.pad_id or 0)
+        column = self.packing.pack.column
         while True:
             if mine is not None and j >= mine:
                 return
@@ -610,7 +637,7 @@ class PackedPlan:
             held = [ch for ch in held if ch.last_row >= a]
             parts = []
             if real_end > a:
-                parts.append(assemble(held, a, real_end, seq_len, pad))
+                parts.append(assemble(held, a, real_end, seq_len, pad, column))
             if known and b > max(a, self.total) and self.total:
                 parts.append(self._repeats(max(a, self.total) - self.total, b - max(a, self.total)))
             batch, real = _join(parts) if len(parts) > 1 else parts[0]
@@ -629,7 +656,7 @@ class PackedPlan:
         while count > 0:
             take = min(count, total - at)
             chunks = list(_until(self.packing.chunks_from(at), at + take))
-            parts.append(assemble(chunks, at, at + take, L, pad))
+            parts.append(assemble(chunks, at, at + take, L, pad, self.packing.pack.column))
             count -= take
             at = 0
         batch, _ = _join(parts) if len(parts) > 1 else parts[0]
