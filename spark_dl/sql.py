@@ -40,6 +40,12 @@ def register_dataset(
     given = [x for x in (path, query, dataframe, delta) if x is not None]
     if len(given) != 1:
         raise ValueError("register_dataset takes exactly one of path=, query=, dataframe=, delta=")
+    if version is not None and delta is None:
+        raise SpecError(
+            f"register_dataset: version={version} applies to delta= only (an MDS path, a query "
+            "or a DataFrame has no versions); pass delta=TABLE_PATH, version=N to read a Delta "
+            "table as of a version"
+        )
     from . import register
 
     register(spark)

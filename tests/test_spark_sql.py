@@ -9,6 +9,7 @@ import pytest
 
 import spark_dl
 from spark_dl.sql import run_sql_file, split_statements
+from spark_dl_core.errors import SpecError
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "sql_examples").glob("*.sql"))
 
@@ -37,6 +38,10 @@ def test_register_dataset(spark: Any, tmp_path: Any) -> None:
     assert spark.sql("SELECT count(*) AS n FROM by_frame").collect()[0].n == 3
     with pytest.raises(ValueError, match="exactly one"):
         spark_dl.register_dataset(spark, "none")
+    for given in ({"path": path}, {"query": "SELECT 1"}, {"dataframe": spark.range(3)}):
+        with pytest.raises(SpecError, match=r"version=3 applies to delta= only"):
+            spark_dl.register_dataset(spark, "versioned", version=3, **given)
+    assert not spark.catalog.tableExists("versioned")
 
 
 @pytest.mark.spark
