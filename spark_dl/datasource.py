@@ -180,11 +180,9 @@ def spec_from_options(options: dict[str, str], schema_names: Sequence[str] = ())
             raise SpecError(
                 f"option 'columns' must be a JSON object like '{{\"image\": \"jpeg\"}}': {exc}"
             ) from None
-    by_lower = {n.lower(): n for n in schema_names}
     for key, value in opts.items():
         if key.startswith("encoding."):
-            name = key[len("encoding.") :]
-            columns[by_lower.get(name, name)] = value
+            columns[_encoding_column(key[len("encoding.") :], schema_names)] = value
     if columns:
         fields["columns"] = columns
     spec = DatasetSpec(**fields)
@@ -196,6 +194,21 @@ def spec_from_options(options: dict[str, str], schema_names: Sequence[str] = ())
             stacklevel=2,
         )
     return spec
+
+
+def _encoding_column(name: str, schema_names: Sequence[str]) -> str:
+    """The column an ``encoding.<name>`` option means. Spark lowercases option keys, so
+    the name is matched case-insensitively; two columns matching it (``a`` and ``A``) are
+    refused rather than one picked."""
+    matches = [n for n in schema_names if n.lower() == name.lower()]
+    if len(matches) > 1:
+        raise SpecError(
+            f"option 'encoding.{name}' matches columns {matches}: Spark lowercases option "
+            "keys, so it cannot say which; give the encodings in the 'spec' option instead "
+            f'(JSON keeps the case: {{"columns": {{"{matches[0]}": "..."}}}}) or '
+            "the 'columns' option"
+        )
+    return matches[0] if matches else name
 
 
 def _has_spec_options(options: dict[str, str]) -> bool:

@@ -363,6 +363,19 @@ def test_options_mirror_the_spec(spark: Any, tmp_path: Any) -> None:
     assert sorted(r.Label for r in back.collect()) == list(range(2000))
 
 
+def test_encoding_option_matching_two_columns_by_case_is_refused(spark: Any, tmp_path: Any) -> None:
+    """Spark lowercases option keys: ``encoding.a`` over columns ``a`` and ``A`` used to land
+    on ``A``; it is refused naming both, and the ``spec`` option (JSON keeps case) works."""
+    df = spark.createDataFrame([(1, 2)], "a int, A int")
+    with pytest.raises(Exception, match=r"encoding\.a.*\['a', 'A'\].*'spec'"):
+        df.write.format("mds").option("encoding.a", "int64").save(str(tmp_path / "refused"))
+    assert not os.path.exists(tmp_path / "refused" / "index.json")
+    path = str(tmp_path / "by_spec")
+    spec = '{"columns": {"a": "int64"}}'
+    df.write.format("mds").option("spec", spec).save(path)
+    assert open_dataset(path).columns == {"a": "int64", "A": "int32"}
+
+
 def test_nulls(spark: Any, tmp_path: Any) -> None:
     df = spark.sql("SELECT id, IF(id % 3 = 0, NULL, CAST(id AS double)) AS v FROM range(30)")
     with pytest.raises(Exception, match="'v'"):
