@@ -6,10 +6,10 @@ plan) reuses the dataset; a changed plan writes a new one. The plan hash does no
 files under an unchanged source path: call ``delete()`` (or use a new cache dir) then.
 
 Deleting is reference-counted within the process: every dataset opened through a
-converter (and so every loader made by ``df.dl.to_torch`` / ``to_tf``) holds the cache
-directory; ``delete()`` or leaving ``with df.dl.converter():`` removes it once the last
-holder is gone, never under a loader still reading it. Datasets this process wrote are
-deleted at exit, best effort.
+converter and every loader made from one (``df.dl.to_torch`` / ``to_tf``, or the
+converter's own, inside ``with`` too) holds the cache directory; ``delete()`` or leaving
+``with df.dl.converter():`` removes it once the last holder is gone, never under a loader
+still reading it. Datasets this process wrote are deleted at exit, best effort.
 
 Data flows one way here: ``accessor`` (``df.dl``) → ``converter`` → ``datasource``.
 """
@@ -223,25 +223,31 @@ class Converter:
         return len(self.dataset)
 
     def to_torch(self, batch_size: int = 256, **kwargs: Any) -> Any:
-        return self.dataset.to_torch(batch_size=batch_size, **kwargs)
+        loader = self.dataset.to_torch(batch_size=batch_size, **kwargs)
+        _hold(self.path, loader)  # a holder of its own: it shares this converter's dataset
+        return loader
 
     def to_tf(self, batch_size: int = 256, **kwargs: Any) -> Any:
-        return self.dataset.to_tf(batch_size=batch_size, **kwargs)
+        loader = self.dataset.to_tf(batch_size=batch_size, **kwargs)
+        _hold(self.path, loader)
+        return loader
 
     def delete(self) -> None:
         """Remove the cached dataset (later conversions of the DataFrame write anew).
 
-        While a loader made from the same cache still holds it, removal waits until the
+        While a loader made from this or another converter of the same cache still holds
+        it (made inside ``with`` and not yet iterated included), removal waits until the
         last one is garbage-collected (or the interpreter exits)."""
         with _lock:
-            held = _holders.get(self.path, 0) > (1 if self._dataset is not None else 0)
-            if held:
-                _pending.add(self.path)
-            else:
-                _created.discard(self.path)
-        self._dataset = None  # our own hold goes (its finalizer may now remove the path)
-        if not held:
-            _remove(self.path)
+            _pending.add(self.path)
+        # our own hold goes: if nothing else keeps the dataset, its finalizer removes it now
+        self._dataset = None
+        with _lock:
+            if self.path not in _pending or _holders.get(self.path, 0) > 0:
+                return  # removed by that finalizer, or by the last holder when it goes
+            _pending.discard(self.path)
+            _created.discard(self.path)
+        _remove(self.path)
 
     def __enter__(self) -> Converter:
         return self

@@ -115,6 +115,29 @@ def test_leaving_a_converter_spares_a_loader_still_reading(spark: Any, tmp_path:
     assert not os.path.exists(path)  # the last holder went: now it is removed
 
 
+@pytest.mark.parametrize("peek", [False, True], ids=["untouched", "peeked"])
+def test_a_loader_made_inside_the_block_keeps_working_after_it(
+    spark: Any, tmp_path: Any, peek: bool
+) -> None:
+    """Leaving ``with`` used to delete the cache under a loader made from the converter
+    itself (it shares the converter's dataset): the next pass failed on a missing shard."""
+    pytest.importorskip("torch")
+    import gc
+
+    with _frame(spark).dl.converter(cache_dir=str(tmp_path / "cache")) as scoped:
+        loader = scoped.to_torch(batch_size=50)
+        path = scoped.path
+        assert scoped.in_use
+        if peek:
+            next(iter(loader))
+    assert os.path.exists(path)
+    for _ in range(2):  # two whole epochs after the block
+        assert sorted(x for b in loader for x in b["label"].tolist()) == list(range(300))
+    del loader
+    gc.collect()
+    assert not os.path.exists(path)  # the last holder went: now it is removed
+
+
 def test_to_torch(spark: Any, tmp_path: Any) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("spark_dl_core.torch_loader")
