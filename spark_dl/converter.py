@@ -1,9 +1,11 @@
 """The converter cache: a DataFrame materialized once as MDS, reused while its plan holds.
 
 The cache key is the DataFrame's ``semanticHash()`` (its analyzed plan, available on classic
-and Spark Connect sessions alike), its schema and the spec. The same DataFrame (or an equal
-plan) reuses the dataset; a changed plan writes a new one. The plan hash does not see new
-files under an unchanged source path: call ``delete()`` (or use a new cache dir) then.
+and Spark Connect sessions alike), its schema, the spec and its input files
+(``inputFiles()``) with their sizes and modification times. The same DataFrame (or an equal
+plan over unchanged files) reuses the dataset; a changed plan, or a source rewritten under
+the same path and read again, writes a new one. Where the files cannot be listed the key is
+the plan alone, and a warning says so.
 
 Deleting is reference-counted within the process: every dataset opened through a
 converter and every loader made from one (``df.dl.to_torch`` / ``to_tf``, or the
@@ -21,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
+import posixpath
 import shutil
 import tempfile
 import threading
@@ -161,12 +164,70 @@ def default_cache_dir(spark: Any) -> str:
     return configured or os.path.join(tempfile.gettempdir(), "spark_dl_cache")
 
 
+_STAMPS = ("mtime", "LastModified", "last_modified", "updated", "modificationTime")
+
+
+def _stamp(entry: dict[str, Any]) -> list[str]:
+    """A listed file's size and modification time (and ETag where the store gives one)."""
+    found = [str(entry[k]) for k in (*_STAMPS, "ETag", "etag") if entry.get(k) is not None]
+    return [str(entry.get("size")), *found]
+
+
+def _file_stamps(files: list[str]) -> list[list[str]]:
+    """Each input file with its size and modification time: one listing per directory
+    (a file missing from it is asked for alone); a filesystem that gives no times is
+    refused, so the caller warns instead of keying by names and sizes only."""
+    from fsspec.core import url_to_fs
+
+    by_dir: dict[tuple[int, str], list[tuple[str, Any, str]]] = {}
+    for url in files:
+        fs, path = url_to_fs(url)
+        by_dir.setdefault((id(fs), posixpath.dirname(path)), []).append((url, fs, path))
+    out = []
+    for (_, parent), entries in by_dir.items():
+        fs = entries[0][1]
+        listed = {e["name"].rstrip("/"): e for e in fs.ls(parent, detail=True)}
+        for url, _, path in entries:
+            entry = listed.get(path) or fs.info(path)
+            stamp = _stamp(entry)
+            if len(stamp) < 2:
+                raise OSError(f"{type(fs).__name__} lists no modification time for {url}")
+            out.append([url, *stamp])
+    return out
+
+
+def input_stamps(df: Any) -> list[list[str]] | None:
+    """The DataFrame's input files (``df.inputFiles()``) with sizes and modification times,
+    so a source rewritten under the same path gets a new cache key. None, with a warning
+    naming why, where they cannot be listed: the key is then the plan alone."""
+    try:
+        files = sorted(df.inputFiles())
+    except Exception as exc:  # a source Spark cannot list files for
+        _warn_unlisted(f"its input files cannot be listed ({type(exc).__name__}: {exc})")
+        return None
+    try:
+        return _file_stamps(files)
+    except Exception as exc:
+        _warn_unlisted(f"its input files cannot be stat'ed ({type(exc).__name__}: {exc})")
+        return None
+
+
+def _warn_unlisted(why: str) -> None:
+    warnings.warn(
+        f"spark-dl converter cache: {why}; the cache is keyed by the DataFrame's plan only and "
+        "will not notice files rewritten under the same path (delete() the converter, or use "
+        "a new cache_dir, after changing them)",
+        stacklevel=4,
+    )
+
+
 def cache_key(df: Any, spec: DatasetSpec) -> str:
-    """Identifies (analyzed plan, schema, spec)."""
+    """Identifies (analyzed plan, schema, spec, input files with sizes and times)."""
     payload = {
         "plan": df.semanticHash(),
         "schema": df.schema.json(),
         "spec": spec.canonical(),
+        "files": input_stamps(df),
     }
     text = json.dumps(payload, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]

@@ -88,6 +88,44 @@ def test_converter_cache(spark: Any, tmp_path: Any) -> None:
         spark.conf.unset("spark.spark_dl.cache.dir")
 
 
+def test_a_rewritten_parquet_source_read_again_is_converted_anew(spark: Any, tmp_path: Any) -> None:
+    """The plan of ``spark.read.parquet(path)`` is the same after the files under ``path``
+    are rewritten: the cache used to serve the old rows. Input files with their sizes and
+    modification times are part of the key now (new names, or the same name rewritten)."""
+    pytest.importorskip("torch")
+    import warnings
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source, cache = tmp_path / "events", str(tmp_path / "cache")
+    source.mkdir()
+
+    def rows(loader: Any) -> list[int]:
+        return sorted(x for b in loader for x in b["label"].tolist())
+
+    def write(labels: list[int], name: str) -> None:
+        for old in source.iterdir():
+            old.unlink()
+        pq.write_table(pa.table({"label": pa.array(labels, pa.int64())}), source / name)
+
+    write(list(range(10)), "part-0.parquet")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # local files are listed: no warning
+        first = spark.read.parquet(str(source)).dl.to_torch(batch_size=4, cache_dir=cache)
+    assert rows(first) == list(range(10))
+    write(list(range(100, 120)), "part-1.parquet")  # other files
+    assert rows(spark.read.parquet(str(source)).dl.to_torch(4, cache_dir=cache)) == list(
+        range(100, 120)
+    )
+    write(list(range(200, 220)), "part-1.parquet")  # same name, same size, new content
+    assert rows(spark.read.parquet(str(source)).dl.to_torch(4, cache_dir=cache)) == list(
+        range(200, 220)
+    )
+    again = spark.read.parquet(str(source)).dl.converter(cache_dir=cache)
+    assert not again.created  # unchanged files: the cache is reused
+
+
 def test_old_cache_conf_key_still_read(spark: Any, tmp_path: Any) -> None:
     from spark_dl.converter import default_cache_dir
 
