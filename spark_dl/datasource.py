@@ -33,7 +33,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import DataType, StructType, UserDefinedType
+from pyspark.sql.types import DataType, StructField, StructType, UserDefinedType
 
 from spark_dl_core import DatasetSpec, ShardWriter, open_dataset
 from spark_dl_core.arrow_bridge import arrow_schema, batch_to_arrow
@@ -79,6 +79,11 @@ READ_OPTIONS = frozenset(
     {"path", "shards_per_partition", "verify_hashes", "allow_unsafe", *MIXTURE_READ_OPTIONS}
 )
 OPTION_PREFIXES = ("encoding.", "storage.")
+# Table properties Spark's catalog adds to a ``CREATE TABLE … USING mds`` table's options
+# (its reserved keys): not ours to check; ``location`` is the table's path.
+CATALOG_KEYS = frozenset(
+    {"owner", "location", "provider", "comment", "external", "is_managed_location", "collation"}
+)
 MIN_SANE_SHARD_SIZE = 16 << 10  # below this nearly every sample gets a shard file of its own
 
 
@@ -92,6 +97,8 @@ def validate_options(options: Mapping[str, str], kind: Literal["read", "write"])
     for raw in options:
         key = raw.lower()
         if key in known or key.startswith(OPTION_PREFIXES):
+            continue
+        if kind == "read" and key in CATALOG_KEYS:
             continue
         close = difflib.get_close_matches(key, sorted(known | other), n=1, cutoff=0.6)
         if key in other:
@@ -229,10 +236,22 @@ def _storage_options(options: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _path(options: Mapping[str, str]) -> str:
-    path = options.get("path")
-    if not path:
-        raise DatasetError("the mds data source needs a path: .save(path) / .load(path)")
-    return path
+    """The dataset's path: the ``path`` option, or a catalog table's ``location``."""
+    path = options.get("path") or options.get("location")
+    if path and path.startswith("file:/") and not path.startswith("file://"):
+        return path[len("file:") :]  # Hadoop's form of a local URI, as the catalog gives it
+    if path:
+        return path
+    if not options:  # what a catalog table declared with columns reads with
+        raise DatasetError(
+            "the mds data source got no path and no options at all: Spark passes neither "
+            "the LOCATION nor the OPTIONS of a table declared with a column list "
+            "(CREATE TABLE t (id BIGINT, ...) USING mds ...) to a Python data source; leave "
+            "the column list out (CREATE TABLE t USING mds LOCATION '/path': the columns "
+            "come from the dataset) or use CREATE TEMPORARY VIEW t USING mds OPTIONS "
+            "(path '/path')"
+        )
+    raise DatasetError("the mds data source needs a path: .save(path) / .load(path)")
 
 
 # --------------------------------------------------------------------------- vectors
@@ -626,6 +645,47 @@ def _asked_columns(
     return columns, [f.name for f in asked.fields]
 
 
+TABLE_OPTIONS_KEY = "spark_dl.table_options"  # field metadata carrying a catalog table's options
+
+
+def _with_table_options(schema: StructType, options: Mapping[str, str]) -> StructType:
+    """``schema`` with a catalog table's read options (path included, ``storage.*`` keys
+    left out: they may be secrets) in its first field's metadata. Spark stores the schema
+    in the catalog and hands it to every later reader, but passes those readers no options
+    at all, so this is how a ``CREATE TABLE t USING mds LOCATION '…'`` table finds its data."""
+    if not schema.fields:
+        return schema
+    kept = {
+        k.lower(): v
+        for k, v in options.items()
+        if k.lower() not in CATALOG_KEYS and not k.lower().startswith("storage.")
+    }
+    kept["path"] = _path(options)
+    first = schema.fields[0]
+    meta = {**(first.metadata or {}), TABLE_OPTIONS_KEY: json.dumps(kept, sort_keys=True)}
+    fields = [StructField(first.name, first.dataType, first.nullable, meta), *schema.fields[1:]]
+    return StructType(fields)
+
+
+def _unprefixed(options: Mapping[str, str]) -> dict[str, str]:
+    """Options with keys lowercased and a catalog table's ``option.`` prefix (how Spark
+    hands over ``CREATE TABLE … OPTIONS (…)``) taken off."""
+    out = {k.lower(): v for k, v in options.items()}
+    if "provider" in out:
+        for key in [k for k in out if k.startswith("option.")]:
+            out.setdefault(key[len("option.") :], out.pop(key))
+    return out
+
+
+def _reader_options(options: Mapping[str, str], schema: StructType) -> dict[str, str]:
+    """The options a reader runs with: its own, or (a catalog table's read, which gets
+    none) those its table's schema carries (see :func:`_with_table_options`)."""
+    if options or not schema.fields:
+        return dict(options)
+    carried = (schema.fields[0].metadata or {}).get(TABLE_OPTIONS_KEY)
+    return dict(json.loads(carried)) if carried else {}
+
+
 class MDSDataSource(DataSource):
     """``format("mds")``: MDS datasets (spark-dl's or Mosaic Streaming's) as Spark tables."""
 
@@ -634,17 +694,23 @@ class MDSDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        validate_options(self.options, "read")
-        if "mixture" in self.options:  # a saved mixture: one epoch's rows (mixture_source)
-            return mixture_schema(self.options)
-        ds = open_dataset(_path(self.options), storage_options=_storage_options(self.options))
-        return to_spark_schema(arrow_schema(ds))
+        options = _unprefixed(self.options)
+        validate_options(options, "read")
+        if "mixture" in options:  # a saved mixture: one epoch's rows (mixture_source)
+            schema = mixture_schema(options)
+        else:
+            ds = open_dataset(_path(options), storage_options=_storage_options(options))
+            schema = to_spark_schema(arrow_schema(ds))
+        if "provider" in options:  # a catalog table being created
+            schema = _with_table_options(schema, options)
+        return schema
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        validate_options(self.options, "read")
-        if "mixture" in self.options:
-            return MixtureReader(dict(self.options), schema)
-        return MDSReader(dict(self.options), schema)
+        options = _reader_options(self.options, schema)
+        validate_options(options, "read")
+        if "mixture" in options:
+            return MixtureReader(options, schema)
+        return MDSReader(options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> MDSWriter:
         validate_options(self.options, "write")
