@@ -68,6 +68,8 @@ def test_help_and_usage_errors() -> None:
         (["vacuum", "somewhere", "--retention", "-5"], "--retention"),
         (["vacuum", "somewhere", "--retention", "soon"], "--retention"),
         (["sql", "q.sql", "--var", "out"], "--var"),
+        (["show", "somewhere", "--rows", "-1"], "--rows"),
+        (["export", "t", "--out", "o", "--nulls", "drop"], "--nulls"),
     ],
 )
 def test_bad_flag_values_are_usage_errors(args: list[str], flag: str) -> None:
@@ -125,7 +127,12 @@ def test_verify_names_corrupted_shard(exported: dict[str, Any], tmp_path: Path) 
 def test_verify_without_hashes_checks_structure(table: str, tmp_path: Path) -> None:
     out = str(tmp_path / "plain")
     run("export", table, "--out", out, "--no-progress")  # latest, no hashes recorded
-    assert "structure checked" in run("verify", out).stdout
+    n = len(list(Path(out).glob("*.mds")))
+    said = run("verify", out).stdout  # says what it compared, shard by shard
+    assert f"recorded file hashes 0/{n}" in said, said
+    assert f"content hash from spark_dl.json {n}/{n}" in said and f"decoded in full {n}/{n}" in said
+    report = json.loads(run("verify", out, "--json").stdout)
+    assert all(r["content_hash_checked"] and not r["hashes_checked"] for r in report["shards"])
     shard = sorted(Path(out).glob("*.mds"))[0]
     shard.write_bytes(shard.read_bytes()[:-7])  # truncated
     assert shard.name in run("verify", out, check=1).stderr
@@ -150,6 +157,47 @@ def test_export_partitions_that_need_escaping(tmp_path: Path) -> None:
     from spark_dl_core import open_dataset
 
     assert len(open_dataset(out)) == 5
+
+
+def test_verify_says_when_only_decoding_was_checked(
+    exported: dict[str, Any], tmp_path: Path
+) -> None:
+    """A dataset without spark_dl.json (as Mosaic writes them) has no content hash to compare."""
+    import shutil
+
+    copy = tmp_path / "mosaic-like"
+    shutil.copytree(exported["out"], copy)
+    for own in ("spark_dl.json", "spark_dl.index.arrow"):
+        (copy / own).unlink(missing_ok=True)
+    n = exported["result"]["shards"]
+    said = run("verify", str(copy)).stdout
+    assert f"content hash from spark_dl.json 0/{n}" in said and f"file hashes {n}/{n}" in said
+
+
+def test_vacuum_refuses_what_is_not_a_dataset(table: str, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("not a dataset")
+    err = run("vacuum", str(empty), "--retention", "0", check=1).stderr
+    assert "no dataset at" in err and str(empty) in err
+    before = sorted(p.name for p in Path(table).rglob("*"))
+    err = run("vacuum", table, "--retention", "0", check=1).stderr
+    assert "is a Delta table" in err and "kept" not in err
+    assert sorted(p.name for p in Path(table).rglob("*")) == before
+    assert (empty / "notes.txt").exists()
+
+
+def test_export_nulls_flag(tmp_path: Path) -> None:
+    assert "--nulls {error,mask}" in run("export", "--help").stdout
+    src = str(tmp_path / "sparse")
+    write_deltalake(src, pa.table({"id": [1, 2, 3], "score": [0.5, None, 2.0]}))
+    err = run("export", src, "--out", str(tmp_path / "a"), "--no-progress", check=1).stderr
+    assert "'score'" in err and "--nulls mask" in err and "Traceback" not in err
+    out = str(tmp_path / "b")
+    run("export", src, "--out", out, "--nulls", "mask", "--no-progress")
+    from spark_dl_core import open_dataset
+
+    assert open_dataset(out).to_arrow()["score"].to_pylist() == [0.5, None, 2.0]
 
 
 def test_export_errors_exit_1(table: str, tmp_path: Path) -> None:

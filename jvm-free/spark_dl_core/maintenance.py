@@ -9,6 +9,8 @@ What is removed: top-level files that look like ours (``*.mds``, ``*.mds.<codec>
 ``*.tmp-*``) and that ``index.json`` does not name. ``index.json`` and ``spark_dl.json``
 are never removed, nor files of other kinds (a README someone put there), nor anything in
 subdirectories.
+Without ``index.json`` the shards of a first write that never committed all go; a
+directory with none of our files, or a Delta table, is refused (:class:`DatasetError`).
 
 Why a retention period: a file younger than ``retention_seconds`` may belong to a write
 still in flight (its tasks write shards long before the driver writes the index), so it
@@ -124,6 +126,8 @@ def vacuum_store(
         raise DatasetError(f"vacuum: {store.display()} does not exist")
     entries = _entries(store)  # list first: a commit landing after this only adds names
     keep = referenced(store)
+    if keep is None:
+        _check_is_dataset(store, entries)
     report = VacuumReport(store.display(), dry_run, retention_seconds, keep is not None)
     now = time.time()
     for entry in entries:
@@ -150,6 +154,21 @@ def vacuum_store(
         for name in report.removed:
             store.delete(name)
     return report
+
+
+def _check_is_dataset(store: Store, entries: list[_Entry]) -> None:
+    """Without ``index.json`` only a write that never committed justifies a vacuum: a Delta
+    table or a directory with none of our files is refused, so a typo is not an "ok"."""
+    if store.exists("_delta_log"):
+        raise DatasetError(
+            f"vacuum: {store.display()} is a Delta table, not a spark-dl dataset (it has a "
+            "_delta_log directory and no index.json); vacuum it with Delta's own VACUUM"
+        )
+    if not any(_OURS.search(e.name) for e in entries):
+        raise DatasetError(
+            f"vacuum: there is no dataset at {store.display()} (no index.json, and no shards "
+            "or temporary files of a write that never committed)"
+        )
 
 
 def _settle_metadata(store: Store) -> None:

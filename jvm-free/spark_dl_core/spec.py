@@ -9,7 +9,7 @@ constructed with a :class:`~spark_dl_core.errors.SpecError` naming the field (py
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
@@ -60,6 +60,10 @@ def _size(value: Any) -> Any:
 ByteSize = Annotated[int, BeforeValidator(_size), Field(ge=1, le=MAX_SHARD_SIZE)]
 
 
+NullMode = Literal["error", "mask"]
+NULL_MODES: tuple[str, ...] = get_args(NullMode)  # what ``nulls=`` (and ``--nulls``) accepts
+
+
 class DatasetSpec(BaseModel):
     """How to write a dataset: encodings, compression, shard size, hashes, nulls, transforms.
 
@@ -76,7 +80,7 @@ class DatasetSpec(BaseModel):
     compression: str | None = None
     shard_size: ByteSize = DEFAULT_SHARD_SIZE
     hashes: list[str] = Field(default_factory=list)
-    nulls: Literal["error", "mask"] = "error"
+    nulls: NullMode = "error"
     transforms: list[Transform] = Field(default_factory=list)
 
     def __init__(self, **data: Any) -> None:
