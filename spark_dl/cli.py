@@ -281,7 +281,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     """The dataset card: as text, or as one self-contained HTML page with ``--html``."""
     from spark_dl_core import open_dataset, open_mixture
-    from spark_dl_core.card import card_html, column_stats, sample_indices
+    from spark_dl_core.card import card_html, column_stats, sample_indices, stats_lines
 
     ds = open_mixture(args.path) if _is_mixture_spec(args.path) else open_dataset(args.path)
     if args.html:
@@ -293,18 +293,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"{ds.shown}: {len(ds)} samples, {ds.num_shards} shard(s), fingerprint {ds.fingerprint}")
     print(f"columns (statistics from {len(indices)} sampled rows):")
     for name, st in column_stats(ds, indices).items():
-        parts = [f"{ds.columns.get(name, '')}", st["kind"], f"nulls {st['nulls']}"]
-        if "min" in st:
-            over = {"text": "length ", "sequence": "length ", "bytes": "size ", "image": "size "}
-            parts.append(
-                f"{over.get(st['kind'], '')}min {st['min']:.4g} max {st['max']:.4g} "
-                f"mean {st['mean']:.4g}"
-            )
-        if "width" in st:
-            parts.append(
-                f"{st['width'][0]}-{st['width'][1]} x {st['height'][0]}-{st['height'][1]} px"
-            )
-        print(f"  {name}: " + ", ".join(parts))
+        head = f"{ds.columns.get(name, '')}, {st['kind']}, nulls {st['nulls']}"
+        lines = [text for text, _ in stats_lines(st)]  # as the HTML card words them
+        print(f"  {name}: " + "; ".join([head, *lines]))
     lineage = getattr(ds, "lineage", None) or ds.source
     if lineage:
         print(f"lineage: {json.dumps(lineage, default=str)}")

@@ -121,7 +121,7 @@ def test_show_and_inspect_commands(
     assert main(["show", ds_path, "--rows", "20"]) == 0
     text = capsys.readouterr().out
     assert "statistics from 20 sampled rows" in text
-    assert re.search(r"img: jpeg, image, nulls 0, size min \d+", text)
+    assert re.search(r"img: jpeg, image, nulls 0; size \d+(\.\d)?–\d+(\.\d)? KB, mean ", text)
     assert main(["inspect", ds_path, "--samples", "2", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["sample_rows"]
     assert re.fullmatch(r"<jpeg 300x101, \d\.\d KB>", rows[1]["img"])
@@ -165,6 +165,56 @@ def test_card_renders_its_thumbnails_in_a_headless_browser(ds_path: str, tmp_pat
     assert done.returncode == 0, done.stderr[-2000:]
     assert 'data-thumbs="8/8"' in done.stdout
     assert 'data-rows="5"' in done.stdout
+
+
+def _render(browser: str, page: str, probe: str, where: Path) -> str:
+    """The DOM a headless Chromium made of ``page`` after ``probe`` (a script) ran."""
+    (where / "card.html").write_text(page.replace("</body>", probe + "</body>"))
+    done = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            (where / "card.html").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_histograms_sit_beside_their_labels_and_a_bad_image_is_a_placeholder(
+    tmp_path: Path,
+) -> None:
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no chromium on PATH: `make browser-env` installs Debian's package")
+    path, _ = _card_with_a_broken_image(tmp_path)
+    table = pa.table({"n": np.arange(30) * 517, "text": ["w" * i for i in range(30)]})
+    write_mds(table, str(tmp_path / "more"))
+    page = card_html(open_dataset(path), thumbs=8) + card_html(open_dataset(str(tmp_path / "more")))
+    # each histogram must start right of its own label's text and overlap it vertically
+    probe = (
+        "<script>window.addEventListener('load',()=>{let ok=0,bad=[];"
+        "for(const s of document.querySelectorAll('.stat')){const h=s.querySelector('.hist');"
+        "if(!h)continue;const l=s.querySelector('.label').getBoundingClientRect(),"
+        "r=h.getBoundingClientRect();if(r.left>=l.right&&r.top<l.bottom&&r.bottom>l.top&&"
+        "r.width>0)ok++;else bad.push(s.textContent)}"
+        "const m=[...document.querySelectorAll('.missing')].filter(e=>e.offsetWidth>0);"
+        "const t=[...document.images].filter(i=>i.classList.contains('thumb'));"
+        "document.body.dataset.hist=ok+'/'+bad.length;document.body.dataset.missing=m.length;"
+        "document.body.dataset.thumbs=t.filter(i=>i.complete&&i.naturalWidth>0).length})"
+        "</script>"
+    )
+    dom = _render(browser, page, probe, tmp_path)
+    assert 'data-hist="3/0"' in dom  # img sizes, n, text lengths: all beside their text
+    assert 'data-missing="1"' in dom and 'data-thumbs="7"' in dom
 
 
 def _wav(seconds: float, rate: int, fmt: str = "WAV") -> bytes:
@@ -222,3 +272,118 @@ def test_audio_and_video_columns_get_facts_waveforms_and_frame_strips(tmp_path: 
     pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(first[0]))).convert("RGB"))
     assert pixels.shape[0] == 64 and pixels[..., 0].mean() > pixels[..., 1].mean() + 20  # red
     assert "no preview" not in page
+
+
+def _aac(seconds: float, rate: int, fmt: str) -> bytes:
+    """A sine tone as AAC in an MPEG-4 container: ``ipod`` writes an .m4a (brand M4A),
+    ``mp4`` an audio-only .mp4 (brand isom), which only its stream list tells apart."""
+    av = pytest.importorskip("av")
+    out = io.BytesIO()
+    t = np.arange(int(seconds * rate)) / rate
+    with av.open(out, mode="w", format=fmt) as container:
+        stream = container.add_stream("aac", rate=rate, layout="mono")
+        for k in range(0, len(t), 1024):
+            tone = (0.5 * np.sin(2 * np.pi * 440 * t[k : k + 1024])).astype(np.float32)
+            frame = av.AudioFrame.from_ndarray(tone[None, :], format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = rate, k
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return out.getvalue()
+
+
+def _avi(frames: int, colour: int) -> bytes:
+    av = pytest.importorskip("av")
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="avi") as container:
+        stream = container.add_stream("mpeg4", rate=25)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for k in range(frames):
+            pixels = np.zeros((48, 64, 3), np.uint8)
+            pixels[..., colour] = 60 + 4 * k
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return out.getvalue()
+
+
+def test_m4a_is_audio_and_avi_is_video(tmp_path: Path) -> None:
+    m4a = [_aac(1.0 + i / 4, 22_050, "ipod") for i in range(3)]
+    plain = _aac(0.5, 16_000, "mp4")  # audio-only .mp4: no video stream, so audio
+    assert m4a[0][4:12] == b"ftypM4A " and plain[8:12] != b"M4A "
+    avis = [_avi(10 + 5 * i, i % 3) for i in range(4)]
+    path = str(tmp_path / "media")
+    write_mds(pa.table({"audio": pa.array([*m4a, plain], pa.binary()), "video": avis}), path)
+
+    assert re.fullmatch(r"<m4a 22050 Hz 1 ch 1\.0\d s, \d+(\.\d)? KB>", describe_value(m4a[0]))
+    assert describe_value(plain).startswith("<m4a 16000 Hz 1 ch ")
+    assert re.fullmatch(r"<avi 64x48 0\.40 s, \d+(\.\d)? KB>", describe_value(avis[0]))
+
+    stats = column_stats(open_dataset(path))
+    assert stats["audio"]["kind"] == "audio" and stats["audio"]["formats"] == ["m4a"]
+    assert stats["audio"]["sample_rates"] == [16_000, 22_050]
+    assert stats["video"]["kind"] == "video" and stats["video"]["formats"] == ["avi"]
+    assert stats["video"]["width"] == (64, 64) and stats["video"]["seconds"][0] == 0.4
+
+    page = card_html(open_dataset(path))
+    assert "no preview" not in page and "IndexError" not in page
+    audio = re.search(r'data-kind="audio">(.*?)</div>', page)
+    assert audio is not None and audio.group(1).count('<svg class="wave"') == 4
+    polygon = re.search(r'<polygon points="([^"]+)"', audio.group(1))
+    assert polygon is not None  # a real envelope: the tone reaches about ±0.5
+    ys = [float(p.split(",")[1]) for p in polygon.group(1).split()]
+    assert max(ys) - min(ys) > 15
+    strips = re.findall(r'<div class="strip">(.*?)</div>', page)
+    assert len(strips) == 3 and all(s.count("<img") == 6 for s in strips)
+
+
+def _broken_jpeg() -> bytes:
+    """A real photo-sized JPEG cut off a third of the way through (a failed upload)."""
+    pixels = np.random.default_rng(3).integers(0, 255, (240, 320, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG")
+    return out.getvalue()[: len(out.getvalue()) // 3]
+
+
+def _card_with_a_broken_image(tmp_path: Path) -> tuple[str, int]:
+    images = [_jpeg(150 + i, 200, i % 3) for i in range(8)]
+    images[5] = _broken_jpeg()
+    path = str(tmp_path / "photos")
+    write_mds(pa.table({"img": pa.array(images, pa.binary())}), path, {"columns": {"img": "jpeg"}})
+    return path, 5
+
+
+def test_one_undecodable_image_gets_a_placeholder_not_an_empty_grid(tmp_path: Path) -> None:
+    path, bad = _card_with_a_broken_image(tmp_path)
+    page = card_html(open_dataset(path), thumbs=8)
+    assert "no thumbnails" not in page
+    assert page.count('class="thumb"') == 7
+    missing = re.findall(r'<div class="missing" data-row="(\d+)" title="([^"]*)"', page)
+    assert [int(r) for r, _ in missing] == [bad] and "truncated" in missing[0][1]
+
+
+def test_numbers_read_as_people_write_them(tmp_path: Path) -> None:
+    from spark_dl_core.card import human_number, human_range
+
+    assert [human_number(v) for v in (0, 3, 1.619, 7363.2, 15000.0, 0.0012, 2.5e15)] == [
+        "0",
+        "3",
+        "1.62",
+        "7,363",
+        "15,000",
+        "0.0012",
+        "2.5×10¹⁵",
+    ]
+    assert human_range(9348, 15000, size=True) == "9.1–15 KB"
+    assert human_range(800, 1_300_000, size=True) == "800 B–1.2 MB"
+    blobs = [bytes(9348 + (15000 - 9348) * i // 9) for i in range(10)]
+    path = str(tmp_path / "sizes")
+    write_mds(
+        pa.table({"blob": pa.array(blobs, pa.binary()), "x": np.linspace(0, 1.5e4, 10)}), path
+    )
+    page = card_html(open_dataset(path))
+    assert "size 9.1–15 KB, mean 12 KB" in page and "0–15,000, mean 7,500" in page
+    labels = re.findall(r'<span class="label">([^<]*)</span>', page)
+    assert len(labels) == 2 and not any(re.search(r"\d[eE][+-]?\d", t) for t in labels)

@@ -36,8 +36,9 @@ CLIPS = 3  # frame strips per video column
 STRIP_FRAMES = 6
 FRAME_HEIGHT = 64
 MAX_STRIP_DECODE = 600  # frames decoded at most to find a strip's frames
-AUDIO_KINDS = ("wav", "flac", "ogg", "mp3")
-VIDEO_KINDS = ("mp4", "webm")
+AUDIO_KINDS = ("wav", "flac", "ogg", "mp3", "m4a")
+VIDEO_KINDS = ("mp4", "webm", "avi")  # containers: one without a video stream holds audio
+_AUDIO_BRANDS = (b"M4A ", b"M4B ", b"M4P ")  # ftyp brands of audio-only MPEG-4 files
 
 _MAGIC = (
     (b"\xff\xd8\xff", "jpeg"),
@@ -46,17 +47,6 @@ _MAGIC = (
     (b"RIFF", "webp"),  # checked further below
     (b"BM", "bmp"),
 )
-
-
-def _size_text(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    for unit in ("KB", "MB", "GB"):
-        n_units = n / 1024
-        if n_units < 1024 or unit == "GB":
-            return f"{n_units:.0f} {unit}" if n_units >= 10 else f"{n_units:.1f} {unit}"
-        n = int(n_units)
-    return f"{n} B"  # pragma: no cover
 
 
 def image_kind(raw: bytes) -> str | None:
@@ -70,10 +60,15 @@ def image_kind(raw: bytes) -> str | None:
 
 
 def media_kind(raw: bytes) -> str | None:
-    """``wav``/``flac``/``ogg``/``mp3`` or ``mp4``/``webm`` (also Matroska) from the
-    leading bytes, else None."""
+    """``wav``/``flac``/``ogg``/``mp3``/``m4a`` or ``mp4``/``webm`` (also Matroska)/``avi``
+    from the leading bytes, else None. A container kind may still hold audio only: see
+    :func:`media_track`."""
     if raw[:4] == b"RIFF" and raw[8:12] == b"WAVE":
         return "wav"
+    if raw[:4] == b"RIFF" and raw[8:12] == b"AVI ":
+        return "avi"
+    if raw[4:8] == b"ftyp" and raw[8:12] in _AUDIO_BRANDS:
+        return "m4a"
     if raw.startswith(b"fLaC"):
         return "flac"
     if raw.startswith(b"OggS"):
@@ -89,12 +84,50 @@ def media_kind(raw: bytes) -> str | None:
     return None
 
 
+def media_track(raw: bytes) -> tuple[str, str] | None:
+    """(kind, ``"audio"`` or ``"video"``) of a media value, else None. A container
+    (``mp4``, ``webm``, ``avi``) without a video stream is audio (an ``.m4a`` saved with
+    a generic brand, an Opus ``.webm``): PyAV reads its stream list, no decoding."""
+    kind = media_kind(raw)
+    if kind is None:
+        return None
+    if kind in AUDIO_KINDS:
+        return kind, "audio"
+    try:
+        import av
+
+        with av.open(io.BytesIO(raw), mode="r") as container:
+            if not container.streams.video and container.streams.audio:
+                return ("m4a" if kind == "mp4" else kind), "audio"
+    except Exception:  # no media extra, or a damaged header: the container's usual kind
+        pass
+    return kind, "video"
+
+
 def audio_facts(raw: bytes) -> tuple[int, int, float]:
-    """(sample rate, channels, seconds) from the header, through libsndfile."""
+    """(sample rate, channels, seconds) from the header: libsndfile where it reads the
+    format (wav, flac, ogg, mp3), else the first audio stream through PyAV (AAC in m4a…)."""
     import soundfile
 
-    info = soundfile.info(io.BytesIO(raw))
-    return int(info.samplerate), int(info.channels), float(info.frames) / info.samplerate
+    try:
+        info = soundfile.info(io.BytesIO(raw))
+        return int(info.samplerate), int(info.channels), float(info.frames) / info.samplerate
+    except soundfile.LibsndfileError:
+        pass
+    import av
+
+    with av.open(io.BytesIO(raw), mode="r") as container:
+        stream = container.streams.audio[0]
+        return int(stream.rate), int(stream.channels), _seconds(container, stream)
+
+
+def _seconds(container: Any, stream: Any) -> float:
+    """A stream's duration, else the container's, in seconds (0.0 when neither says)."""
+    base = stream.time_base
+    seconds = float(stream.duration * base) if stream.duration and base else 0.0
+    if not seconds and container.duration:
+        seconds = container.duration / 1_000_000
+    return seconds
 
 
 def video_facts(raw: bytes) -> tuple[int, int, float]:
@@ -103,11 +136,8 @@ def video_facts(raw: bytes) -> tuple[int, int, float]:
 
     with av.open(io.BytesIO(raw), mode="r") as container:
         stream = container.streams.video[0]
-        base = stream.time_base
-        seconds = float(stream.duration * base) if stream.duration and base else 0.0
-        if not seconds and container.duration:
-            seconds = container.duration / 1_000_000
-        return int(stream.codec_context.width), int(stream.codec_context.height), seconds
+        width, height = int(stream.codec_context.width), int(stream.codec_context.height)
+        return width, height, _seconds(container, stream)
 
 
 def describe_value(raw: bytes | bytearray | memoryview) -> str:
@@ -116,7 +146,7 @@ def describe_value(raw: bytes | bytearray | memoryview) -> str:
     KB>``, ``<mp4 320x240 3.20 s, 1.2 MB>`` (from the header, where the ``media`` extra is
     installed), else ``<bytes, 812 B>``."""
     data = bytes(raw)
-    size = _size_text(len(data))
+    size = human_size(len(data))
     kind = image_kind(data)
     if kind is not None:
         try:
@@ -124,10 +154,11 @@ def describe_value(raw: bytes | bytearray | memoryview) -> str:
             return f"<{kind} {w}x{h}, {size}>"
         except Exception:  # a damaged or unsupported header: still say what it is
             return f"<{kind}, {size}>"
-    kind = media_kind(data)
-    if kind is not None:
+    track = media_track(data)
+    if track is not None:
+        kind, medium = track
         try:
-            if kind in AUDIO_KINDS:
+            if medium == "audio":
                 rate, channels, seconds = audio_facts(data)
                 what = f"{rate} Hz {channels} ch"
             else:
@@ -233,9 +264,10 @@ def _object_stats(items: list[Any]) -> dict[str, Any]:
                 stats["width"] = (int(ws.min()), int(ws.max()))
                 stats["height"] = (int(hs.min()), int(hs.max()))
             return stats
-        media = {media_kind(r) for r in raws}
-        if media <= set(AUDIO_KINDS) or media <= set(VIDEO_KINDS):
-            return _media_stats(raws, media)
+        tracks = [media_track(r) for r in raws]
+        media = {t[1] if t else None for t in tracks}
+        if len(media) == 1 and None not in media:
+            return _media_stats(raws, {t[0] for t in tracks if t}, media.pop() == "audio")
         return _lengths("bytes", [len(r) for r in raws])
     if present and all(isinstance(v, np.ndarray) for v in present):
         return _lengths("sequence", [int(v.size) for v in present])
@@ -244,12 +276,11 @@ def _object_stats(items: list[Any]) -> dict[str, Any]:
     return {"kind": "other"}
 
 
-def _media_stats(raws: list[bytes], kinds: set[str | None]) -> dict[str, Any]:
+def _media_stats(raws: list[bytes], kinds: set[str], audio: bool) -> dict[str, Any]:
     """Sizes of an audio or video column, and the durations, rates and frame sizes its
     headers give (where the ``media`` extra is installed)."""
-    audio = kinds <= set(AUDIO_KINDS)
     stats = _lengths("audio" if audio else "video", [len(r) for r in raws])
-    stats["formats"] = sorted(k for k in kinds if k)
+    stats["formats"] = sorted(kinds)
     facts = []
     for raw in raws:
         try:
@@ -275,12 +306,9 @@ def _spread(indices: np.ndarray, count: int) -> np.ndarray:
 def waveform_svg(raw: bytes, width: int = WAVE_WIDTH, height: int = WAVE_HEIGHT) -> str:
     """A clip's waveform as inline SVG: the min/max envelope of its first
     ``WAVE_SECONDS`` seconds (channels averaged) over ``width`` columns."""
-    import soundfile
-
-    with soundfile.SoundFile(io.BytesIO(raw)) as f:
-        seconds = f.frames / f.samplerate
-        data = f.read(min(f.frames, WAVE_SECONDS * f.samplerate), dtype="float32", always_2d=True)
-    wave = data.mean(axis=1) if len(data) else np.zeros(1, np.float32)
+    seconds, wave = _mono_samples(raw)
+    if not len(wave):
+        wave = np.zeros(1, np.float32)
     edges = np.linspace(0, len(wave), min(width, len(wave)) + 1).astype(np.int64)
     lows = np.minimum.reduceat(wave, edges[:-1])
     highs = np.maximum.reduceat(wave, edges[:-1])
@@ -298,6 +326,33 @@ def waveform_svg(raw: bytes, width: int = WAVE_WIDTH, height: int = WAVE_HEIGHT)
         f'<line x1="0" y1="{mid}" x2="{width}" y2="{mid}" stroke="#ccc"/>'
         f'<polygon points="{top} {bottom}" fill="#5b8def"/></svg>'
     )
+
+
+def _mono_samples(raw: bytes) -> tuple[float, np.ndarray]:
+    """(clip seconds, its first ``WAVE_SECONDS`` seconds as mono float32): libsndfile where
+    it reads the format, else PyAV (AAC in m4a, Opus in webm…)."""
+    import soundfile
+
+    try:
+        with soundfile.SoundFile(io.BytesIO(raw)) as f:
+            seconds = f.frames / f.samplerate
+            data = f.read(min(f.frames, WAVE_SECONDS * f.samplerate), dtype="float32")
+            return seconds, data.mean(axis=1) if data.ndim == 2 else data
+    except soundfile.LibsndfileError:
+        pass
+    import av
+
+    with av.open(io.BytesIO(raw), mode="r") as container:
+        stream = container.streams.audio[0]
+        seconds, limit = _seconds(container, stream), WAVE_SECONDS * int(stream.rate)
+        mono = av.AudioResampler(format="flt", layout="mono", rate=int(stream.rate))
+        parts: list[np.ndarray] = []
+        for frame in container.decode(stream):
+            parts += [f.to_ndarray().reshape(-1) for f in mono.resample(frame)]
+            if sum(len(p) for p in parts) >= limit:
+                break
+    data = np.concatenate(parts)[:limit] if parts else np.zeros(0, np.float32)
+    return seconds, data.astype(np.float32, copy=False)
 
 
 def frame_strip(raw: bytes, frames: int = STRIP_FRAMES, height: int = FRAME_HEIGHT) -> list[bytes]:
@@ -327,20 +382,130 @@ def frame_strip(raw: bytes, frames: int = STRIP_FRAMES, height: int = FRAME_HEIG
 
 def thumbnails(
     ds: Dataset, column: str, indices: np.ndarray, count: int = THUMBNAILS
-) -> list[tuple[int, bytes]]:
-    """Up to ``count`` (sample, JPEG thumbnail) pairs of an image column, each shrunk to
-    fit ``THUMB_SIDE`` pixels by the ``reencode_image`` op's code."""
+) -> list[tuple[int, bytes | None, str]]:
+    """Up to ``count`` (sample, JPEG thumbnail, why not) triples of an image column, each
+    shrunk to fit ``THUMB_SIDE`` pixels by the ``reencode_image`` op's code. An image that
+    does not decode gets ``None`` and the reason, so one bad value costs one picture."""
     picked = indices[:: max(1, len(indices) // count)][:count] if len(indices) else indices
     if not len(picked):
         return []
     raws = ds.read(picked, [column], images="bytes")[column]
-    keep = [(int(i), bytes(r)) for i, r in zip(picked, raws) if r is not None]
-    if not keep:
-        return []
-    small = reencode_array(
-        pa.array([r for _, r in keep], pa.binary()), THUMB_SIDE, 80, column
-    ).to_pylist()
-    return [(i, s) for (i, _), s in zip(keep, small) if s is not None]
+    return [_thumbnail(int(i), bytes(r), column) for i, r in zip(picked, raws) if r is not None]
+
+
+def _thumbnail(row: int, raw: bytes, column: str) -> tuple[int, bytes | None, str]:
+    """One thumbnail, or None and why (one undecodable image must not hide the others)."""
+    try:
+        small = reencode_array(pa.array([raw], pa.binary()), THUMB_SIDE, 80, column)[0].as_py()
+        if small == raw:  # already small enough, so passed through undecoded: decode it here
+            _decode_error(raw, raise_it=True)
+        return row, small, ""
+    except Exception:
+        return row, None, _decode_error(raw) or "does not decode"
+
+
+def _decode_error(raw: bytes, raise_it: bool = False) -> str:
+    """Why PIL cannot decode ``raw`` ("" when it can): the reason a placeholder shows."""
+    from .image_codec import pil
+
+    try:
+        with pil().open(io.BytesIO(raw)) as image:
+            image.load()
+        return ""
+    except Exception as exc:
+        if raise_it:
+            raise
+        return f"{type(exc).__name__}: {exc}"
+
+
+# --------------------------------------------------------------------------- numbers for people
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+_UNITS = ((1024**3, "GB"), (1024**2, "MB"), (1024, "KB"))
+
+
+def human_number(value: float) -> str:
+    """A number as people write it: ``3``, ``1.62``, ``7,363``, ``15,000``, ``0.0012``;
+    a power of ten only far outside that (``2.5×10¹⁵``), never ``1.5e+04``."""
+    x = float(value)
+    if not math.isfinite(x):
+        return str(x)
+    a = abs(x)
+    if a == 0:
+        return "0"
+    if a >= 1e15 or a < 1e-4:
+        mantissa, exponent = f"{x:.2e}".split("e")
+        return f"{float(mantissa):g}×10{str(int(exponent)).translate(_SUPERSCRIPT)}"
+    if a >= 100:
+        return f"{round(x):,}"
+    return f"{float(f'{x:.3g}'):g}"
+
+
+def _size_unit(n: float) -> tuple[float, str]:
+    return next(((d, u) for d, u in _UNITS if n >= d), (1, "B"))
+
+
+def _in_unit(n: float, divisor: float) -> str:
+    v = n / divisor
+    return f"{v:.1f}" if divisor > 1 and v < 10 else f"{v:.0f}"
+
+
+def human_size(n: float) -> str:
+    """Bytes as people write them: ``812 B``, ``9.1 KB``, ``15 KB``, ``1.2 MB``."""
+    divisor, unit = _size_unit(n)
+    return f"{_in_unit(n, divisor)} {unit}"
+
+
+def human_range(lo: float, hi: float, size: bool = False) -> str:
+    """``9.1–15 KB`` (one unit when both ends share it), ``800 B–1.2 MB``, ``0–3``; one
+    value when both ends read the same."""
+    if not size:
+        a, b = human_number(lo), human_number(hi)
+        return a if a == b else f"{a}–{b}"
+    (_, u0), (d1, u1) = _size_unit(lo), _size_unit(hi)
+    if u0 != u1:
+        return f"{human_size(lo)}–{human_size(hi)}"
+    a, b = _in_unit(lo, d1), _in_unit(hi, d1)
+    return f"{a} {u1}" if a == b else f"{a}–{b} {u1}"
+
+
+_MEASURE = {  # what a min/max/mean of each kind is of: (label, unit, is a byte size)
+    "number": ("", "", False),
+    "text": ("length ", " characters", False),
+    "sequence": ("length ", "", False),
+    "bytes": ("size ", "", True),
+    "image": ("size ", "", True),
+    "audio": ("size ", "", True),
+    "video": ("size ", "", True),
+}
+
+
+def stats_lines(stats: dict[str, Any]) -> list[tuple[str, list[tuple[float, float, int]]]]:
+    """A column's sample statistics as lines a person reads (``size 9.1–15 KB, mean 12
+    KB``, ``jpeg, 300 × 100–139 px``), each with the histogram it describes (or [])."""
+    kind = stats.get("kind", "other")
+    lines: list[tuple[str, list[tuple[float, float, int]]]] = []
+    if "min" in stats and kind in _MEASURE:
+        label, unit, size = _MEASURE[kind]
+        mean = human_size(stats["mean"]) if size else human_number(stats["mean"])
+        span = human_range(stats["min"], stats["max"], size)
+        lines.append((f"{label}{span}{unit}, mean {mean}", stats.get("histogram", [])))
+    if kind == "bool":
+        lines.append((f"true {stats['true']} of {stats['sampled']}", []))
+    if kind in ("image", "video") and "width" in stats:
+        (w0, w1), (h0, h1) = stats["width"], stats["height"]
+        pixels = f"{human_range(w0, w1)} × {human_range(h0, h1)} px"
+        lines.append((f"{'/'.join(stats['formats'])}, {pixels}", []))
+    if kind in ("audio", "video") and "seconds" in stats:
+        s0, s1 = stats["seconds"]
+        span = f"{s0:.2f} s" if f"{s0:.2f}" == f"{s1:.2f}" else f"{s0:.2f}–{s1:.2f} s"
+        rates = stats.get("sample_rates")
+        hz = f", {'/'.join(map(str, rates))} Hz" if rates else ""
+        channels = stats.get("channels")
+        ch = f", {'/'.join(map(str, channels))} ch" if channels else ""
+        head = "" if kind == "video" else f"{'/'.join(stats['formats'])}, "
+        lines.append((f"{head}{span}{hz}{ch}", []))
+    return lines
 
 
 # --------------------------------------------------------------------------- the page
@@ -352,8 +517,13 @@ max-width:1100px}
 .sdl-card table{border-collapse:collapse}.sdl-card td,.sdl-card th{border:1px solid #ddd;
 padding:3px 8px;text-align:left;vertical-align:top}.sdl-card th{background:#f4f4f4}
 .sdl-card .muted{color:#777}.sdl-card code{font-size:12px}
+.sdl-card .stat{display:flex;align-items:center;gap:10px;min-height:18px}
+.sdl-card .stat .label{min-width:14em}.sdl-card .stat .hist{flex:none;display:block}
 .sdl-card .grid{display:flex;flex-wrap:wrap;gap:6px}.sdl-card figure{margin:0;text-align:center}
 .sdl-card figure img{display:block;max-width:96px;max-height:96px;border:1px solid #ccc}
+.sdl-card .missing{box-sizing:border-box;width:96px;height:72px;border:1px dashed #c66;
+background:#fbeeee;color:#933;font-size:10px;padding:3px;overflow:hidden;text-align:left;
+overflow-wrap:anywhere}
 .sdl-card figcaption{font-size:11px;color:#666}
 .sdl-card .strip{display:flex;gap:2px;margin-bottom:6px}.sdl-card .strip img{height:64px}
 """
@@ -363,21 +533,17 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return _e(value)
-
-
-def _svg_histogram(histogram: list[tuple[float, float, int]]) -> str:
+def _svg_histogram(histogram: list[tuple[float, float, int]], size: bool = False) -> str:
+    """Bars of a histogram with a tooltip per bar (its range and count, as people write
+    them); drawn beside the line it belongs to, never over text."""
     if not histogram:
         return ""
     top = max(c for _, _, c in histogram) or 1
-    width, height, bar = 12 * len(histogram), 28, 12
+    width, height, bar = 12 * len(histogram), 24, 12
     rects = "".join(
         f'<rect x="{i * bar}" y="{height - max(1, round(c / top * height))}" width="{bar - 1}" '
         f'height="{max(1, round(c / top * height))}" fill="#5b8def">'
-        f"<title>{lo:.4g}–{hi:.4g}: {c}</title></rect>"
+        f"<title>{_e(human_range(lo, hi, size))}: {c}</title></rect>"
         for i, (lo, hi, c) in enumerate(histogram)
     )
     return (
@@ -387,37 +553,13 @@ def _svg_histogram(histogram: list[tuple[float, float, int]]) -> str:
 
 
 def _stats_cell(stats: dict[str, Any]) -> str:
-    kind = stats.get("kind", "other")
-    parts: list[str] = []
-    over = {
-        "text": "length ",
-        "bytes": "size ",
-        "image": "bytes ",
-        "audio": "bytes ",
-        "video": "bytes ",
-        "sequence": "length ",
-    }
-    if "min" in stats:
-        label = over.get(kind, "")
-        parts.append(
-            f"{label}min {_fmt(stats['min'])} · max {_fmt(stats['max'])} · "
-            f"mean {_fmt(stats['mean'])}"
-        )
-    if kind == "bool":
-        parts.append(f"true {stats['true']} of {stats['sampled']}")
-    if kind in ("image", "video") and "width" in stats:
-        (w0, w1), (h0, h1) = stats["width"], stats["height"]
-        parts.append(f"{'/'.join(stats['formats'])}, {w0}–{w1} × {h0}–{h1} px")
-    if kind in ("audio", "video") and "seconds" in stats:
-        s0, s1 = stats["seconds"]
-        rates = stats.get("sample_rates")
-        hz = f", {'/'.join(map(str, rates))} Hz" if rates else ""
-        channels = stats.get("channels")
-        ch = f", {'/'.join(map(str, channels))} ch" if channels else ""
-        head = "" if kind == "video" else f"{'/'.join(stats['formats'])}, "
-        span = f"{s0:.2f} s" if f"{s0:.2f}" == f"{s1:.2f}" else f"{s0:.2f}–{s1:.2f} s"
-        parts.append(f"{head}{span}{hz}{ch}")
-    return "<br>".join(_e(p) for p in parts) + _svg_histogram(stats.get("histogram", []))
+    """One row per statistic: its text, and to its right the histogram it describes."""
+    size = _MEASURE.get(stats.get("kind", "other"), ("", "", False))[2]
+    return "".join(
+        f'<div class="stat"><span class="label">{_e(text)}</span>'
+        f"{_svg_histogram(histogram, size)}</div>"
+        for text, histogram in stats_lines(stats)
+    )
 
 
 def _lineage_html(ds: Dataset) -> str:
@@ -462,7 +604,7 @@ def card_html(
     compression = ds.shards[0].compression if ds.num_shards else None
     head = (
         f"<h2>{_e(ds.shown)}</h2><p>{len(ds)} samples · {ds.num_shards} shard(s) · "
-        f"{_e(_size_text(stored))} stored"
+        f"{_e(human_size(stored))} stored"
         + (f" ({_e(compression)})" if compression else "")
         + f' · fingerprint <code title="{_e(ds.fingerprint)}">{_e(ds.fingerprint[:12])}</code>'
         + f' · <span class="muted">statistics from {len(indices)} sampled rows</span></p>'
@@ -489,20 +631,7 @@ def card_html(
     for name, st in stats.items():
         if st.get("kind") != "image":
             continue
-        try:
-            pictures = thumbnails(ds, name, indices, thumbs)
-        except Exception as exc:  # no image library here: say so, keep the rest
-            grids.append(f'<h3>{_e(name)}</h3><p class="muted">no thumbnails: {_e(exc)}</p>')
-            continue
-        figures = "".join(
-            f'<figure><img class="thumb" alt="{_e(name)} sample {i}" '
-            f'src="data:image/jpeg;base64,{base64.b64encode(jpeg).decode()}">'
-            f"<figcaption>#{i}</figcaption></figure>"
-            for i, jpeg in pictures
-        )
-        grids.append(
-            f'<h3>{_e(name)}</h3><div class="grid" data-column="{_e(name)}">{figures}</div>'
-        )
+        grids.append(_thumbnail_grid(ds, name, indices, thumbs))
     grids += [
         _media_previews(ds, name, st["kind"], indices)
         for name, st in stats.items()
@@ -516,6 +645,29 @@ def card_html(
         '<!DOCTYPE html><html><head><meta charset="utf-8">'
         f"<title>{_e(ds.shown)}: spark-dl dataset card</title></head><body>{body}</body></html>"
     )
+
+
+def _thumbnail_grid(ds: Dataset, name: str, indices: np.ndarray, count: int) -> str:
+    """An image column's thumbnails; an image that does not decode gets a placeholder
+    saying why, in its place. When none decodes for one reason (no image library here)
+    that reason is said once."""
+    try:
+        pictures = thumbnails(ds, name, indices, count)
+    except Exception as exc:  # the column cannot be read: say so, keep the rest of the card
+        return f'<h3>{_e(name)}</h3><p class="muted">no thumbnails: {_e(exc)}</p>'
+    reasons = {why for _, jpeg, why in pictures if jpeg is None}
+    if pictures and len(reasons) == 1 and all(jpeg is None for _, jpeg, _ in pictures):
+        return f'<h3>{_e(name)}</h3><p class="muted">no thumbnails: {_e(reasons.pop())}</p>'
+    figures = "".join(
+        f'<figure><img class="thumb" alt="{_e(name)} sample {i}" '
+        f'src="data:image/jpeg;base64,{base64.b64encode(jpeg).decode()}">'
+        f"<figcaption>#{i}</figcaption></figure>"
+        if jpeg is not None
+        else f'<figure><div class="missing" data-row="{i}" title="{_e(why)}">'
+        f"does not decode: {_e(why)}</div><figcaption>#{i}</figcaption></figure>"
+        for i, jpeg, why in pictures
+    )
+    return f'<h3>{_e(name)}</h3><div class="grid" data-column="{_e(name)}">{figures}</div>'
 
 
 def _media_previews(ds: Dataset, name: str, kind: str, indices: np.ndarray) -> str:
