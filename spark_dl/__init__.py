@@ -24,7 +24,10 @@ from .sql import register_dataset, run_sql_file
 
 
 def register(spark: Any) -> Any:
-    """Register the ``mds`` data source on ``spark`` (classic or Spark Connect session)."""
+    """Register the ``mds`` data source on ``spark`` (classic or Spark Connect session).
+
+    Only needed where spark-dl is on a path rather than installed; harmless (and silent)
+    on a session that already has the source."""
     return register_source(spark)
 
 

@@ -828,14 +828,26 @@ NOT_REGISTERED = (
 _REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def register_source(spark: Any, *, force: bool = True) -> Any:
-    """Register the ``mds`` source on ``spark`` (classic or Connect); with ``force=False``
-    only once per session in this process (what ``df.dl`` does on first use)."""
-    if force or spark not in _REGISTERED:
+def register_source(spark: Any, *, force: bool = False) -> Any:
+    """Register the ``mds`` source on ``spark`` (classic or Connect) unless the session has
+    it already: an installed spark-dl is registered by PySpark's discovery hook
+    (``pyspark_spark_dl``), and registering again makes Spark WARN that it replaced a
+    registered source. ``force=True`` registers regardless (new code after a reload)."""
+    if force or (spark not in _REGISTERED and not _session_has_source(spark)):
         spark.dataSource.register(MDSDataSource)
-        with contextlib.suppress(TypeError):  # a session type without weak references
-            _REGISTERED.add(spark)
+    with contextlib.suppress(TypeError):  # a session type without weak references
+        _REGISTERED.add(spark)
     return spark
+
+
+def _session_has_source(spark: Any) -> bool:
+    """Whether a classic session already knows ``mds`` (discovered or registered); a Spark
+    Connect client cannot ask, so there the source is registered (the server logs it)."""
+    try:
+        manager = spark._jsparkSession.sessionState().dataSourceManager()
+        return bool(manager.dataSourceExists(FORMAT))
+    except Exception:  # Spark Connect (no JVM here), or a Spark without the manager
+        return False
 
 
 @contextlib.contextmanager

@@ -166,3 +166,38 @@ def test_accessor_registers_on_its_own_session(tmp_path: Path) -> None:
         pytest.skip("spark-dl is installed here, so Spark discovers mds without df.dl's help")
     assert "explained: True" in done.stdout
     assert "rows: 12" in done.stdout
+
+
+REGISTER_TWICE = """
+import sys
+from pyspark.sql import SparkSession
+
+import spark_dl
+
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+spark_dl.register(spark)  # what the quickstart does, on a session that discovered mds
+spark_dl.register(spark)
+spark.range(7).dl.write_mds(sys.argv[1])
+print("rows:", spark.read.format("mds").load(sys.argv[1]).count())
+spark.stop()
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_register_on_a_session_that_has_mds_is_silent(tmp_path: Path) -> None:
+    """Installed, spark-dl is discovered by PySpark; ``spark_dl.register(spark)`` then must
+    not replace it (Spark WARNs "The data source mds replaced a statically registered data
+    source"), nor must a second call or ``df.dl``."""
+    script = tmp_path / "register.py"
+    script.write_text(REGISTER_TWICE)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ds")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "rows: 7" in done.stdout
+    assert "replaced a" not in done.stderr, done.stderr[-2000:]
