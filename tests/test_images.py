@@ -450,3 +450,22 @@ def test_cmyk_jpegs_decode_as_pil_does(tmp_path: Path) -> None:
     np.testing.assert_array_equal(batch["image"][1], rgb[10:30, 14:34])
     (whole,) = open_dataset(tmp_path).iter_batches(batch_size=2, transforms=ops[:1])
     np.testing.assert_array_equal(whole["image"][0], rgb)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_exif_orientation_is_not_applied(exact: bool, tmp_path: Path) -> None:
+    """As torchvision's ``decode_jpeg`` (``apply_exif_orientation=False``): a phone photo
+    stored landscape with "rotate 90" in its EXIF decodes as stored (docs/images.md)."""
+    pixels = np.zeros((20, 40, 3), np.uint8)
+    pixels[:, :20] = 255  # left half white, as stored
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 CW to display
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", exif=exif.tobytes(), quality=95)
+    path = str(tmp_path / "exif")
+    write_mds(pa.table({"image": pa.array([out.getvalue()])}), path, {"columns": {"image": "jpeg"}})
+    op = {"op": "image_decode", "column": "image", "exact": exact}
+    batch = next(open_dataset(path).iter_batches(batch_size=1, transforms=[op]))
+    image = np.asarray(batch["image"][0])
+    assert image.shape == (20, 40, 3)
+    assert image[:, :15].mean() > 200 and image[:, 25:].mean() < 50

@@ -209,3 +209,24 @@ def test_tokenize_runs_in_spark_executors(
         df.write.format("mds").option("spec", json.dumps(bad)).save(str(tmp_path / "bad"))
     assert not (tmp_path / "bad").exists() or not list((tmp_path / "bad").glob("shard*"))
     del err
+
+
+def test_the_tokenizers_own_special_tokens_are_not_added(tmp_path: Path) -> None:
+    """A tokenizer whose post-processor wraps every encoding (``<s> … </s>``, as BERT's
+    ``[CLS] … [SEP]``) gets the document's ids only: specials come from ``bos_token`` /
+    ``eos_token``, so they are never added twice (docs/llm.md says so)."""
+    from tokenizers import processors
+
+    path = train(tmp_path / "plain.json")
+    tok = Tokenizer.from_file(path)
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", bos), ("</s>", eos)]
+    )
+    tok.save(str(tmp_path / "wrapping.json"))
+    op = {"op": "tokenize", "column": "text", "tokenizer": str(tmp_path / "wrapping.json")}
+    write_mds(pa.table({"text": TEXTS[:5]}), str(tmp_path / "ds"), DatasetSpec(transforms=[op]))
+    got = next(open_dataset(str(tmp_path / "ds")).iter_batches(batch_size=5))
+    for text, ids in zip(TEXTS[:5], got["tokens"]):
+        assert tok.encode(text).ids[0] == bos  # the tokenizer alone would wrap it
+        assert ids.tolist() == tok.encode(text, add_special_tokens=False).ids
