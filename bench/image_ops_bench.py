@@ -30,9 +30,9 @@ import numpy as np
 import torch
 import torch.nn.functional as functional
 
-from spark_dl_core import images
-from spark_dl_core.images import ImagePipeline, augment_key
-from spark_dl_core.transforms import parse_transforms
+from spark_dl_core.media import images
+from spark_dl_core.media.images import ImagePipeline, augment_key
+from spark_dl_core.ops.transforms import parse_transforms
 
 TRAIN = [
     {"op": "random_resized_crop", "column": "image", "size": 224},

@@ -85,7 +85,7 @@ def measure(path: str) -> dict[str, float]:
     import torch  # noqa: F401  (imported before the clock, as training code would)
 
     from spark_dl_core import open_dataset
-    from spark_dl_core.torch_loader import TorchLoader  # noqa: F401
+    from spark_dl_core.loaders.torch_loader import TorchLoader  # noqa: F401
 
     base = _rss_mb("VmRSS")
     t0 = time.perf_counter()
@@ -123,7 +123,7 @@ def measure_mixture(root: str) -> dict[str, float]:
     import torch  # noqa: F401  (imported before the clock, as training code would)
 
     from spark_dl_core import Source, mix, order
-    from spark_dl_core.torch_loader import TorchLoader  # noqa: F401
+    from spark_dl_core.loaders.torch_loader import TorchLoader  # noqa: F401
 
     paths = sorted(str(p) for p in Path(root).iterdir())
     base = _rss_mb("VmRSS")

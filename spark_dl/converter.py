@@ -46,7 +46,7 @@ from pyspark.sql.types import (
 
 from spark_dl_core import DatasetSpec, open_dataset
 from spark_dl_core.spec import planned_spec
-from spark_dl_core.storage import Store
+from spark_dl_core.store.storage import Store
 
 from .datasource import FORMAT, _is_vector
 

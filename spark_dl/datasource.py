@@ -36,7 +36,6 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import DataType, StructField, StructType, UserDefinedType
 
 from spark_dl_core import DatasetSpec, ShardWriter, open_dataset
-from spark_dl_core.arrow_bridge import arrow_schema, batch_to_arrow
 from spark_dl_core.commit import (
     finish_write,
     normalize_mode,
@@ -45,9 +44,10 @@ from spark_dl_core.commit import (
 )
 from spark_dl_core.errors import DatasetError, SpecError
 from spark_dl_core.format.index import ShardInfo
+from spark_dl_core.loaders.arrow import arrow_schema, batch_to_arrow
 from spark_dl_core.maintenance import DEFAULT_RETENTION_SECONDS, vacuum_store
 from spark_dl_core.meta import ColumnPlan, ShardRecords, plan_columns, read_meta
-from spark_dl_core.storage import Store
+from spark_dl_core.store.storage import Store
 
 from .mixture_source import MIXTURE_READ_OPTIONS, MixtureReader, mixture_schema
 from .types import conform, spark_arrow_schema, to_spark_schema, utc_timestamps

@@ -38,7 +38,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from spark_dl_core.delta import (
+from spark_dl_core.sources.delta import (
     DeltaSnapshot,
     DeltaSnapshotError,
     Timestamp,

@@ -12,8 +12,8 @@ import pytest
 
 import spark_dl_core
 from spark_dl_core import SpecError, open_dataset, write_mds
-from spark_dl_core.dataset import Dataset
 from spark_dl_core.errors import ColumnNotFoundError
+from spark_dl_core.sources.dataset import Dataset
 
 
 def _small(tmp_path: Path, name: str = "d") -> str:
@@ -37,8 +37,8 @@ def test_second_path_to_open_dataset_is_a_type_error(tmp_path: Path) -> None:
 def test_openers_and_loader_factories_take_one_positional_argument() -> None:
     import spark_dl
     from spark_dl.accessor import DLAccessor
-    from spark_dl_core.delta import DeltaSnapshot
-    from spark_dl_core.delta import open_delta as core_open_delta
+    from spark_dl_core.sources.delta import DeltaSnapshot
+    from spark_dl_core.sources.delta import open_delta as core_open_delta
 
     expected = {
         spark_dl_core.open_dataset: ["path"],
@@ -356,7 +356,7 @@ def test_exact_image_ops_equal_torchvision_at_full_resolution(tmp_path: Path) ->
 
 
 def test_exact_random_ops_are_reproducible_and_recorded_only_when_on(tmp_path: Path) -> None:
-    from spark_dl_core.transforms import ImageDecode
+    from spark_dl_core.ops.transforms import ImageDecode
 
     assert "exact" not in ImageDecode(column="image").model_dump()  # fingerprints unchanged
     assert ImageDecode(column="image", exact=True).model_dump()["exact"] is True

@@ -31,7 +31,7 @@ pytest.importorskip("moto.server")
 from s3_helpers import aws_test_env, endpoint_options, moto_server
 
 from spark_dl_core import DatasetSpec, open_dataset, write_mds
-from spark_dl_core.cache import ShardCache
+from spark_dl_core.store.cache import ShardCache
 
 N = 4000
 WORLD = 4
@@ -67,7 +67,7 @@ _READER = textwrap.dedent(
     import json, sys
     import numpy as np
     from spark_dl_core import open_dataset
-    from spark_dl_core.cache import shard_cache
+    from spark_dl_core.store.cache import shard_cache
     rank, world, cache_dir, options, out = (
         int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4]), sys.argv[5]
     )
@@ -141,7 +141,7 @@ _HOLDER = textwrap.dedent(
     """
     import json, sys, time
     from spark_dl_core import open_dataset
-    from spark_dl_core.cache import ShardCache
+    from spark_dl_core.store.cache import ShardCache
     ds = open_dataset("s3://bucket/ds", storage_options=json.loads(sys.argv[2]))
     cache = ShardCache(ds.store, sys.argv[1], limit_bytes=1 << 30)
     held = cache.fetch(ds.shards[0].stored.basename, ds.shards[0].stored.bytes)
@@ -178,7 +178,7 @@ def test_eviction_skips_a_shard_held_by_another_process(s3: dict[str, Any], tmp_
 _STUCK = textwrap.dedent(
     """
     import sys, time
-    from spark_dl_core.cache import ShardCache
+    from spark_dl_core.store.cache import ShardCache
 
     class StuckFS:
         def cat_file(self, remote, start=None, end=None, **kw):

@@ -39,7 +39,7 @@ from spark_dl_core.errors import (
 from spark_dl_core.format.compression import parse_compression
 from spark_dl_core.format.index import INDEX_FILE, META_FILE, PREVIOUS_META_FILE
 from spark_dl_core.maintenance import vacuum
-from spark_dl_core.storage import Store
+from spark_dl_core.store.storage import Store
 
 
 def _ids(start: int, stop: int) -> pa.Table:

@@ -22,7 +22,7 @@ deltalake = pytest.importorskip("deltalake")
 from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from spark_dl_core import DatasetSpec, open_dataset  # noqa: E402
-from spark_dl_core.delta import DeltaSnapshotError, open_delta  # noqa: E402
+from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta  # noqa: E402
 
 # --------------------------------------------------------------------------- table builders
 
@@ -303,7 +303,7 @@ def test_vacuumed_snapshot_and_missing_table(tables: dict[str, Any], tmp_path: P
 def test_column_mapping_refused_clearly(tmp_path: Path) -> None:
     table = str(tmp_path / "cm")
     write_deltalake(table, _data(range(2)), configuration={"delta.columnMapping.mode": "name"})
-    from spark_dl_core.delta import UnsupportedDeltaFeatureError
+    from spark_dl_core.sources.delta import UnsupportedDeltaFeatureError
 
     # a typed error (what read_delta's delta-spark path lets through), not a message match
     with pytest.raises(UnsupportedDeltaFeatureError, match="column mapping"):

@@ -20,8 +20,10 @@ import pytest
 import torch
 from PIL import Image
 
-from spark_dl_core import DatasetSpec, frameworks, op_registry, open_dataset, write_mds
-from spark_dl_core.torch_loader import loader as torch_loader_module
+from spark_dl_core import DatasetSpec, open_dataset, write_mds
+from spark_dl_core.loaders import frameworks
+from spark_dl_core.loaders.torch_loader import loader as torch_loader_module
+from spark_dl_core.ops import registry as op_registry
 
 N = 40
 CROP = [
@@ -216,8 +218,8 @@ def test_batched_crops_agree_with_the_per_image_resampler(size: int) -> None:
     """One ``grid_sample`` for the batch approximates the per-image antialiased resize: the
     same boxes and flips, values a fraction of a level apart on average (measured on photo-
     like 375-500 px JPEGs: mean 0.2-0.4, upscales exact)."""
-    from spark_dl_core.images import ImagePipeline, decode_on_host
-    from spark_dl_core.transforms import parse_transforms
+    from spark_dl_core.media.images import ImagePipeline, decode_on_host
+    from spark_dl_core.ops.transforms import parse_transforms
 
     raws = [_image(60 + 7 * i, 50 + 5 * (i % 6), i, "JPEG") for i in range(12)]
     ops = parse_transforms(

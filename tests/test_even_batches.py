@@ -13,7 +13,7 @@ import pytest
 from ddp_helpers import run_two_ranks
 
 from spark_dl_core import DatasetSpec, SpecError, open_dataset, write_mds
-from spark_dl_core.loader_settings import LoaderSettings
+from spark_dl_core.loaders.settings import LoaderSettings
 from spark_dl_core.order import EpochPlan, GlobalOrder
 
 N = 1003  # uneven: 11 global batches of 100 over 2 ranks, 101 over 3

@@ -455,7 +455,7 @@ def test_map_with_a_duplicate_key_is_refused_naming_column_and_row(tmp_path: Pat
 
 def test_maps_written_before_keys_were_typed_still_read() -> None:
     """Older datasets stored an empty map as ``[]`` and int keys as text."""
-    from spark_dl_core.arrow_bridge import numpy_to_arrow
+    from spark_dl_core.loaders.arrow import numpy_to_arrow
 
     stored = np.empty(2, dtype=object)
     stored[:] = [{"1": "a"}, []]
@@ -479,7 +479,7 @@ def test_booleans_read_as_numpy_bool(tmp_path: Path) -> None:
 
 
 def test_columns_take_a_list_a_tuple_or_one_name(tmp_path: Path) -> None:
-    from spark_dl_core.loader_settings import LoaderSettings
+    from spark_dl_core.loaders.settings import LoaderSettings
 
     write_mds(pa.table({"x": [1], "s": ["a"], "xs": [2]}), str(tmp_path))
     ds = open_dataset(tmp_path)

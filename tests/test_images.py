@@ -16,10 +16,10 @@ import torch
 from PIL import Image
 
 from spark_dl_core import DatasetSpec, open_dataset, write_mds
-from spark_dl_core import images as image_module
 from spark_dl_core.errors import SpecError
-from spark_dl_core.images import ImageError, ImagePipeline, decode_image, plan_boxes
-from spark_dl_core.transforms import RandomResizedCrop, parse_transforms
+from spark_dl_core.media import images as image_module
+from spark_dl_core.media.images import ImageError, ImagePipeline, decode_image, plan_boxes
+from spark_dl_core.ops.transforms import RandomResizedCrop, parse_transforms
 
 N = 48
 TRAIN = [
@@ -412,8 +412,8 @@ def test_image_pipelines_warn_nothing() -> None:
     code = (
         "import io, numpy as np, warnings\n"
         "from PIL import Image\n"
-        "from spark_dl_core.images import ImagePipeline\n"
-        "from spark_dl_core.transforms import parse_transforms\n"
+        "from spark_dl_core.media.images import ImagePipeline\n"
+        "from spark_dl_core.ops.transforms import parse_transforms\n"
         "warnings.simplefilter('error')\n"
         "out = io.BytesIO()\n"
         "Image.fromarray(np.zeros((40, 50, 3), np.uint8)).save(out, format='PNG')\n"

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from spark_dl_core import images as image_module
-from spark_dl_core.images import ImageError, ImagePipeline, pixel_box, region_scale
-from spark_dl_core.transforms import parse_transforms
+from spark_dl_core.media import images as image_module
+from spark_dl_core.media.images import ImageError, ImagePipeline, pixel_box, region_scale
+from spark_dl_core.ops.transforms import parse_transforms
 
 try:
     from spark_dl_core import _jpeg

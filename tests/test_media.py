@@ -209,7 +209,7 @@ def test_bad_media_ops_and_bytes_are_refused_naming_column(
         open_dataset(video).to_torch(
             batch_size=2, transforms=[{"op": "video_decode", "column": "video"}, cast]
         )
-    from spark_dl_core.media import MediaError
+    from spark_dl_core.media.clips import MediaError
 
     broken = str(tmp_path / "broken")
     write_mds(pa.table({"id": [0, 1], "audio": [b"RIFF-not-really", b"\x00" * 10]}), broken)
@@ -522,8 +522,8 @@ def test_reencode_video_at_write_time(tmp_path: Path) -> None:
     (tmp_path / "clip0").write_bytes(clips[0])  # type: ignore[arg-type]
     script = (
         "import hashlib, sys, pyarrow as pa\n"
-        "from spark_dl_core.transforms import parse_transforms\n"
-        "from spark_dl_core.video_codec import reencode_video\n"
+        "from spark_dl_core.ops.transforms import parse_transforms\n"
+        "from spark_dl_core.media.video_codec import reencode_video\n"
         f"op = parse_transforms([{REENCODE_VIDEO!r}])[0]\n"
         "raw = open(sys.argv[1], 'rb').read()\n"
         "print(hashlib.sha256(reencode_video(op, pa.array([raw])).to_pylist()[0]).hexdigest())\n"
@@ -538,8 +538,8 @@ def test_reencode_video_at_write_time(tmp_path: Path) -> None:
 
 
 def test_reencode_video_frame_rate_and_length() -> None:
-    from spark_dl_core.transforms import parse_transforms
-    from spark_dl_core.video_codec import reencode_video
+    from spark_dl_core.media.video_codec import reencode_video
+    from spark_dl_core.ops.transforms import parse_transforms
 
     clip = _video(30)  # 10 fps, frame k at gray level 8 k
     for fps, max_frames, want in ((5, None, list(range(0, 30, 2))), (5, 6, [0, 2, 4, 6, 8, 10])):
@@ -611,7 +611,7 @@ def _soundfile_reference(raw: bytes, crop: dict[str, object] | None, rng: object
 
     import soxr
 
-    from spark_dl_core.media import _start
+    from spark_dl_core.media.clips import _start
 
     with sf.SoundFile(io.BytesIO(raw)) as f:
         rate, frames = f.samplerate, f.frames
@@ -634,9 +634,9 @@ def _soundfile_reference(raw: bytes, crop: dict[str, object] | None, rng: object
 
 @pytest.mark.parametrize("subtype", ["PCM_16", "PCM_24", "PCM_32", "FLOAT"])
 def test_wav_windows_read_from_the_bytes_equal_libsndfile(subtype: str) -> None:
-    from spark_dl_core.images import sample_rngs
-    from spark_dl_core.media import AudioPipeline, _wav_layout
-    from spark_dl_core.transforms import parse_transforms
+    from spark_dl_core.media.clips import AudioPipeline, _wav_layout
+    from spark_dl_core.media.images import sample_rngs
+    from spark_dl_core.ops.transforms import parse_transforms
 
     rng = np.random.default_rng(5)
     raws = []
@@ -663,7 +663,7 @@ def test_wav_windows_read_from_the_bytes_equal_libsndfile(subtype: str) -> None:
 
 
 def test_mono_mix_equals_numpy_mean() -> None:
-    from spark_dl_core.media import _mono
+    from spark_dl_core.media.clips import _mono
 
     rng = np.random.default_rng(0)
     for channels in (2, 3, 5, 7, 8, 12):
@@ -690,7 +690,7 @@ def _fmt(channels: int = 1, rate: int = 8000, bits: int = 16, tag: int = 1) -> b
 def test_odd_and_broken_wav_headers_read_as_libsndfile_or_refuse_naming_the_sample(
     tmp_path: Path,
 ) -> None:
-    from spark_dl_core.media import MediaError, _wav_layout
+    from spark_dl_core.media.clips import MediaError, _wav_layout
 
     pcm = (np.arange(-300, 301, dtype=np.int16) * 100).tobytes()
     good = _wav([(b"fmt ", _fmt()), (b"data", pcm)])
@@ -738,8 +738,8 @@ def _h264(frames: int, gop: int, bframes: int) -> bytes:
 
 
 def test_h264_clips_decode_from_the_keyframe_skipping_unreferenced_frames() -> None:
-    from spark_dl_core.media import VideoPipeline, _h264_frames, _in_order
-    from spark_dl_core.transforms import parse_transforms
+    from spark_dl_core.media.clips import VideoPipeline, _h264_frames, _in_order
+    from spark_dl_core.ops.transforms import parse_transforms
 
     clips = [_h264(60, 12, 3), _h264(45, 8, 2), _h264(30, 30, 0), _h264(6, 12, 3)]
     for settings in ({"num_frames": 8, "stride": 2}, {"num_frames": 5, "stride": 3}):
@@ -850,8 +850,8 @@ def test_h264_picks_equal_a_full_decode_for_b_frames_idrs_open_gop_and_spliced_c
     """Every pick, from any start, is the frame a plain decode of the whole clip gives; a
     clip whose parameter sets change mid-stream (in-band, after an IDR) decoded from a later
     keyframe used to come out as wrong pixels without an error."""
-    from spark_dl_core.media import VideoPipeline, _h264_frames, _in_order
-    from spark_dl_core.transforms import parse_transforms
+    from spark_dl_core.media.clips import VideoPipeline, _h264_frames, _in_order
+    from spark_dl_core.ops.transforms import parse_transforms
 
     high444 = {"profile": "high444", "bf": "3"}
     clips = {
@@ -921,9 +921,9 @@ def test_mp3_windows_equal_a_whole_decode_sample_for_sample() -> None:
     """libsndfile guessed a VBR MP3's length (reads stopped there, or windows ran into
     zeros), its seeks landed hundreds of samples off, and reads in pieces gave other
     samples than a whole read: windows now equal a whole decode's samples exactly."""
-    from spark_dl_core.images import sample_rngs
-    from spark_dl_core.media import AudioPipeline, _start
-    from spark_dl_core.transforms import parse_transforms
+    from spark_dl_core.media.clips import AudioPipeline, _start
+    from spark_dl_core.media.images import sample_rngs
+    from spark_dl_core.ops.transforms import parse_transforms
 
     raws = [
         _vbr_mp3(3.0, 44_100, 2, 2, True),

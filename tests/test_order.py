@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 
 from spark_dl_core import DatasetSpec, SpecError, open_dataset, write_mds
+from spark_dl_core.loaders.reader import BatchReader
 from spark_dl_core.order import (
     ORDER_VERSION,
     EpochPlan,
@@ -16,7 +17,6 @@ from spark_dl_core.order import (
     shuffle_quality,
     window_permute,
 )
-from spark_dl_core.reader import BatchReader
 
 SIZES = np.array([100] * 50 + [37], dtype=np.int64)
 TOTAL = int(SIZES.sum())

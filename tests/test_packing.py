@@ -378,7 +378,7 @@ def _reference_best_fit(lengths: list[int], seq_len: int, window: int) -> list[t
 
 
 def test_bin_packing_matches_a_plain_best_fit() -> None:
-    from spark_dl_core.packing import pack_bin
+    from spark_dl_core.loaders.packing import pack_bin
 
     rng = np.random.default_rng(7)
     for case in range(200):

@@ -33,9 +33,9 @@ pytest.importorskip("moto.server")
 from s3_helpers import aws_test_env, endpoint_options, moto_server
 
 from spark_dl_core import DatasetSpec, ShardError, open_dataset, write_mds
-from spark_dl_core.cache import ShardCache, shard_cache
 from spark_dl_core.errors import HashMismatchError
-from spark_dl_core.storage import Store, redact
+from spark_dl_core.store.cache import ShardCache, shard_cache
+from spark_dl_core.store.storage import Store, redact
 
 N = 2000
 SECRET = "sEcReT-do-not-leak-7f3a9c"

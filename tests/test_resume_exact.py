@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from spark_dl_core import DatasetSpec, Source, mix, open_dataset, write_mds
-from spark_dl_core.dataset import Dataset
+from spark_dl_core.sources.dataset import Dataset
 
 N = 1003  # uneven for every batch size and world size below
 KW: dict[str, Any] = dict(shuffle=True, seed=7, columns=["id"], pad_mask=True)

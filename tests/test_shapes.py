@@ -83,7 +83,7 @@ def test_torch_forms_never_change_within_an_epoch(written: Path, workers: int) -
 
 
 def test_jagged_tensor_shares_the_values_buffer() -> None:
-    from spark_dl_core.torch_loader import to_device, to_tensors
+    from spark_dl_core.loaders.torch_loader import to_device, to_tensors
 
     values = np.arange(10, dtype=np.int32)
     out = to_device(to_tensors({"t": Jagged(values, np.array([0, 4, 4, 10]))}), None)["t"]
@@ -97,7 +97,7 @@ def test_jagged_tensor_shares_the_values_buffer() -> None:
 
 
 def test_fast_jagged_maker_is_checked_against_the_public_function() -> None:
-    from spark_dl_core.torch_loader import _jagged_maker, _same_jagged
+    from spark_dl_core.loaders.torch_loader import _jagged_maker, _same_jagged
 
     public = torch.nested.nested_tensor_from_jagged
     maker = _jagged_maker()

@@ -178,7 +178,7 @@ def test_a_loader_made_inside_the_block_keeps_working_after_it(
 
 def test_to_torch(spark: Any, tmp_path: Any) -> None:
     pytest.importorskip("torch")
-    pytest.importorskip("spark_dl_core.torch_loader")
+    pytest.importorskip("spark_dl_core.loaders.torch_loader")
     cache = str(tmp_path / "cache")
     df = _frame(spark)
     loader = df.dl.to_torch(batch_size=64, shuffle=True, seed=7, cache_dir=cache)
@@ -208,7 +208,7 @@ def test_to_torch(spark: Any, tmp_path: Any) -> None:
 
 def test_to_tf(spark: Any, tmp_path: Any) -> None:
     pytest.importorskip("tensorflow")
-    pytest.importorskip("spark_dl_core.tf_loader")
+    pytest.importorskip("spark_dl_core.loaders.tf_loader.loader")
     spark.conf.set("spark.spark_dl.cache.dir", str(tmp_path / "cache"))
     try:
         tfds = _frame(spark).dl.to_tf(batch_size=100)

@@ -12,7 +12,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 
 from spark_dl_core import DatasetSpec, SpecError, open_dataset, write_mds  # noqa: E402
-from spark_dl_core.tf_loader import tf_state  # noqa: E402
+from spark_dl_core.loaders.tf_loader.loader import tf_state  # noqa: E402
 
 N = 600
 

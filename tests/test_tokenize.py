@@ -79,7 +79,7 @@ def test_bos_and_max_length_cut_documents_specials_included(
 def test_encode_texts_matches_per_document_ids(tokenizer_file: str, vocab_size: int) -> None:
     """The vectorized assembly (ids straight into the stored dtype, specials and cuts by
     masks) equals each document's ids with bos / eos around them, cut to max_length."""
-    from spark_dl_core.text import encode_texts
+    from spark_dl_core.ops.text import encode_texts
 
     tok = Tokenizer.from_file(tokenizer_file)
     texts = ["", "a", *TEXTS[:60], ""]
@@ -157,9 +157,10 @@ def test_tokenize_in_place_replaces_the_text_column(tokenizer_file: str, tmp_pat
 
 
 def test_a_tokenizer_changed_after_planning_is_refused_in_the_task(tmp_path: Path) -> None:
-    from spark_dl_core import ShardWriter, text
+    from spark_dl_core import ShardWriter
+    from spark_dl_core.ops import text
     from spark_dl_core.spec import planned_spec
-    from spark_dl_core.storage import Store
+    from spark_dl_core.store.storage import Store
 
     path = tmp_path / "tokenizer.json"
     train(path, 280)

@@ -10,7 +10,7 @@ import pytest
 
 from spark_dl_core import DatasetSpec, open_dataset, write_mds
 from spark_dl_core.errors import SpecError, SpecValidationError
-from spark_dl_core.transforms import known_ops, parse_transforms
+from spark_dl_core.ops.transforms import known_ops, parse_transforms
 
 
 def test_known_ops_lists_every_op() -> None:
@@ -136,13 +136,14 @@ def test_ops_import_one_way_media_rooms_register_themselves() -> None:
     # the media rooms are imported when an op needs them, not with the spec vocabulary
     script = (
         "import sys\n"
-        "from spark_dl_core.transforms import parse_transforms\n"
+        "from spark_dl_core.ops.transforms import parse_transforms\n"
         "ops = parse_transforms([{'op': 'video_decode', 'column': 'v'},\n"
         "                        {'op': 'reencode_audio', 'column': 'a'}])\n"
-        "assert not {'spark_dl_core.media', 'spark_dl_core.audio_codec'} & set(sys.modules)\n"
-        "from spark_dl_core.op_registry import implementation\n"
+        "media = {'spark_dl_core.media.clips', 'spark_dl_core.media.audio_codec'}\n"
+        "assert not media & set(sys.modules)\n"
+        "from spark_dl_core.ops.registry import implementation\n"
         "implementation('video_decode')\n"
-        "assert 'spark_dl_core.media' in sys.modules\n"
+        "assert 'spark_dl_core.media.clips' in sys.modules\n"
     )
     import subprocess
     import sys
@@ -151,7 +152,7 @@ def test_ops_import_one_way_media_rooms_register_themselves() -> None:
 
 
 def test_ops_declare_what_they_read_and_what_batches_leave_as(tmp_path: Path) -> None:
-    from spark_dl_core.transforms import decoders_of, op_models, ops_for
+    from spark_dl_core.ops.transforms import decoders_of, op_models, ops_for
 
     starts = {m.model_fields["op"].default: m.facts.starts for m in op_models()}
     assert {k: v for k, v in starts.items() if v} == {
@@ -190,7 +191,7 @@ def test_ops_declare_what_they_read_and_what_batches_leave_as(tmp_path: Path) ->
 def test_readers_find_decode_pipelines_through_the_registry(tmp_path: Path) -> None:
     """A pipeline registered for a decode op is what the loaders run: nothing in the
     reader or the loaders names the op's room."""
-    from spark_dl_core import op_registry
+    from spark_dl_core.ops import registry as op_registry
 
     class Lengths:  # a decode pipeline: each clip's byte length, in a [B, 1] batch
         kind, on_device = "audio", False

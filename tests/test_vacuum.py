@@ -15,7 +15,7 @@ import pytest
 from spark_dl.cli import main
 from spark_dl_core import DatasetError, DatasetSpec, ShardWriter, open_dataset, write_mds
 from spark_dl_core.maintenance import vacuum
-from spark_dl_core.storage import Store
+from spark_dl_core.store.storage import Store
 
 OLD = time.time() - 7200  # older than the default retention
 

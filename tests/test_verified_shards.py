@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import spark_dl_core.dataset as dataset_module
+import spark_dl_core.sources.dataset as dataset_module
 from spark_dl_core import HashMismatchError, open_dataset, write_mds
 
 

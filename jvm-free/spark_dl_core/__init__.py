@@ -4,7 +4,6 @@ from typing import Any
 
 from ._version import __version__
 from .card import install as _install_card
-from .dataset import Dataset, open_dataset
 from .errors import (
     DatasetError,
     EncodingError,
@@ -15,12 +14,13 @@ from .errors import (
     SpecError,
     UnsafeEncodingError,
 )
-from .indexing import write_compact_index
-from .loader_settings import LoaderSettings
-from .loading import install as _install_loading
-from .mixture import Mixture, MixtureSpec, Source, mix, open_mixture
-from .packing import PackSpec
+from .loaders.loading import install as _install_loading
+from .loaders.packing import PackSpec
+from .loaders.settings import LoaderSettings
+from .sources.dataset import Dataset, open_dataset
+from .sources.mixture import Mixture, MixtureSpec, Source, mix, open_mixture
 from .spec import DatasetSpec, parse_size
+from .store.indexing import write_compact_index
 from .writer import ShardWriter, WriteResult, write_mds
 
 _install_loading()  # Dataset.iter_batches / to_torch / to_tf / sample_order / to_arrow
@@ -28,8 +28,8 @@ _install_card()  # Dataset._repr_html_: the dataset card in notebooks
 
 
 def open_delta(path: str, *, version: int | None = None, **kwargs: Any) -> Any:
-    """A Delta table snapshot as Arrow, with no JVM (see :mod:`spark_dl_core.delta`)."""
-    from .delta import open_delta as _open_delta
+    """A Delta table snapshot as Arrow, with no JVM (see :mod:`spark_dl_core.sources.delta`)."""
+    from .sources.delta import open_delta as _open_delta
 
     return _open_delta(path, version=version, **kwargs)
 

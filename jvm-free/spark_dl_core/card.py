@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .dataset import Dataset
-from .image_codec import image_size, reencode_array
+from .media.image_codec import image_size, reencode_array
+from .sources.dataset import Dataset
 
 SAMPLE_ROWS = 512  # the bounded sample statistics come from
 SAMPLE_SHARDS = 8  # ...read from at most this many shards, spread over the dataset
@@ -406,7 +406,7 @@ def _thumbnail(row: int, raw: bytes, column: str) -> tuple[int, bytes | None, st
 
 def _decode_error(raw: bytes, raise_it: bool = False) -> str:
     """Why PIL cannot decode ``raw`` ("" when it can): the reason a placeholder shows."""
-    from .image_codec import pil
+    from .media.image_codec import pil
 
     try:
         with pil().open(io.BytesIO(raw)) as image:

@@ -23,7 +23,6 @@ import pyarrow as pa
 
 from .errors import DatasetExistsError, NotOurDatasetError, SchemaDriftError, SpecError
 from .format.index import META_FILE, PREVIOUS_META_FILE, index_text
-from .indexing import commit_index
 from .meta import (
     ColumnPlan,
     Committed,
@@ -34,9 +33,10 @@ from .meta import (
     plans_from_meta,
     read_meta,
 )
+from .ops.transforms import apply_transforms
 from .spec import DatasetSpec, planned_spec
-from .storage import Store
-from .transforms import apply_transforms
+from .store.indexing import commit_index
+from .store.storage import Store
 
 WriteMode = Literal["error", "overwrite", "append", "ignore"]
 WRITE_MODES: tuple[WriteMode, ...] = ("error", "overwrite", "append", "ignore")

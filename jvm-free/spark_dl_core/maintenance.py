@@ -33,7 +33,7 @@ from typing import Any
 from .errors import DatasetError, SpecError
 from .format.index import INDEX_FILE, META_FILE, PREVIOUS_META_FILE, parse_index
 from .meta import read_meta
-from .storage import Store
+from .store.storage import Store
 
 DEFAULT_RETENTION_SECONDS = 3600.0
 _OURS = re.compile(r"\.mds(\.[A-Za-z0-9]+)?$|\.tmp-[0-9a-f]+$")

@@ -52,10 +52,10 @@ from .format.index import (
     parse_index,
 )
 from .format.shard import Layout
-from .indexing import read_compact
+from .ops.transforms import check_transforms
 from .spec import NULL_SUFFIX, DatasetSpec
-from .storage import Store
-from .transforms import check_transforms
+from .store.indexing import read_compact
+from .store.storage import Store
 
 META_FORMAT = "spark-dl"
 
@@ -422,7 +422,7 @@ def read_meta(
     index lands; a reader that finds the new metadata beside the old index (a torn commit)
     uses the previous file instead. An overwrite racing between our two reads is retried.
     ``compact``: take the shards from the compact index when there is one (see
-    :mod:`spark_dl_core.indexing`; ``shards`` is then a lazy ShardTable). A damaged compact
+    :mod:`spark_dl_core.store.indexing`; ``shards`` is then a lazy ShardTable). A damaged compact
     index is passed over with a warning only when ``index.json`` matches the digest our
     metadata records; otherwise its :class:`MetadataError` is raised. Every file is checked
     before its values are used; each failure is a :class:`MetadataError` naming the file.

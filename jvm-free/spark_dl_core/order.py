@@ -43,7 +43,7 @@ import numpy as np
 from .errors import PackError, SpecError
 
 if TYPE_CHECKING:
-    from .dataset import Dataset
+    from .sources.dataset import Dataset
 
 DEFAULT_WINDOW = 4
 # Up to this many ranks, a rank reads enough of each window that computing the window's
@@ -716,7 +716,7 @@ class LoaderState:
     consumed: int
     version: int = ORDER_VERSION
     # Packed loaders: {"settings": pack settings, "rows": global rows consumed, "version"}
-    # (see spark_dl_core.packing); ``consumed`` is then 0.
+    # (see spark_dl_core.loaders.packing); ``consumed`` is then 0.
     pack: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from .errors import SpecError, SpecValidationError
 from .format.compression import parse_compression
 from .format.encodings import get_encoding
 from .format.hashing import check_hash_name
-from .transforms import Transform, resolve_write_ops
+from .ops.transforms import Transform, resolve_write_ops
 
 DEFAULT_SHARD_SIZE = 1 << 26  # Mosaic's default size_limit: 64 MiB
 MAX_SHARD_SIZE = (1 << 32) - 1  # sample offsets are uint32

@@ -24,9 +24,9 @@ from .format.hashing import STORED_HASH, content_hash, digest
 from .format.index import FileInfo, ShardInfo, shard_config, shard_config_bytes
 from .format.shard import Layout, assemble_samples, build_shard
 from .meta import ColumnPlan, ShardRecords, plan_columns, plans_schema, stored_layout
+from .ops.transforms import apply_transforms
 from .spec import DatasetSpec
-from .storage import Store
-from .transforms import apply_transforms
+from .store.storage import Store
 
 __all__ = ["ShardWriter", "WriteMode", "WriteResult", "write_mds"]
 

@@ -4,7 +4,7 @@ That test puts this directory first on ``PYTHONPATH`` of a driver it is going to
 Spark passes ``PYTHONPATH`` on to the Python workers the driver starts, so Python imports
 this module at start-up in the driver and in the worker that runs the data source's commit.
 It does nothing unless ``SPARK_DL_TEST_CRASH_BEFORE=<file name>`` is set: then, right before
-any :class:`spark_dl_core.storage.Store` writes that file, it creates
+any :class:`spark_dl_core.store.storage.Store` writes that file, it creates
 ``$SPARK_DL_TEST_CRASH_MARKER.<pid>`` and waits, so the test can SIGKILL the whole process
 tree at exactly that point of the commit. Nothing of this ships with the library.
 """
@@ -17,7 +17,7 @@ if os.environ.get("SPARK_DL_TEST_CRASH_BEFORE"):
     import time
     from typing import Any
 
-    from spark_dl_core.storage import Store
+    from spark_dl_core.store.storage import Store
 
     _write_bytes = Store.write_bytes
 

@@ -35,14 +35,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .errors import DatasetError, SpecError
-from .image_codec import JPEG_MAGIC as _JPEG
-from .image_codec import image_size
-from .image_codec import jpeg_ext as _jpeg
-from .image_codec import pil as _pil
-from .image_codec import simplejpeg as _simplejpeg
-from .op_registry import register_op
-from .transforms import (
+from ..errors import DatasetError, SpecError
+from ..ops.registry import register_op
+from ..ops.transforms import (
     CenterCrop,
     HorizontalFlip,
     ImageDecode,
@@ -52,7 +47,12 @@ from .transforms import (
     ToCHW,
     sample_rngs,
 )
-from .transforms import augment_key as augment_key  # where image code has always found it
+from ..ops.transforms import augment_key as augment_key  # where image code has always found it
+from .image_codec import JPEG_MAGIC as _JPEG
+from .image_codec import image_size
+from .image_codec import jpeg_ext as _jpeg
+from .image_codec import pil as _pil
+from .image_codec import simplejpeg as _simplejpeg
 
 _decodes = 0  # images decoded by this process (tests count decodes per sample)
 

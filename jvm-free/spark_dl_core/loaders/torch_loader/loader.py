@@ -15,8 +15,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..errors import SpecError
-from ..loader_settings import (
+from ...errors import SpecError
+from ...order import EpochPlan, LoaderState, epoch_position, plan_position
+from ..reader import BatchReader, ReadOps
+from ..settings import (
     PAD_MASK,
     TORCH_ONLY,
     LoaderSettings,
@@ -24,14 +26,12 @@ from ..loader_settings import (
     reader_extras,
     settings_from,
 )
-from ..order import EpochPlan, LoaderState, epoch_position, plan_position
-from ..reader import BatchReader, ReadOps
 from ..telemetry import PassStats, Spans
 from .shared import _in_slab, _Leases, _shared_bytes, _SlabItem, _Slabs
 from .tensors import JaggedTensors, _warm_nested, take_rows, to_device, to_tensors
 
 if TYPE_CHECKING:
-    from ..dataset import Dataset
+    from ...sources.dataset import Dataset
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -65,7 +65,7 @@ def check_device(device: str | None, transforms: Any, dataset: Dataset) -> str |
         )
     if not ReadOps(dataset, transforms, None).pipelines:
         return None
-    from ..images import gpu_decoder_available
+    from ...media.images import gpu_decoder_available
 
     if not gpu_decoder_available():
         warnings.warn(
@@ -214,7 +214,7 @@ def _split(sizes: list[int], batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
 class TorchLoader:
     """A resumable, rank- and worker-sharded PyTorch loader over an MDS dataset.
 
-    Built from a :class:`~spark_dl_core.loader_settings.LoaderSettings` (or its keywords).
+    Built from a :class:`~spark_dl_core.loaders.settings.LoaderSettings` (or its keywords).
     Iterate it like a DataLoader; each item is a dict of tensors (numeric columns) or numpy
     object arrays (strings, bytes, variable-shape arrays).
 

@@ -16,16 +16,16 @@ from typing import Any
 import pyarrow as pa
 import xxhash
 
-from .errors import DatasetError, MetadataError
-from .format.compact import (
+from ..errors import DatasetError, MetadataError
+from ..format.compact import (
     ARROW_MAGIC,
     COMPACT_FILE,
     CompactIndex,
     build_compact,
     index_digest,
 )
-from .format.compact import index_fingerprint as index_fingerprint
-from .format.index import INDEX_FILE, parse_index
+from ..format.compact import index_fingerprint as index_fingerprint
+from ..format.index import INDEX_FILE, parse_index
 from .storage import Store
 
 _WARNED: set[str] = set()

@@ -46,12 +46,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import PackError
-from .format.buffers import copy_pieces
-from .order import GlobalOrder, LoaderState, _order_of
+from ..errors import PackError
+from ..format.buffers import copy_pieces
+from ..order import GlobalOrder, LoaderState, _order_of
 
 if TYPE_CHECKING:
-    from .dataset import Dataset
+    from ..sources.dataset import Dataset
 
 IGNORE_INDEX = -100  # torch's cross_entropy ignore_index default
 BLOCK_DOCS = 1 << 16  # documents per block for orders without shuffle windows (mixtures)

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .errors import PackError, SpecError
-from .meta import column_names
-from .order import DEFAULT_WINDOW
+from ..errors import PackError, SpecError
+from ..meta import column_names
+from ..order import DEFAULT_WINDOW
 from .packing import parse_pack
 from .reader import DEFAULT_PREFETCH_BYTES, BatchReader
 
@@ -38,8 +38,8 @@ class LoaderSettings:
     PyTorch only: ``num_workers``, ``prefetch_factor``, ``pin_memory``,
     ``persistent_workers`` (refused: each pass has its own plan), ``multiprocessing_context``,
     ``group``, ``progress``. TensorFlow only: ``as_tuple``. Telemetry: ``trace_path``.
-    Packing: ``pack`` (a dict or :class:`~spark_dl_core.packing.PackSpec`): batches of
-    fixed-length token rows instead of samples (see :mod:`spark_dl_core.packing`).
+    Packing: ``pack`` (a dict or :class:`~spark_dl_core.loaders.packing.PackSpec`): batches of
+    fixed-length token rows instead of samples (see :mod:`spark_dl_core.loaders.packing`).
     """
 
     batch_size: int = 256

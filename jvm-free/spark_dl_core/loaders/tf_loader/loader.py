@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import SpecError
-from .format.buffers import Jagged
-from .frameworks import register_framework
-from .loader_settings import (
+from ...errors import SpecError
+from ...format.buffers import Jagged
+from ...order import EpochPlan, LoaderState, epoch_position, plan_position, resolve_window
+from ..frameworks import register_framework
+from ..reader import BatchReader
+from ..settings import (
     PAD_MASK,
     TF_ONLY,
     LoaderSettings,
@@ -39,12 +41,10 @@ from .loader_settings import (
     reader_extras,
     settings_from,
 )
-from .order import EpochPlan, LoaderState, epoch_position, plan_position, resolve_window
-from .reader import BatchReader
-from .telemetry import PassStats
+from ..telemetry import PassStats
 
 if TYPE_CHECKING:
-    from .dataset import Dataset
+    from ...sources.dataset import Dataset
 
 
 def _column_spec(

@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .cache import shard_store
-from .errors import (
+from ..errors import (
     ColumnNotFoundError,
     DatasetError,
     DecompressionError,
@@ -25,7 +24,7 @@ from .errors import (
     SampleIndexError,
     ShardError,
 )
-from .format.buffers import (
+from ..format.buffers import (
     Jagged,
     Pieces,
     copy_pieces,
@@ -33,14 +32,13 @@ from .format.buffers import (
     gather_fixed,
     offsets_from_lengths,
 )
-from .format.compact import CompactIndex, ShardTable
-from .format.compression import parse_compression
-from .format.encodings import DecodeOptions, Encoding, ImageMode, get_encoding
-from .format.hashing import content_hash, digest, fastest
-from .format.index import INDEX_FILE, ShardInfo
-from .format.shard import Layout, ShardData
-from .indexing import index_fingerprint
-from .meta import (
+from ..format.compact import CompactIndex, ShardTable
+from ..format.compression import parse_compression
+from ..format.encodings import DecodeOptions, Encoding, ImageMode, get_encoding
+from ..format.hashing import content_hash, digest, fastest
+from ..format.index import INDEX_FILE, ShardInfo
+from ..format.shard import Layout, ShardData
+from ..meta import (
     ColumnPlan,
     column_names,
     plans_from_meta,
@@ -48,7 +46,9 @@ from .meta import (
     read_meta,
     stored_layout,
 )
-from .storage import check_path
+from ..store.cache import shard_store
+from ..store.indexing import index_fingerprint
+from ..store.storage import check_path
 
 # column -> numpy array, or a Jagged batch (token sequences) inside the loaders
 Batch = dict[str, Any]
@@ -562,7 +562,7 @@ class Dataset:
     def _access(self, rows: Any, columns: list[str] | None, key: Any) -> Any:
         """``ds[rows, columns]``: a sample dict for an integer ``rows``, else a batch dict."""
         n = int(self.shard_offsets[-1])  # stored samples (a mixture's sources one after another)
-        from .reader import random_access_ops
+        from ..loaders.reader import random_access_ops
 
         asked, ops = columns, random_access_ops(self, columns)
         if ops is not None:  # asked names are the ops' outputs: read every stored column
@@ -777,19 +777,19 @@ class Dataset:
             out[name] = value if jagged or not isinstance(value, Jagged) else value.to_objects()
         return out
 
-    # The loading methods below hand over to spark_dl_core.loading, a room above this one
+    # The loading methods below hand over to spark_dl_core.loaders.loading, a room above this one
     # (orders, readers, loader settings, framework adapters) that installs itself when the
     # package is imported (install_loading); this room imports none of those.
 
     def iter_batches(self, batch_size: int = 1024, **settings: Any) -> Iterator[Batch]:
         """Batches (dicts of numpy arrays) of one rank's share of one epoch.
 
-        Keywords are :class:`~spark_dl_core.loader_settings.LoaderSettings` fields
+        Keywords are :class:`~spark_dl_core.loaders.settings.LoaderSettings` fields
         (``shuffle``, ``seed``, ``epoch``, ``rank``, ``world_size``, ``columns``,
         ``transforms``, ``pack``...), or ``settings=`` a ``LoaderSettings``; ``state=`` (a
         loader's ``state_dict()``) continues after the samples it records as consumed. The
         global order depends only on (fingerprint, seed, epoch, shuffle settings); see
-        :mod:`spark_dl_core.order` and :func:`spark_dl_core.loading.iter_batches`.
+        :mod:`spark_dl_core.order` and :func:`spark_dl_core.loaders.loading.iter_batches`.
         """
         return _loading.iter_batches(self, batch_size, **settings)
 
@@ -797,7 +797,7 @@ class Dataset:
         """One rank's batches of global sample indices for an epoch, lazily (an
         :class:`~spark_dl_core.order.EpochPlan`): the very order every loader reads.
         ``len(order)`` batches; ``order[k]`` is an int64 array, computed when asked
-        (O(shards) memory, no shard read). See :func:`spark_dl_core.loading.sample_order`.
+        (O(shards) memory, no shard read). See :func:`spark_dl_core.loaders.loading.sample_order`.
         """
         return _loading.sample_order(self, batch_size, **settings)
 
@@ -806,27 +806,27 @@ class Dataset:
         return _loading.to_arrow(self, columns, batch_size=batch_size)
 
     def to_torch(self, batch_size: int = 256, **settings: Any) -> Any:
-        """A PyTorch loader over this dataset (see :mod:`spark_dl_core.torch_loader`).
+        """A PyTorch loader over this dataset (see :mod:`spark_dl_core.loaders.torch_loader`).
 
-        Keywords are :class:`~spark_dl_core.loader_settings.LoaderSettings` fields, or
+        Keywords are :class:`~spark_dl_core.loaders.settings.LoaderSettings` fields, or
         ``settings=`` a ``LoaderSettings``.
         """
         return _loading.to_framework("torch", self, batch_size, **settings)
 
     def to_tf(self, batch_size: int = 256, **settings: Any) -> Any:
-        """A ``tf.data.Dataset`` over this dataset (see :mod:`spark_dl_core.tf_loader`);
-        ``state=`` resumes from a loader state."""
+        """A ``tf.data.Dataset`` over this dataset (see
+        :mod:`spark_dl_core.loaders.tf_loader.loader`); ``state=`` resumes from a loader state."""
         return _loading.to_framework("tf", self, batch_size, **settings)
 
 
-# Dataset's loading methods' implementation (spark_dl_core.loading): see install_loading.
+# Dataset's loading methods' implementation (spark_dl_core.loaders.loading): see install_loading.
 _loading: Any = None
 
 
 def install_loading(functions: Any) -> None:
-    """Give :class:`Dataset`'s loading methods their implementation. ``spark_dl_core.loading``
-    (a room above this one) calls it when the package is imported, so the dataset room
-    reaches no orders, readers or frameworks itself."""
+    """Give :class:`Dataset`'s loading methods their implementation.
+    ``spark_dl_core.loaders.loading`` (a room above this one) calls it when the package is
+    imported, so the dataset room reaches no orders, readers or frameworks itself."""
     global _loading
     _loading = functions
 

@@ -18,13 +18,13 @@ import numpy as np
 # process that builds loaders, so DataLoader workers forked for every pass inherit it.
 import numpy.ma
 
-from .errors import ColumnNotFoundError, SpecError
-from .format.buffers import Jagged
-from .meta import python_types
+from ..errors import ColumnNotFoundError, SpecError
+from ..format.buffers import Jagged
+from ..meta import python_types
 
 if TYPE_CHECKING:
-    from .dataset import Batch, Dataset
-    from .format.shard import ShardData
+    from ..format.shard import ShardData
+    from ..sources.dataset import Batch, Dataset
 
 DEFAULT_PREFETCH_BYTES = 256 << 20  # one default window (4 shards of 64 MiB) read ahead
 # How far ahead batches are planned (their shards queued for loading): enough samples to
@@ -441,8 +441,8 @@ class BatchReader:
             return ds.read(
                 index, self.read_columns, self.images, self.verify, loaded=dict(shards), jagged=True
             )
-        from .format.buffers import Pieces
-        from .format.encodings import DecodeOptions
+        from ..format.buffers import Pieces
+        from ..format.encodings import DecodeOptions
 
         row, spans = rows_plan
         n = len(index)
@@ -549,7 +549,7 @@ class ReadOps:
     """Read-time transforms of one loader: the spec's ``"at": "read"`` ones, then the
     loader's own ``transforms=``, checked against the dataset's columns before any data is
     read. Decoded columns (image, audio, video...) run the pipelines their decode ops start,
-    found through the op registry (:func:`~spark_dl_core.transforms.compile_read_ops`);
+    found through the op registry (:func:`~spark_dl_core.ops.transforms.compile_read_ops`);
     ``normalize`` on numeric columns runs on numpy; other ops go through Arrow.
     """
 
@@ -564,8 +564,8 @@ class ReadOps:
         device: str | None = None,
         spec: bool = True,
     ) -> None:
-        from .arrow_bridge import read_transforms
-        from .transforms import parse_transforms
+        from ..ops.transforms import parse_transforms
+        from .arrow import read_transforms
 
         self.dataset = dataset
         recorded = read_transforms(dataset) if spec else []
@@ -580,7 +580,7 @@ class ReadOps:
         _check_columns_setting(dataset, names)
         if not self.transforms:
             return
-        from .transforms import augment_key, compile_read_ops
+        from ..ops.transforms import augment_key, compile_read_ops
 
         kinds = {n: dataset.columns.get(n, "?") for n in names}
         self.pipelines, self.others = compile_read_ops(self.transforms, kinds)
@@ -604,7 +604,7 @@ class ReadOps:
         """Run the ops on one decoded batch whose samples have global indices ``index``."""
         if not self.transforms:
             return batch
-        from .transforms import Normalize
+        from ..ops.transforms import Normalize
 
         on_device = self.device is not None  # the loader's check_device: a torch device
         for name, pipeline in self.pipelines.items():
@@ -636,8 +636,8 @@ class ReadOps:
     def _through_arrow(self, batch: Batch, ops: list[Any]) -> Batch:
         import pyarrow as pa
 
-        from .arrow_bridge import arrow_to_numpy, numpy_to_arrow
-        from .transforms import apply_transforms
+        from ..ops.transforms import apply_transforms
+        from .arrow import arrow_to_numpy, numpy_to_arrow
 
         arrays, names = [], []
         for name, value in batch.items():
@@ -658,7 +658,7 @@ def random_access_ops(dataset: Dataset, asked: list[str] | None) -> ReadOps | No
     seed draws the same for that sample). ``asked`` are output names (after renames); ops
     that only change columns not asked are left out (no image decoded for ``ds["label"]``).
     None when the spec has no read ops."""
-    from .arrow_bridge import read_transforms
+    from .arrow import read_transforms
 
     ops = read_transforms(dataset)
     if not ops:
@@ -680,7 +680,7 @@ def _ops_reaching(ops: list[Any], wanted: set[str] | None) -> list[Any]:
     """The ops whose effect can reach the columns ``wanted`` at the end (walked backwards:
     an op on one column that is not wanted is dropped; renames map names back; an op that
     makes new columns from others, such as ``python``, keeps every op before it)."""
-    from .transforms import Drop, PythonTransform, Rename, Select
+    from ..ops.transforms import Drop, PythonTransform, Rename, Select
 
     kept = []
     for op in reversed(ops):

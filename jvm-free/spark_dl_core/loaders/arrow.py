@@ -14,17 +14,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import ColumnNotFoundError
-from .format.buffers import Jagged
-from .format.encodings import bytes_from_json_text, is_binary_type, map_key_from_text
+from ..errors import ColumnNotFoundError
+from ..format.buffers import Jagged
+from ..format.encodings import bytes_from_json_text, is_binary_type, map_key_from_text
 
 if TYPE_CHECKING:
-    from .dataset import Batch, Dataset
+    from ..sources.dataset import Batch, Dataset
 
 
 def read_transforms(dataset: Dataset) -> list[Any]:
     """The spec's ``"at": "read"`` transforms, which every reader applies."""
-    from .transforms import parse_transforms
+    from ..ops.transforms import parse_transforms
 
     recorded = (dataset.spec or {}).get("transforms", [])
     return parse_transforms([t for t in recorded if t.get("at") == "read"])
@@ -37,7 +37,7 @@ def arrow_schema(dataset: Dataset, columns: list[str] | None = None) -> pa.Schem
     transforms = read_transforms(dataset)
     if not transforms:
         return schema
-    from .transforms import apply_transforms
+    from ..ops.transforms import apply_transforms
 
     empty = pa.RecordBatch.from_pylist([], schema=schema)
     return apply_transforms(empty, transforms, "read").schema
@@ -77,7 +77,7 @@ def batch_to_arrow(
     record = pa.RecordBatch.from_arrays(arrays, schema=schema)
     transforms = read_transforms(dataset)
     if transforms:
-        from .transforms import apply_transforms
+        from ..ops.transforms import apply_transforms
 
         record = apply_transforms(record, transforms, "read")
     return record

@@ -1,6 +1,6 @@
 """Tokenizing text at write time with Hugging Face ``tokenizers`` (the ``text`` extra).
 
-The ``tokenize`` op (:class:`~spark_dl_core.transforms.Tokenize`) names a ``tokenizer.json``
+The ``tokenize`` op (:class:`~spark_dl_core.ops.transforms.Tokenize`) names a ``tokenizer.json``
 by path or fsspec URL. When a write is planned the file is read once: its sha256 goes into
 the spec (so into the dataset's fingerprint) with the facts readers need (vocabulary size,
 eos/bos ids); each writing process then loads the tokenizer once and checks the digest, so
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .errors import MissingDependencyError, TokenizeError
+from ..errors import MissingDependencyError, TokenizeError
 
 # Token ids fit uint16 up to this vocabulary size, else they are stored as int32.
 UINT16_VOCAB = 1 << 16

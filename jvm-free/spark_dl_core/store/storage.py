@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DatasetError, MissingDependencyError, SparkDLError, SpecError
+from ..errors import DatasetError, MissingDependencyError, SparkDLError, SpecError
 
 _SECRET_NAME = re.compile(r"key|secret|token|passw|credential|sas|signature|auth", re.I)
 _SECRET_ENV = (
@@ -226,7 +226,7 @@ class Store:
         """A shard file's bytes for decoding: here a memory map of the file itself.
 
         ``nbytes`` and ``hashes`` are what the index promises; a store that copies shards
-        before serving them (:class:`spark_dl_core.cache.CachedStore`) checks them.
+        before serving them (:class:`spark_dl_core.store.cache.CachedStore`) checks them.
         """
         return self.read_array(name)
 

@@ -1,7 +1,7 @@
 """Image files as bytes: their size from the header, the decoders at hand, and the
 write-time ``reencode_image`` op's shrinking (registered in the op registry, where the
 transforms that declare the op find it). Below the read-time image pipeline
-(:mod:`spark_dl_core.images`) and the dataset card, which use its header reading.
+(:mod:`spark_dl_core.media.images`) and the dataset card, which use its header reading.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from .errors import SpecError
-from .op_registry import register_op
+from ..errors import SpecError
+from ..ops.registry import register_op
 
 try:  # region decoding over libjpeg-turbo: an optional C extension, built at install
-    from . import _jpeg as jpeg_ext
+    from .. import _jpeg as jpeg_ext
 except ImportError:  # pragma: no cover - depends on the build
     jpeg_ext = None  # type: ignore[assignment]
 

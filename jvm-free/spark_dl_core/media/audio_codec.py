@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .errors import MissingDependencyError, ReencodeError
-from .op_registry import register_op
+from ..errors import MissingDependencyError, ReencodeError
+from ..ops.registry import register_op
 
 # format name -> (libsndfile's container, its subtype)
 FORMATS = {"flac": ("FLAC", "PCM_16"), "wav": ("WAV", "PCM_16"), "ogg": ("OGG", "VORBIS")}

@@ -7,7 +7,7 @@ decoding and resampling; an MP3 is decoded whole and cut). ``video_decode`` turn
 bytes into uint8 RGB frames through FFmpeg (PyAV); the image ops after it (``resize``,
 ``center_crop``, ``random_resized_crop``, ``horizontal_flip``, ``normalize``, ``to_chw``)
 apply to every frame of a clip with one plan per clip: the image pipeline's box and flip
-(:func:`~spark_dl_core.images.plan_boxes`),
+(:func:`~spark_dl_core.media.images.plan_boxes`),
 each frame's box resampled as images are. Random windows, boxes and flips come from the
 same per-sample generators as the image ops (fingerprint, seed, epoch, global sample
 index), so they are reproducible on any world size and after resume. Both need the
@@ -25,11 +25,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .errors import DatasetError, MissingDependencyError, SpecError
-from .format.buffers import Jagged
-from .images import _resample, fixes_size, plan_boxes
-from .op_registry import register_op
-from .transforms import (
+from ..errors import DatasetError, MissingDependencyError, SpecError
+from ..format.buffers import Jagged
+from ..ops.registry import register_op
+from ..ops.transforms import (
     AudioCrop,
     AudioDecode,
     CenterCrop,
@@ -41,6 +40,7 @@ from .transforms import (
     VideoDecode,
     sample_rngs,
 )
+from .images import _resample, fixes_size, plan_boxes
 
 Where = Callable[[int, str], str]
 # Image ops that apply to every frame of a decoded video column (one plan per clip).
@@ -613,6 +613,6 @@ def _audio(op: AudioDecode, column: str) -> AudioPipeline:
     return pipeline
 
 
-# The decode ops' implementations, found by op name (spark_dl_core.op_registry).
+# The decode ops' implementations, found by op name (spark_dl_core.ops.registry).
 register_op("audio_decode", _audio)
 register_op("video_decode", VideoPipeline)

@@ -15,14 +15,14 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .frameworks import register_framework
-from .loader_settings import TF_ONLY, LoaderSettings, settings_from
-from .order import epoch_position, plan_position
-from .packing import PackedPlan, packed_plan, packed_state, resume_position
-from .telemetry import PassStats
+from ...order import epoch_position, plan_position
+from ..frameworks import register_framework
+from ..packing import PackedPlan, packed_plan, packed_state, resume_position
+from ..settings import TF_ONLY, LoaderSettings, settings_from
+from ..telemetry import PassStats
 
 if TYPE_CHECKING:
-    from .dataset import Dataset
+    from ...sources.dataset import Dataset
 
 
 def make_packed_tf_dataset(

@@ -1,7 +1,7 @@
 """Reading a dataset in an epoch's order: what ``Dataset.iter_batches``, ``sample_order``,
 ``to_arrow``, ``to_torch`` and ``to_tf`` do.
 
-:class:`~spark_dl_core.dataset.Dataset` is the room of files, shards and decoded samples; it
+:class:`~spark_dl_core.sources.dataset.Dataset` is the room of files, shards and decoded samples; it
 knows nothing of orders, readers, loader settings or frameworks. Its loading methods hand
 over to the functions here, which :func:`install` registers with the dataset room when the
 package is imported (``spark_dl_core/__init__.py``), so imports run one way: this room
@@ -18,20 +18,20 @@ from typing import Any
 
 import pyarrow as pa
 
-from .arrow_bridge import arrow_schema, batch_to_arrow
-from .dataset import Batch, Dataset, install_loading
+from ..meta import column_names
+from ..order import EpochPlan, LoaderState
+from ..sources.dataset import Batch, Dataset, install_loading
+from .arrow import arrow_schema, batch_to_arrow
 from .frameworks import adapter
-from .loader_settings import (
+from .packing import iter_packed
+from .reader import BatchReader
+from .settings import (
     PAD_MASK,
     LoaderSettings,
     check_pad_mask,
     reader_extras,
     settings_from,
 )
-from .meta import column_names
-from .order import EpochPlan, LoaderState
-from .packing import iter_packed
-from .reader import BatchReader
 
 
 def iter_batches(
@@ -54,7 +54,7 @@ def iter_batches(
     The global order depends only on (fingerprint, seed, epoch, shuffle settings); see
     :mod:`spark_dl_core.order`. Other settings (``columns``, ``drop_last``, ``images``,
     ``verify_hashes``, ``shuffle_window``, ``prefetch_bytes``...) are those of
-    :class:`~spark_dl_core.loader_settings.LoaderSettings`. ``state`` (a loader's
+    :class:`~spark_dl_core.loaders.settings.LoaderSettings`. ``state`` (a loader's
     ``state_dict()``) continues after the samples it records as consumed (elastic
     resume); ``consumed=`` / ``start_batch=`` are deprecated spellings of it.
     Shards are loaded ahead by a thread within ``prefetch_bytes`` of decompressed data.
@@ -72,7 +72,7 @@ def iter_batches(
         )
     chosen = settings_from(settings, kwargs)
     chosen.only("numpy iteration", frozenset())
-    if chosen.pack is not None:  # packed token rows (spark_dl_core.packing)
+    if chosen.pack is not None:  # packed token rows (spark_dl_core.loaders.packing)
         return iter_packed(ds, chosen, state)
     check_pad_mask(chosen, ds.layout.names)
     epoch = chosen.epoch

@@ -28,13 +28,13 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from ..errors import ColumnNotFoundError, MixtureError
+from ..format.compact import ShardTable
+from ..format.encodings import Encoding, get_encoding
+from ..format.shard import Layout, ShardData
+from ..meta import ColumnPlan
+from ..order import BATCHING, MixtureOrder, MixturePlan
 from .dataset import Dataset, open_dataset
-from .errors import ColumnNotFoundError, MixtureError
-from .format.compact import ShardTable
-from .format.encodings import Encoding, get_encoding
-from .format.shard import Layout, ShardData
-from .meta import ColumnPlan
-from .order import BATCHING, MixtureOrder, MixturePlan
 
 MIXTURE_VERSION = 1
 _COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmbgt]?)\s*$", re.IGNORECASE)

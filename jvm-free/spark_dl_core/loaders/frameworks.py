@@ -13,14 +13,15 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from .errors import SpecError
+from ..errors import SpecError
 
 # name -> module that registers the adapter when imported (like an entry point).
 ADAPTER_MODULES = {
-    "torch": "spark_dl_core.torch_loader",
-    "tf": "spark_dl_core.tf_loader",
-    "torch_packed": "spark_dl_core.torch_packed",  # loaders with pack= (packed token rows)
-    "tf_packed": "spark_dl_core.tf_packed",
+    "torch": "spark_dl_core.loaders.torch_loader",
+    "tf": "spark_dl_core.loaders.tf_loader.loader",
+    # loaders with pack= (packed token rows)
+    "torch_packed": "spark_dl_core.loaders.torch_loader.packed",
+    "tf_packed": "spark_dl_core.loaders.tf_loader.packed",
 }
 _ADAPTERS: dict[str, Callable[..., Any]] = {}
 

@@ -11,7 +11,7 @@ This module is also the op registry's declaring half: every op declares what it 
 it reads, the kinds of decoded column other read ops apply to, the dtype and shape a batch
 leaves as). :func:`compile_read_ops` splits a loader's ops into per-column pipelines by
 those facts and finds each pipeline's implementation by op name in
-:mod:`spark_dl_core.op_registry`, where the media rooms (images, audio, video) register
+:mod:`spark_dl_core.ops.registry`, where the media rooms (images, audio, video) register
 their work when imported. Nothing here imports those rooms.
 """
 
@@ -37,9 +37,9 @@ from pydantic import (
     field_validator,
 )
 
-from .errors import SpecError, TokenizeError
-from .format.encodings import NUMERIC_ENCODINGS
-from .op_registry import implementation
+from ..errors import SpecError, TokenizeError
+from ..format.encodings import NUMERIC_ENCODINGS
+from .registry import implementation
 from .text import encode_texts, load_tokenizer, token_type, tokenizer_facts
 
 
@@ -238,7 +238,7 @@ class PythonTransform(_Base):
 # --------------------------------------------------------------------------- image ops
 #
 # Read-time image ops name one image column each and run in the loader (see
-# :mod:`spark_dl_core.images`): decoded once per sample, geometric ops fused into one
+# :mod:`spark_dl_core.media.images`): decoded once per sample, geometric ops fused into one
 # crop-and-resize, random ones drawn from (fingerprint, seed, epoch, global sample index).
 
 Size = int | tuple[int, int]
@@ -545,7 +545,7 @@ def resolve_write_ops(transforms: list[Any], schema: pa.Schema | None) -> list[A
     return out
 
 
-# Audio and video: read-time ops run by :mod:`spark_dl_core.media`, seeded like the image
+# Audio and video: read-time ops run by :mod:`spark_dl_core.media.clips`, seeded like the image
 # ops (random windows drawn from fingerprint, seed, epoch and the global sample index).
 
 

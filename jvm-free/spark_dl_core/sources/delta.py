@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import DatasetError
-from .meta import column_names
+from ..errors import DatasetError
+from ..meta import column_names
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..spec import DatasetSpec
+    from ..writer import WriteResult
     from .dataset import Dataset
-    from .spec import DatasetSpec
-    from .writer import WriteResult
 
 # Reader features this module reads correctly. Others (e.g. columnMapping, v2Checkpoint
 # handled by deltalake itself is fine, but unknown row-level features are not) are refused.
@@ -242,7 +242,7 @@ class DeltaSnapshot:
     def _file_batches(self, boundaries: bool) -> Iterator[pa.RecordBatch]:
         import pyarrow.parquet as pq
 
-        from .writer import source_boundary
+        from ..writer import source_boundary
 
         filesystem, prefix = self._filesystem()
         out_schema = self.output_schema
@@ -311,7 +311,7 @@ class DeltaSnapshot:
         storage_options: dict[str, Any] | None = None,
     ) -> WriteResult:
         """Write this snapshot as an MDS dataset whose spark_dl.json names table and version."""
-        from .writer import write_mds
+        from ..writer import write_mds
 
         return write_mds(
             self.export_batches(),  # carries the schema: a filter matching nothing writes 0 rows
@@ -333,8 +333,8 @@ class DeltaSnapshot:
 
         Reuse is keyed by lineage and spec: a pinned export is written once.
         """
+        from ..spec import DatasetSpec as _Spec
         from .dataset import open_dataset
-        from .spec import DatasetSpec as _Spec
 
         spec_obj = spec if isinstance(spec, _Spec) else _Spec(**(spec or {}))
         try:

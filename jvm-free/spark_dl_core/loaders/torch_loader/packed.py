@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .frameworks import register_framework
-from .loader_settings import TORCH_ONLY, LoaderSettings, settings_from
-from .order import epoch_position, plan_position
-from .packing import PackedPlan, packed_plan, packed_state, resume_position
-from .telemetry import PassStats
-from .torch_loader import resolve_rank, to_device
+from ...order import epoch_position, plan_position
+from ..frameworks import register_framework
+from ..packing import PackedPlan, packed_plan, packed_state, resume_position
+from ..settings import TORCH_ONLY, LoaderSettings, settings_from
+from ..telemetry import PassStats
+from . import resolve_rank, to_device
 
 if TYPE_CHECKING:
-    from .dataset import Dataset
+    from ...sources.dataset import Dataset
 
 
 class _Workers(IterableDataset):

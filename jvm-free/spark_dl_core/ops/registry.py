@@ -1,11 +1,11 @@
 """Where each transform op is implemented: the rooms register their work here.
 
-The ops themselves are declared in :mod:`spark_dl_core.transforms` (pydantic models, the
+The ops themselves are declared in :mod:`spark_dl_core.ops.transforms` (pydantic models, the
 spec's vocabulary). The work of the ops that need a medium's libraries (image, audio, video
 codecs) lives in the media rooms, which import this registry and call :func:`register_op`
 when imported; nothing here or in the transforms imports them. :func:`implementation`
 imports the module named in :data:`IMPLEMENTATION_MODULES` the first time an op is used
-(as :mod:`spark_dl_core.frameworks` finds loaders), so a write or a loader only loads the
+(as :mod:`spark_dl_core.loaders.frameworks` finds loaders), so a write or a loader only loads the
 rooms its ops need.
 """
 
@@ -14,16 +14,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .errors import SpecError
+from ..errors import SpecError
 
 # op name -> the module that registers its implementation when imported.
 IMPLEMENTATION_MODULES = {
-    "reencode_image": "spark_dl_core.image_codec",  # write ops: a function over a column
-    "reencode_audio": "spark_dl_core.audio_codec",
-    "reencode_video": "spark_dl_core.video_codec",
-    "image_decode": "spark_dl_core.images",  # decode ops: a pipeline factory (op, column)
-    "audio_decode": "spark_dl_core.media",
-    "video_decode": "spark_dl_core.media",
+    "reencode_image": "spark_dl_core.media.image_codec",  # write ops: a function over a column
+    "reencode_audio": "spark_dl_core.media.audio_codec",
+    "reencode_video": "spark_dl_core.media.video_codec",
+    "image_decode": "spark_dl_core.media.images",  # decode ops: a pipeline factory (op, column)
+    "audio_decode": "spark_dl_core.media.clips",
+    "video_decode": "spark_dl_core.media.clips",
 }
 _IMPLEMENTATIONS: dict[str, Any] = {}
 

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..format.buffers import Jagged
-from ..images import ImageList
+from ...format.buffers import Jagged
+from ...media.images import ImageList
 from ..reader import EncodedImages
 
 if TYPE_CHECKING:
-    from ..dataset import Batch
+    from ...sources.dataset import Batch
 
 
 def to_tensors(batch: Batch) -> dict[str, Any]:

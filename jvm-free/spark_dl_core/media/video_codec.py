@@ -21,8 +21,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from .errors import MissingDependencyError, ReencodeError
-from .op_registry import register_op
+from ..errors import MissingDependencyError, ReencodeError
+from ..ops.registry import register_op
 
 DEFAULT_RATE = Fraction(25)  # a stream that declares no frame rate
 

@@ -44,9 +44,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .errors import HashMismatchError, ShardError
-from .format.hashing import digest, fastest
-from .format.index import ShardInfo
+from ..errors import HashMismatchError, ShardError
+from ..format.hashing import digest, fastest
+from ..format.index import ShardInfo
 from .storage import Store
 
 DEFAULT_LIMIT = 32 << 30

@@ -1,0 +1,1 @@
+"""Loading: settings, the batch reader, packing, and the torch and tf adapters."""

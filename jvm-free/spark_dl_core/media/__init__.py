@@ -1,0 +1,1 @@
+"""Image, audio and video codecs and pipelines; they register into ``ops``."""

@@ -1,0 +1,1 @@
+"""The op vocabulary (pydantic transforms), their registry, and tokenization."""

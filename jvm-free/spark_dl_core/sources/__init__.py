@@ -1,0 +1,1 @@
+"""Sources of shards: an MDS dataset, a mixture of sources, a Delta snapshot."""

@@ -1,0 +1,1 @@
+"""Storage: local and remote files, the machine's shard cache, and shard indexing."""
