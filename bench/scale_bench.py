@@ -97,7 +97,7 @@ def measure(path: str) -> dict[str, float]:
     t2 = time.perf_counter()
     state = loader.state_dict()
     state["consumed"] = int(0.9 * len(ds)) // (BATCH * WORLD) * (BATCH * WORLD)
-    from spark_dl_core import order
+    from spark_dl_core.order import global_order as order
 
     order._ORDERS.clear()  # as in a fresh process: nothing of the first loader's order kept
     t3 = time.perf_counter()

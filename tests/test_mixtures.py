@@ -360,7 +360,8 @@ def _merge_reference(counts: list[int]) -> list[list[int]]:
 
 
 def test_vectorized_merge_matches_the_definition_on_random_proportions() -> None:
-    from spark_dl_core.order import _merged_counts_exact, merged_counts_at
+    from spark_dl_core.order import merged_counts_at
+    from spark_dl_core.order.mixture_order import _merged_counts_exact
 
     rng = np.random.default_rng(3)
     for _ in range(60):
@@ -392,7 +393,8 @@ def _stratified_reference(order: Any, b: int) -> np.ndarray:
     """Batch ``b`` of a stratified mixture order, one batch at a time, as defined: each
     source's stream range between the merge's counts at the batch's bounds, then the
     batch's own seeded permutation (shuffled) or the merge's time order (not)."""
-    from spark_dl_core.order import _merged_counts_exact, _rng
+    from spark_dl_core.order.dataset_order import _rng
+    from spark_dl_core.order.mixture_order import _merged_counts_exact
 
     size, counts = order.batch_size, order.counts
     x0, x1 = b * size, min((b + 1) * size, order.total)

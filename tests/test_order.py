@@ -195,7 +195,7 @@ def _reference_order(sizes: np.ndarray, fp: str, seed: int, epoch: int, window: 
 
 
 def lazy_key(order: GlobalOrder, w: int) -> np.uint64:
-    from spark_dl_core.order import _GOLDEN, _mix
+    from spark_dl_core.order.dataset_order import _GOLDEN, _mix
 
     return _mix(np.uint64(order.base_key) ^ (np.array([w], np.uint64) * _GOLDEN + _GOLDEN))[0]
 

@@ -48,7 +48,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import PackError
 from ..format.buffers import copy_pieces
-from ..order import GlobalOrder, LoaderState, _order_of
+from ..order import GlobalOrder, LoaderState
+from ..order.dataset_order import _order_of
 
 if TYPE_CHECKING:
     from ..sources.dataset import Dataset

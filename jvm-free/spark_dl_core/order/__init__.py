@@ -1,0 +1,48 @@
+"""The order of samples: pure functions of (fingerprint, seed, epoch, settings).
+
+``dataset_order`` holds one dataset's lazy, two-level shuffled order; ``mixture_order`` merges
+sources by exact counts; ``plans`` deals an epoch's global batches to ranks; ``state`` is
+the resume position; ``quality`` measures how well an order is shuffled. Nothing here reads
+data or imports another room of the package.
+"""
+
+from .dataset_order import (
+    DEFAULT_WINDOW,
+    DENSE_WORLD,
+    ORDER_VERSION,
+    GlobalOrder,
+    global_order,
+    window_permute,
+)
+from .mixture_order import (
+    BATCHING,
+    MixtureOrder,
+    MixturePlan,
+    merged_counts,
+    merged_counts_at,
+    source_pieces,
+)
+from .plans import EpochPlan
+from .quality import shuffle_quality
+from .state import LoaderState, epoch_position, plan_position, resolve_window
+
+__all__ = [
+    "BATCHING",
+    "DEFAULT_WINDOW",
+    "DENSE_WORLD",
+    "ORDER_VERSION",
+    "EpochPlan",
+    "GlobalOrder",
+    "LoaderState",
+    "MixtureOrder",
+    "MixturePlan",
+    "epoch_position",
+    "global_order",
+    "merged_counts",
+    "merged_counts_at",
+    "plan_position",
+    "resolve_window",
+    "shuffle_quality",
+    "source_pieces",
+    "window_permute",
+]

@@ -1,0 +1,327 @@
+"""The order of samples in an epoch, each rank's and worker's share of it, and resume state.
+
+Three rules make runs reproducible and elastic:
+
+1. The *global order* of an epoch is a pure function of (dataset fingerprint, seed, epoch,
+   shuffle, shuffle window); it never looks at world size or worker count.
+2. The remaining order (after ``consumed`` samples) is cut into *global batches* of
+   ``batch_size``; global batch ``g`` goes to rank ``g % world_size``. Within a rank, its
+   ``j``-th batch goes to DataLoader worker ``j % num_workers``, which is exactly the order
+   in which ``torch.utils.data.DataLoader`` hands worker outputs back, so a rank's batch
+   sequence does not depend on the number of workers either.
+3. Resume state is "how many samples of the global order are consumed". Data-parallel
+   training steps all ranks together, so after ``k`` steps on each of ``W`` ranks the first
+   ``k * W`` global batches are consumed, whatever ``W`` was; a restart at any other world
+   size deals the rest afresh: none seen twice, none lost.
+
+Shuffling is two-level (as in Mosaic Streaming's block shuffles): shards are permuted, then
+samples are permuted within *windows* of ``shuffle_window`` consecutive shards of that
+permutation. A reader only ever needs the shards of one window (plus prefetch) in memory:
+memory ~ ``shuffle_window x shard size`` per reader, while shuffle quality grows with the
+window (:func:`shuffle_quality` measures it).
+
+Nothing here is ever as large as the dataset (contract 6): the order is *lazy*. What is
+materialized is O(shards): the shard permutation and the cumulative sample counts in
+permuted order. The permutation of a window's samples is a keyed bijection of its range
+(a Feistel network with cycle walking, :func:`window_permute`), evaluated only for the
+positions asked for, so position ``p`` of the epoch maps to a global sample id in
+O(log shards) without touching the positions before it. Batch ``k`` of a rank is therefore
+computed on demand (:class:`EpochPlan` is a lazy sequence), and resuming after ``consumed``
+samples is O(1) in ``consumed``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from ..errors import SpecError
+
+if TYPE_CHECKING:
+    from ..sources.dataset import Dataset
+
+DEFAULT_WINDOW = 4
+# Up to this many ranks, a rank reads enough of each window that computing the window's
+# whole permutation once (O(window samples)) is cheaper than per-position evaluation.
+DENSE_WORLD = 8
+# Bumped whenever the same (fingerprint, seed, epoch, settings) would give another order;
+# a saved state records it, and a state of another version is refused (its ``consumed``
+# counts samples of an order this code no longer produces).
+# 1: materialized permutation per window (spark-dl 0.1). 2: lazy Feistel window permutation.
+ORDER_VERSION = 2
+_ROUNDS = 6
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_ROUND_KEYS = [np.uint64(((r + 1) * 0x9E3779B97F4A7C15) % (1 << 64)) for r in range(_ROUNDS)]
+
+
+def _key(fingerprint: str, seed: int, epoch: int) -> bytes:
+    return hashlib.sha256(f"spark-dl:{fingerprint}:{seed}:{epoch}".encode()).digest()
+
+
+def _rng(fingerprint: str, seed: int, epoch: int) -> np.random.Generator:
+    key = _key(fingerprint, seed, epoch)
+    return np.random.Generator(np.random.PCG64(np.frombuffer(key, dtype=np.uint32)))
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: a fast, well-spread 64-bit hash (wrapping uint64 arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def window_permute(positions: np.ndarray, sizes: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Element-wise keyed bijection of ``range(sizes[i])`` applied to ``positions[i]``.
+
+    A balanced Feistel network over the smallest even number of bits covering the range,
+    with cycle walking (re-applying while the value falls outside the range), so it is a
+    permutation of exactly ``0..size-1`` for each key. Vectorized: every element may have
+    its own range and key (the positions of one batch can span several windows).
+    """
+    x = np.asarray(positions, dtype=np.uint64).copy()
+    n = np.asarray(sizes, dtype=np.uint64)
+    keys = np.asarray(keys, dtype=np.uint64)
+    if x.size == 0:
+        return x.astype(np.int64)
+    bits = np.ceil(np.log2(np.maximum(n, 2).astype(np.float64))).astype(np.int64)
+    # float log2 may round near powers of two: fix up so that 2**bits >= n exactly.
+    bits += (np.left_shift(np.uint64(1), bits.astype(np.uint64)) < n).astype(np.int64)
+    half = np.maximum(1, (bits + 1) // 2).astype(np.uint64)
+    mask = (np.uint64(1) << half) - np.uint64(1)
+    todo = np.arange(x.size)
+    while todo.size:
+        v, h, m, k = x[todo], half[todo], mask[todo], keys[todo]
+        left, right = v >> h, v & m
+        for round_key in _ROUND_KEYS:
+            f = _mix(right ^ k ^ round_key) & m
+            left, right = right, left ^ f
+        v = (left << h) | right
+        x[todo] = v
+        todo = todo[v >= n[todo]]
+    return x.astype(np.int64)
+
+
+def _permute_range(n: int, key: np.uint64) -> np.ndarray:
+    """``window_permute(arange(n), n, key)`` for a whole range with one key: the same
+    bijection with scalar widths and key (several times fewer array operations)."""
+    bits = max(1, (n - 1).bit_length())
+    half = np.uint64(max(1, (bits + 1) // 2))
+    mask = (np.uint64(1) << half) - np.uint64(1)
+    size = np.uint64(n)
+    x = np.arange(n, dtype=np.uint64)
+    todo: np.ndarray | None = None  # None: every element
+    while True:
+        v = x if todo is None else x[todo]
+        left, right = v >> half, v & mask
+        for round_key in _ROUND_KEYS:
+            f = _mix(right ^ (key ^ round_key)) & mask
+            left, right = right, left ^ f
+        v = (left << half) | right
+        if todo is None:
+            x = v
+            todo = np.flatnonzero(v >= size)
+        else:
+            x[todo] = v
+            todo = todo[v >= size]
+        if not todo.size:
+            return x.astype(np.int64)
+
+
+class GlobalOrder:
+    """The lazy global order of one epoch: position ``p`` → global sample id.
+
+    Holds O(shards) arrays: the shard permutation and the permuted shards' cumulative
+    sample counts (window boundaries are every ``window``-th entry of it).
+    """
+
+    def __init__(
+        self,
+        shard_sizes: np.ndarray,
+        fingerprint: str,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        window: int = DEFAULT_WINDOW,
+        *,
+        bases: np.ndarray | None = None,
+    ) -> None:
+        sizes = np.asarray(shard_sizes, dtype=np.int64)
+        self.shuffle = bool(shuffle)
+        self.offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=self.offsets[1:])
+        self.total = int(self.offsets[-1])
+        # Where each block's samples start in the id space (None: blocks are the shards of
+        # one dataset, back to back). Mixtures order blocks that are pieces of shards of
+        # several datasets (see :class:`MixtureOrder`).
+        self.bases = None if bases is None else np.asarray(bases, dtype=np.int64)
+        if not self.shuffle:
+            return
+        if window < 1:
+            raise SpecError(f"shuffle_window must be >= 1 shard, got {window}")
+        self.window = int(window)
+        rng = _rng(fingerprint, seed, epoch)
+        self.perm = rng.permutation(len(sizes)).astype(np.int64)
+        self.permuted_offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes[self.perm], out=self.permuted_offsets[1:])
+        cuts = np.append(np.arange(0, len(sizes), self.window), len(sizes))
+        self.window_bounds = self.permuted_offsets[cuts]
+        window_key = hashlib.sha256(b"window:" + _key(fingerprint, seed, epoch)).digest()
+        self.base_key = np.frombuffer(window_key[:8], dtype="<u8")[0]
+
+    def __len__(self) -> int:
+        return self.total
+
+    def _keys(self, w: np.ndarray) -> np.ndarray:
+        return _mix(np.uint64(self.base_key) ^ (w.astype(np.uint64) * _GOLDEN + _GOLDEN))
+
+    def _window_ids(self, w: int) -> np.ndarray:
+        """The ids at every position of window ``w``, in order (kept for the last two windows
+        asked): a dense reader's positions are then a slice or a gather of it."""
+        cache = self.__dict__.setdefault("_dense", {})
+        ids = cache.get(w)
+        if ids is None:
+            start, stop = int(self.window_bounds[w]), int(self.window_bounds[w + 1])
+            member = start + _permute_range(stop - start, self._keys(np.array([w]))[0])
+            # the window's shards only: permuted_offsets[first..last] bound its members
+            first = w * self.window
+            last = min(first + self.window, len(self.perm))
+            k = (
+                first
+                - 1
+                + np.searchsorted(self.permuted_offsets[first : last + 1], member, side="right")
+            )
+            ids = self._ids_of(member, k)
+            while len(cache) >= 2:
+                cache.pop(next(iter(cache)))
+            cache[w] = ids
+        return ids
+
+    def _ids_of(self, member: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """Ids of positions ``member`` of the permuted shards' concatenation, in shard ``k``."""
+        shard = self.perm[k]
+        starts = self.offsets if self.bases is None else self.bases
+        return np.asarray(starts[shard] + (member - self.permuted_offsets[k]), np.int64)
+
+    def ids(self, positions: np.ndarray, dense: bool = False) -> np.ndarray:
+        """Global sample ids at ``positions`` (each in ``0..len-1``) of this epoch's order.
+
+        ``dense``: the caller reads most of each window (one rank, or a few), so computing
+        and keeping a window's whole order (O(window samples)) beats evaluating the
+        bijection per position; sparse readers (many ranks) evaluate only their positions.
+        """
+        pos = np.asarray(positions, dtype=np.int64)
+        if pos.size == 0 or (not self.shuffle and self.bases is None):
+            return pos.copy()
+        if not self.shuffle:
+            assert self.bases is not None
+            block = np.searchsorted(self.offsets, pos, side="right") - 1
+            return np.asarray(self.bases[block] + (pos - self.offsets[block]), np.int64)
+        bounds = self.window_bounds
+        w = np.searchsorted(bounds, pos, side="right") - 1
+        start = bounds[w]
+        if dense:
+            out = np.empty_like(pos)
+            for window in np.unique(w).tolist():
+                here = w == window
+                out[here] = self._window_ids(window)[pos[here] - start[here]]
+            return out
+        size = bounds[w + 1] - start
+        member = start + window_permute(pos - start, size, self._keys(w))
+        return self._ids_of(member, np.searchsorted(self.permuted_offsets, member, "right") - 1)
+
+    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
+        if not (dense and self.shuffle) or stop <= start:
+            return self.ids(np.arange(start, stop, dtype=np.int64), dense)
+        # consecutive positions: slices of the windows' orders, no per-position lookup
+        bounds = self.window_bounds
+        w = int(np.searchsorted(bounds, start, side="right")) - 1
+        parts = []
+        while start < stop:
+            lo, hi = int(bounds[w]), int(bounds[w + 1])
+            end = min(stop, hi)
+            if end > start:
+                parts.append(self._window_ids(w)[start - lo : end - lo])
+                start = end
+            w += 1
+        return parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_dense", None)  # a cache: each process computes its own windows
+        return state
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the order: O(shards), whatever the number of samples."""
+        arrays = [self.offsets] if self.bases is None else [self.offsets, self.bases]
+        if self.shuffle:
+            arrays += [self.perm, self.permuted_offsets, self.window_bounds]
+        return sum(a.nbytes for a in arrays)
+
+
+class _Materialized:
+    """An explicit order array behind :class:`GlobalOrder`'s interface (tests, references)."""
+
+    def __init__(self, order: np.ndarray) -> None:
+        self.order = np.asarray(order, dtype=np.int64)
+        self.total = len(self.order)
+
+    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
+        return self.order[start:stop]
+
+
+class _Order(Protocol):
+    total: int
+
+    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray: ...
+
+
+_ORDERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], _Order]] = weakref.WeakKeyDictionary()
+
+
+def _order_of(
+    dataset: Dataset, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int = 0
+) -> _Order:
+    """The dataset's global order for these settings; the last two are kept per dataset, so
+    a loader and its resumed or re-planned passes share one O(shards) order. A mixture
+    (anything with ``make_order``) makes its own, which may depend on the batch size."""
+    make = getattr(dataset, "make_order", None)
+    if make is None or not getattr(dataset, "order_uses_batch_size", False):
+        batch_size = 0
+    key = (dataset.fingerprint, int(seed), int(epoch), bool(shuffle), int(window), batch_size)
+    kept = _ORDERS.setdefault(dataset, {})
+    order = kept.get(key)
+    if order is None:
+        if make is not None:
+            order = make(int(seed), int(epoch), bool(shuffle), int(window), batch_size)
+        else:
+            order = GlobalOrder(
+                np.diff(dataset.shard_offsets), dataset.fingerprint, seed, epoch, shuffle, window
+            )
+        while len(kept) >= 2:
+            kept.pop(next(iter(kept)))
+        kept[key] = order
+    return order
+
+
+def global_order(
+    shard_sizes: np.ndarray,
+    fingerprint: str,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    window: int = DEFAULT_WINDOW,
+) -> np.ndarray:
+    """Every sample index once, materialized: for small datasets, tests and quality figures.
+
+    Loaders never call this; they ask :class:`GlobalOrder` for the positions they need.
+    """
+    order = GlobalOrder(shard_sizes, fingerprint, seed, epoch, shuffle, window)
+    return order.take(0, order.total)

@@ -1,0 +1,385 @@
+"""A mixture's order: blocks of its sources' shards merged by exact per-source counts.
+
+Per-source counts follow the mixture's proportions exactly (largest remainders), and the
+merge of sources into batches is a pure function of (fingerprints, seed, epoch, batching).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import SpecError
+from .dataset_order import DEFAULT_WINDOW, DENSE_WORLD, GlobalOrder, _key, _rng
+
+if TYPE_CHECKING:
+    pass
+
+BATCHING = ("random", "stratified", "per_source")
+
+
+@dataclass(frozen=True)
+class MixturePlan:
+    """What fixes a mixture's order (pure data, O(shards)): per source its shard sizes, the
+    first id of its samples in the mixture's id space (sources back to back), its
+    fingerprint and how many samples it gives per epoch; the mixture's fingerprint and
+    batching."""
+
+    fingerprint: str
+    shard_sizes: tuple[np.ndarray, ...]
+    bases: tuple[int, ...]
+    counts: tuple[int, ...]
+    source_fingerprints: tuple[str, ...]
+    batching: str = "random"
+
+
+def source_pieces(
+    sizes: np.ndarray, base: int, count: int, epoch: int, fingerprint: str, seed: int, shuffle: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """The pieces of shards one source gives to ``epoch`` of a mixture: (sizes, first ids).
+
+    A source is read as an endless *stream* of passes; each pass is every shard once, in a
+    permutation keyed by (source fingerprint, seed, pass) when shuffling. Epoch ``e`` takes
+    stream positions ``[e * count, (e + 1) * count)``, so no sample is drawn again before
+    every sample of the source has been drawn (a subset per epoch walks on through the
+    pass), and with ``count`` = r x the source's size each sample appears floor(r) or ceil(r)
+    times in an epoch. Cost: O(shards x passes the epoch touches).
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    n = int(sizes.sum())
+    if count <= 0 or n == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    start, stop = epoch * count, (epoch + 1) * count
+    out_sizes, out_bases = [], []
+    for k in range(start // n, (stop - 1) // n + 1):
+        if shuffle:
+            perm = _rng(f"stream:{fingerprint}", seed, k).permutation(len(sizes)).astype(np.int64)
+        else:
+            perm = np.arange(len(sizes), dtype=np.int64)
+        cum = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes[perm], out=cum[1:])
+        a, b = max(start - k * n, 0), min(stop - k * n, n)
+        ranks = np.arange(
+            np.searchsorted(cum, a, side="right") - 1, np.searchsorted(cum, b, side="left")
+        )
+        lo = np.maximum(cum[ranks], a)
+        hi = np.minimum(cum[ranks + 1], b)
+        keep = hi > lo
+        out_sizes.append((hi - lo)[keep])
+        out_bases.append((base + offsets[perm[ranks]] + (lo - cum[ranks]))[keep])
+    return np.concatenate(out_sizes), np.concatenate(out_bases)
+
+
+def merged_counts(counts: Sequence[int], x: int) -> list[int]:
+    """How many items of each sequence are among the first ``x`` of their smooth merge.
+
+    Of ``S`` sequences, sequence ``s`` has ``counts[s]`` items; its item ``j`` sits at time
+    (j + (2s + 1) / 2S) / counts[s] in [0, 1) (phases staggered so that sources of equal
+    size do not tie), and the merge orders all items by (time, s). Every prefix then holds
+    each sequence's share of it to within about one item (a divisor method, in exact
+    rational arithmetic), and the counts never decrease as ``x`` grows, so consecutive
+    prefixes give each batch a non-negative, proportional number of items.
+    """
+    return [int(v) for v in merged_counts_at(counts, np.array([int(x)], dtype=np.int64))[0]]
+
+
+# Exact int64 arithmetic in :func:`merged_counts_at` while its products stay below this;
+# larger mixtures take the scalar path in Python integers.
+_INT64_SAFE = 1 << 62
+# Candidates per prefix (sources x items to move) up to which the merge's last-items fix-up
+# compares every pair in numpy; beyond it the scalar heap does it.
+_PAIRWISE = 64
+
+
+def merged_counts_at(counts: Sequence[int], xs: np.ndarray) -> np.ndarray:
+    """:func:`merged_counts` of many prefixes at once: an int64 array ``[len(xs), S]``.
+
+    Exactly the same counts, in numpy integer arithmetic: each sequence's items up to time
+    ``x / total`` in one vector step, then the few items too many (or too few) per prefix
+    are dropped (added) by comparing the candidates' times as exact cross products. Where
+    those products could leave int64 the prefixes go through :func:`_merged_counts_exact`.
+    """
+    c = [int(v) for v in counts]
+    xs = np.asarray(xs, dtype=np.int64).reshape(-1)
+    n_src, total = len(c), sum(c)
+    out = np.zeros((len(xs), n_src), dtype=np.int64)
+    if not len(xs) or total == 0:
+        return out
+    q = 2 * n_src
+    cmax = max(c)
+    if cmax * total * q >= _INT64_SAFE or (cmax * q + q) ** 2 >= _INT64_SAFE:
+        for i, x in enumerate(xs.tolist()):
+            out[i] = _merged_counts_exact(c, x)
+        return out
+    xs = np.clip(xs, 0, total)
+    ca = np.array(c, dtype=np.int64)
+    phase = 2 * np.arange(n_src, dtype=np.int64) + 1
+    v = ca * xs[:, None] * q - phase * total  # items with time <= x / total
+    got = np.where(v < 0, 0, np.minimum(ca, v // (q * total) + 1))
+    extra = got.sum(axis=1) - xs
+    for sign in (1, -1):  # 1: drop the latest items included, -1: add the earliest left out
+        rows = np.flatnonzero(extra * sign > 0)
+        for chunk in range(0, len(rows), 256):
+            r = rows[chunk : chunk + 256]
+            got[r] = _fix_up(ca, got[r], extra[r] * sign, sign, q)
+    return got
+
+
+def _fix_up(ca: np.ndarray, got: np.ndarray, e: np.ndarray, sign: int, q: int) -> np.ndarray:
+    """Move ``e`` items per row out of (``sign`` 1) or into (-1) the prefixes ``got``: the
+    latest included ones, later sources first on equal times, or the earliest left out,
+    earlier sources first (the merge's (time, source) order)."""
+    n_src = len(ca)
+    k_max = int(e.max())
+    if n_src * k_max > _PAIRWISE:
+        c = ca.tolist()
+        return np.array(
+            [_merged_counts_exact(c, int(g.sum() - sign * k)) for g, k in zip(got, e)],
+            dtype=np.int64,
+        ).reshape(got.shape)
+    k = np.arange(k_max, dtype=np.int64)
+    if sign > 0:
+        j = got[:, :, None] - 1 - k  # [rows, sources, k]: the last items included
+        valid = j >= 0
+    else:
+        j = got[:, :, None] + k  # the first items left out
+        valid = j < ca[None, :, None]
+    rows = len(got)
+    src = np.repeat(np.arange(n_src), k_max)
+    num = (j * q + (2 * np.arange(n_src) + 1)[None, :, None]).reshape(rows, -1)
+    den = np.repeat(ca * q, k_max)
+    valid = valid.reshape(rows, -1)
+    # before[r, a, b]: candidate a precedes b in the merge (time, then source)
+    lhs = num[:, :, None] * den[None, None, :]
+    rhs = num[:, None, :] * den[None, :, None]
+    before = (lhs < rhs) | ((lhs == rhs) & (src[:, None] < src[None, :]))
+    if sign > 0:  # dropped: fewer than e valid candidates come after it
+        beyond = (before & valid[:, None, :]).sum(axis=2)
+    else:  # added: fewer than e valid candidates come before it
+        beyond = (before & valid[:, :, None]).sum(axis=1)
+    moved = valid & (beyond < e[:, None])
+    per_source = moved.reshape(rows, n_src, k_max).sum(axis=2)
+    return np.asarray(got - sign * per_source, dtype=np.int64)
+
+
+def _merged_counts_exact(counts: list[int], x: int) -> list[int]:
+    """:func:`merged_counts` in Python integers and fractions, one prefix at a time (any
+    size; the reference the vectorized path is tested against)."""
+    from fractions import Fraction
+    from heapq import heapify, heappop, heappush
+
+    total, q = sum(counts), 2 * len(counts)
+    x = max(0, min(int(x), total))
+
+    def time(s: int, j: int) -> Fraction:
+        return Fraction(j * q + 2 * s + 1, counts[s] * q)
+
+    got = []
+    for s, c in enumerate(counts):  # items with time <= x / total
+        v = c * x * q - (2 * s + 1) * total
+        got.append(0 if v < 0 else min(c, v // (q * total) + 1))
+    extra = sum(got) - x
+    if extra > 0:  # drop the latest items included: the largest times, later sources first
+        late = [(-time(s, g - 1), -s) for s, g in enumerate(got) if g]
+        heapify(late)
+        for _ in range(extra):
+            s = -heappop(late)[1]
+            got[s] -= 1
+            if got[s]:
+                heappush(late, (-time(s, got[s] - 1), -s))
+    elif extra < 0:  # add the earliest items left out: the smallest times, earlier sources first
+        early = [(time(s, g), s) for s, g in enumerate(got) if g < counts[s]]
+        heapify(early)
+        for _ in range(-extra):
+            s = heappop(early)[1]
+            got[s] += 1
+            if got[s] < counts[s]:
+                heappush(early, (time(s, got[s]), s))
+    return got
+
+
+class MixtureOrder:
+    """The lazy order of one epoch of a mixture: position -> id in the mixture's id space.
+
+    Each source contributes the pieces :func:`source_pieces` gives it for the epoch, so the
+    per-source counts are exact. ``batching``:
+
+    - ``"random"``: all pieces are ordered like the shards of one dataset
+      (:class:`GlobalOrder`: pieces permuted, samples permuted within windows of pieces), so
+      sources interleave through the shuffle and a reader holds a window of pieces.
+    - ``"stratified"``: each source's pieces form its own windowed order; batch ``b`` takes
+      from each source the items :func:`merged_counts` assigns to positions
+      ``[b * batch_size, (b + 1) * batch_size)`` (its share of every batch, within about one
+      sample), shuffled within the batch.
+    - ``"per_source"``: each batch holds one source's samples; the sources' whole batches
+      follow their smooth merge (each source in proportion across the epoch); the sources'
+      remainders (fewer than a batch each) form the epoch's last batches, which may mix.
+
+    Holds O(pieces) arrays, whatever the epoch's length.
+    """
+
+    def __init__(
+        self,
+        plan: MixturePlan,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        window: int = DEFAULT_WINDOW,
+        batch_size: int = 0,
+    ) -> None:
+        if plan.batching not in BATCHING:
+            raise SpecError(f"batching={plan.batching!r}: must be one of {BATCHING}")
+        self.plan, self.seed, self.epoch, self.shuffle = plan, seed, epoch, shuffle
+        self.counts = [int(c) for c in plan.counts]
+        self.total = int(sum(self.counts))
+        self.batch_size = int(batch_size)
+        pieces = [
+            source_pieces(sizes, base, count, epoch, fp, seed, shuffle)
+            for sizes, base, count, fp in zip(
+                plan.shard_sizes, plan.bases, self.counts, plan.source_fingerprints
+            )
+        ]
+        if plan.batching == "random":
+            sizes = np.concatenate([p[0] for p in pieces]) if pieces else np.empty(0, np.int64)
+            bases = np.concatenate([p[1] for p in pieces]) if pieces else np.empty(0, np.int64)
+            self.mixed = GlobalOrder(
+                sizes, plan.fingerprint, seed, epoch, shuffle, window, bases=bases
+            )
+            return
+        if self.batch_size < 1:
+            raise SpecError(f"batching={plan.batching!r} needs a batch size >= 1")
+        self.streams = [
+            GlobalOrder(p[0], f"{plan.fingerprint}:{s}", seed, epoch, shuffle, window, bases=p[1])
+            for s, p in enumerate(pieces)
+        ]
+        self.full = [c // self.batch_size for c in self.counts]  # per_source: whole batches
+        self._key = _key(plan.fingerprint, seed, epoch)
+        self._dense = len(self.counts) <= DENSE_WORLD
+        self._merged: dict[int, list[int]] = {}
+
+    @property
+    def nbytes(self) -> int:
+        if self.plan.batching == "random":
+            return self.mixed.nbytes
+        return sum(s.nbytes for s in self.streams)
+
+    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
+        if self.plan.batching == "random":
+            return self.mixed.take(start, stop, dense)
+        if stop <= start:
+            return np.empty(0, dtype=np.int64)
+        size = self.batch_size
+        if self.plan.batching == "stratified":
+            first = start // size
+            ids = self._stratified(first, (stop - 1) // size + 1)
+            return ids[start - first * size : stop - first * size]
+        parts = []
+        for b in range(start // size, (stop - 1) // size + 1):
+            chunk = self._batch(b)
+            parts.append(chunk[max(start - b * size, 0) : min(stop - b * size, len(chunk))])
+        return np.concatenate(parts)
+
+    def _counts_at(self, counts: list[int], x: int) -> list[int]:
+        """``merged_counts(counts, x)`` for ``per_source``'s whole batches, kept for the
+        last few ``x`` (consecutive batches share a bound)."""
+        got = self._merged.get(x)
+        if got is None:
+            got = merged_counts(counts, x)
+            while len(self._merged) >= 8:
+                self._merged.pop(next(iter(self._merged)))
+            self._merged[x] = got
+        return got
+
+    def _stratified(self, first: int, stop: int) -> np.ndarray:
+        """The ids of stratified batches ``first..stop-1``, back to back, in their order.
+
+        One merge of every boundary (:func:`merged_counts_at`) and one lookup per source
+        stream for the whole range; each batch's part of a stream is then a slice of it.
+        The same ids in the same order as taking batch by batch (a test holds the two equal).
+        """
+        size, n_src = self.batch_size, len(self.counts)
+        bounds = np.minimum(np.arange(first, stop + 1, dtype=np.int64) * size, self.total)
+        got = merged_counts_at(self.counts, bounds)  # [batches + 1, sources]
+        lo, hi = got[0], got[-1]
+        parts = [
+            self.streams[s].take(int(lo[s]), int(hi[s]), self._dense)
+            if hi[s] > lo[s]
+            else np.empty(0, np.int64)
+            for s in range(n_src)
+        ]
+        streams = np.concatenate(parts).astype(np.int64, copy=False)
+        stream_at = np.zeros(n_src + 1, dtype=np.int64)
+        np.cumsum(hi - lo, out=stream_at[1:])
+        # block (batch, source): that source's items in that batch, blocks batch-major
+        lengths = np.diff(got, axis=0).reshape(-1)
+        block_from = (stream_at[:-1] + got[:-1] - lo).reshape(-1)
+        block_to = np.cumsum(lengths) - lengths
+        where = np.repeat(block_from - block_to, lengths) + np.arange(int(lengths.sum()))
+        ids = streams[where]
+        per_batch = np.diff(bounds)
+        if self.shuffle:
+            at, fingerprint = 0, self.plan.fingerprint
+            for b, n in enumerate(per_batch.tolist(), start=first):
+                # in place: the same swaps as indexing by ``permutation(n)`` of this generator
+                _rng(f"batch:{fingerprint}:{b}", self.seed, self.epoch).shuffle(ids[at : at + n])
+                at += n
+            return ids
+        # each batch in merge time, as :meth:`_from_streams` computes it
+        source = np.repeat(np.tile(np.arange(n_src), len(per_batch)), lengths)
+        j = (where - stream_at[source] + lo[source]).astype(np.float64)
+        phase = (2 * np.arange(n_src) + 1) / (2 * n_src)
+        times = (j + phase[source]) / np.asarray(self.counts, dtype=np.float64)[source]
+        at = 0
+        for n in per_batch.tolist():  # a stable sort per batch (one lexsort is slower)
+            ids[at : at + n] = ids[at : at + n][np.argsort(times[at : at + n], kind="stable")]
+            at += n
+        return ids
+
+    def _from_streams(self, lo: list[int], hi: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of stream ranges ``[lo[s], hi[s])`` with each one's merge time."""
+        ids, times = [], []
+        for s, (a, b) in enumerate(zip(lo, hi)):
+            if b > a:
+                ids.append(self.streams[s].take(a, b, self._dense))
+                j = np.arange(a, b, dtype=np.float64)
+                phase = (2 * s + 1) / (2 * len(self.counts))
+                times.append((j + phase) / self.counts[s])
+        if not ids:
+            return np.empty(0, np.int64), np.empty(0, np.float64)
+        return np.concatenate(ids), np.concatenate(times)
+
+    def _batch(self, b: int) -> np.ndarray:
+        """A ``per_source`` mixture's ids at positions ``[b * batch_size, (b + 1) *
+        batch_size)`` in their order."""
+        size = self.batch_size
+        x0, x1 = b * size, min((b + 1) * size, self.total)
+        whole = sum(self.full)
+        if b < whole:  # a whole batch of one source: which one is the merge's b-th
+            before, after = self._counts_at(self.full, b), self._counts_at(self.full, b + 1)
+            s = next(i for i, (u, v) in enumerate(zip(before, after)) if v > u)
+            k = before[s]
+            return self.streams[s].take(k * size, (k + 1) * size, self._dense)
+        # the sources' remainders, back to back, cut at this batch's bounds
+        tails = np.cumsum([0] + [c - f * size for c, f in zip(self.counts, self.full)])
+        lo_t, hi_t = x0 - whole * size, x1 - whole * size
+        lo = [
+            f * size + int(np.clip(lo_t - t, 0, n))
+            for f, t, n in zip(self.full, tails[:-1], np.diff(tails))
+        ]
+        hi = [
+            f * size + int(np.clip(hi_t - t, 0, n))
+            for f, t, n in zip(self.full, tails[:-1], np.diff(tails))
+        ]
+        ids, times = self._from_streams(lo, hi)
+        if self.shuffle:
+            return ids[
+                _rng(f"batch:{self.plan.fingerprint}:{b}", self.seed, self.epoch).permutation(
+                    len(ids)
+                )
+            ]
+        return ids[np.argsort(times, kind="stable")]

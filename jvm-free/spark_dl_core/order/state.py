@@ -1,0 +1,137 @@
+"""Resume state: a position counted in samples of the global order, and the epoch it is in.
+
+A position is checked against the dataset and the order settings it was saved under, and
+moved between epochs only when every rank's share of the epoch is consumed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from ..errors import PackError, SpecError
+from .dataset_order import DEFAULT_WINDOW, ORDER_VERSION
+
+if TYPE_CHECKING:
+    from ..sources.dataset import Dataset
+
+
+@dataclass(frozen=True)
+class LoaderState:
+    """Where an epoch stands, independent of world size: enough to resume exactly.
+
+    ``consumed`` counts samples of the global order already delivered (all ranks together).
+    ``version`` is the order version (:data:`ORDER_VERSION`) the position counts in.
+    """
+
+    fingerprint: str
+    seed: int
+    epoch: int
+    shuffle: bool
+    shuffle_window: int
+    batch_size: int
+    drop_last: bool
+    consumed: int
+    version: int = ORDER_VERSION
+    # Packed loaders: {"settings": pack settings, "rows": global rows consumed, "version"}
+    # (see spark_dl_core.loaders.packing); ``consumed`` is then 0.
+    pack: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.pack is None:
+            del out["pack"]
+        return out
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> LoaderState:
+        if not isinstance(state, dict):
+            raise SpecError(f"loader state must be a dict, got {type(state).__name__}")
+        missing = {f for f in cls.__dataclass_fields__ if f not in ("version", "pack")} - set(state)
+        if missing:
+            raise SpecError(f"loader state lacks {sorted(missing)}; was it made by spark-dl?")
+        version = state.get("version", 1)
+        if version != ORDER_VERSION:
+            raise SpecError(
+                f"loader state has order version {version!r}, this spark-dl computes order "
+                f"version {ORDER_VERSION}: the same seed gives another sample order, so its "
+                f"position (consumed={state['consumed']}) would repeat or skip samples; finish "
+                "the epoch with the spark-dl that saved it, or start the epoch afresh"
+            )
+        return cls(**{k: state[k] for k in cls.__dataclass_fields__ if k in state})
+
+    def position(self, total: int) -> tuple[int, int]:
+        """(epoch, consumed) to resume at, for an epoch of ``total`` samples.
+
+        A ``drop_last`` state with less than one of its batches left had finished its epoch:
+        no batch of the loader that saved it takes that tail, at any world size (states saved
+        by earlier versions at such an end count short of ``total``).
+        """
+        consumed = self.consumed
+        if self.drop_last and consumed and total - consumed < self.batch_size:
+            consumed = total
+        return epoch_position(self.epoch, consumed, total)
+
+    def check(self, dataset: Dataset, **settings: Any) -> None:
+        """Raise if this state belongs to another dataset or other order settings. A packed
+        position is refused unless ``pack`` (the loader's pack settings) is given."""
+        if self.pack is not None and settings.pop("pack", None) is None:
+            raise PackError(
+                "loader state is a position in packed rows (saved with pack=); pass the same "
+                "pack= to resume it",
+                field="pack",
+            )
+        settings.pop("pack", None)
+        if self.fingerprint != dataset.fingerprint:
+            raise SpecError(
+                f"loader state is for dataset {self.fingerprint[:16]}…, but {dataset.path} has "
+                f"fingerprint {dataset.fingerprint[:16]}…: resuming would mix up samples"
+            )
+        for name, value in settings.items():
+            if name == "batch_size" and not getattr(dataset, "order_uses_batch_size", False):
+                continue  # positions count samples: the batch size may change on resume
+            if getattr(self, name) != value:
+                raise SpecError(
+                    f"loader state was saved with {name}={getattr(self, name)!r}, the loader "
+                    f"has {name}={value!r}; pass the same value to resume exactly"
+                )
+        if not 0 <= self.consumed <= len(dataset):
+            raise SpecError(f"loader state consumed={self.consumed} is outside 0..{len(dataset)}")
+
+
+def resolve_window(window: int | None) -> int:
+    return DEFAULT_WINDOW if window is None else int(window)
+
+
+def epoch_position(epoch: int, consumed: int, total: int) -> tuple[int, int]:
+    """A position at the end of its epoch (all ranks' samples consumed) is the next epoch's
+    start; any other position stays in its epoch."""
+    if consumed and consumed >= total:
+        return epoch + 1, 0
+    return epoch, consumed
+
+
+class _Positioned(Protocol):
+    @property
+    def total(self) -> int: ...
+
+
+P = TypeVar("P", bound=_Positioned)
+
+
+def plan_position(build: Callable[[int, int], P], epoch: int, at: int) -> tuple[int, int, P]:
+    """The position a loader saves and the plan its next pass reads, from ``(epoch, at)``
+    (samples, or packed rows, consumed by all ranks).
+
+    Whether the epoch is over is a global fact (:func:`epoch_position`), never this rank's:
+    a rank whose plan is empty inside the epoch (the other ranks hold the last batches, or
+    ``drop_last`` at this batch size leaves no whole round) makes an empty pass of that
+    epoch. Dealing it the next epoch instead would deliver samples twice, and a trainer's
+    ``set_epoch(current)`` would then restart the epoch in progress.
+    """
+    plan = build(epoch, at)
+    if at and at >= plan.total:  # (``total`` only when needed: a packed plan reads for it)
+        epoch, at = epoch_position(epoch, at, plan.total)
+        plan = build(epoch, at)
+    return epoch, at, plan
