@@ -44,9 +44,9 @@ from spark_dl_core.commit import (
 )
 from spark_dl_core.errors import DatasetError, SpecError
 from spark_dl_core.format.index import ShardInfo
-from spark_dl_core.loaders.arrow import arrow_schema, batch_to_arrow
 from spark_dl_core.maintenance import DEFAULT_RETENTION_SECONDS, vacuum_store
 from spark_dl_core.meta import ColumnPlan, ShardRecords, plan_columns, read_meta
+from spark_dl_core.ops.arrow import arrow_schema, batch_to_arrow
 from spark_dl_core.store.storage import Store
 
 from .mixture_source import MIXTURE_READ_OPTIONS, MixtureReader, mixture_schema

@@ -19,7 +19,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from spark_dl_core import Mixture, open_mixture
 from spark_dl_core.errors import SpecError
-from spark_dl_core.loaders.arrow import arrow_schema, batch_to_arrow
+from spark_dl_core.ops.arrow import arrow_schema, batch_to_arrow
 from spark_dl_core.order import DEFAULT_WINDOW
 
 from .types import conform, spark_arrow_schema, to_spark_schema

@@ -455,7 +455,7 @@ def test_map_with_a_duplicate_key_is_refused_naming_column_and_row(tmp_path: Pat
 
 def test_maps_written_before_keys_were_typed_still_read() -> None:
     """Older datasets stored an empty map as ``[]`` and int keys as text."""
-    from spark_dl_core.loaders.arrow import numpy_to_arrow
+    from spark_dl_core.ops.arrow import numpy_to_arrow
 
     stored = np.empty(2, dtype=object)
     stored[:] = [{"1": "a"}, []]

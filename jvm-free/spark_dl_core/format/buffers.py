@@ -186,3 +186,33 @@ class Jagged:
         for i, piece in enumerate(pieces[: len(self)]):
             out[i] = piece
         return out
+
+
+@dataclass(frozen=True)
+class ImageList:
+    """Images of different sizes in one buffer: ``flat`` holds them back to back, each
+    ``shapes[i]`` = ``(h, w, c)``. Crosses process boundaries as one buffer; torch users
+    get a list of ``[H, W, C]`` tensors (views of one tensor), numpy users an object array.
+    """
+
+    flat: np.ndarray
+    shapes: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def offsets(self) -> np.ndarray:
+        sizes = np.prod(self.shapes, axis=1) if len(self.shapes) else np.zeros(0, np.int64)
+        return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+    def to_objects(self) -> np.ndarray:
+        offsets = self.offsets()
+        out = np.empty(len(self), dtype=object)
+        for i, shape in enumerate(self.shapes.tolist()):
+            out[i] = self.flat[offsets[i] : offsets[i + 1]].reshape(shape)
+        return out
+
+    def rows(self, start: int, stop: int) -> ImageList:
+        offsets = self.offsets()
+        flat = self.flat[offsets[start] : offsets[stop]]
+        return ImageList(flat, self.shapes[start:stop])

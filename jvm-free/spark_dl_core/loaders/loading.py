@@ -19,9 +19,9 @@ from typing import Any
 import pyarrow as pa
 
 from ..meta import column_names
+from ..ops.arrow import arrow_schema, batch_to_arrow
 from ..order import EpochPlan, LoaderState
 from ..sources.dataset import Batch, Dataset, install_loading
-from .arrow import arrow_schema, batch_to_arrow
 from .frameworks import adapter
 from .packing import iter_packed
 from .reader import BatchReader

@@ -52,7 +52,7 @@ from ..order import GlobalOrder, LoaderState
 from ..order.dataset_order import _order_of
 
 if TYPE_CHECKING:
-    from ..sources.dataset import Dataset
+    from ..sources.protocol import ShardSource
 
 IGNORE_INDEX = -100  # torch's cross_entropy ignore_index default
 BLOCK_DOCS = 1 << 16  # documents per block for orders without shuffle windows (mixtures)
@@ -98,7 +98,7 @@ def parse_pack(value: Any) -> PackSpec | None:
         ) from None
 
 
-def _tokenize_op(dataset: Dataset, column: str) -> dict[str, Any] | None:
+def _tokenize_op(dataset: ShardSource, column: str) -> dict[str, Any] | None:
     """The recorded ``tokenize`` op that wrote ``column``, if any."""
     for op in (dataset.spec or {}).get("transforms", []):
         if op.get("op") == "tokenize" and op.get("output", "tokens") == column:
@@ -106,7 +106,7 @@ def _tokenize_op(dataset: Dataset, column: str) -> dict[str, Any] | None:
     return None
 
 
-def check_pack(dataset: Dataset, pack: PackSpec) -> PackSpec:
+def check_pack(dataset: ShardSource, pack: PackSpec) -> PackSpec:
     """``pack`` checked against the dataset, with ``pad_id`` resolved: the column must be a
     1-D integer ndarray column; a ``pad_id`` that is an ordinary token of the column's
     recorded tokenizer (not a special token, below its vocabulary size) is refused, since a
@@ -165,7 +165,7 @@ class _Docs:
     """The pack column's documents of one dataset (or mixture): the last few loaded
     shards' document tables (where each document's tokens lie, how many)."""
 
-    def __init__(self, dataset: Dataset, column: str, keep: int, verify: bool | None) -> None:
+    def __init__(self, dataset: ShardSource, column: str, keep: int, verify: bool | None) -> None:
         self.dataset, self.column, self.keep, self.verify = dataset, column, keep, verify
         self.index = dataset.layout.names.index(column)
         self.recent: dict[int, _ShardDocs] = {}
@@ -344,7 +344,7 @@ class EpochPacking:
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: ShardSource,
         pack: PackSpec,
         *,
         seed: int,
@@ -728,7 +728,7 @@ def state_rows(state: dict[str, Any] | None, pack: PackSpec) -> int:
 
 
 def packed_plan(
-    dataset: Dataset,
+    dataset: ShardSource,
     settings: Any,
     *,
     epoch: int,
@@ -760,7 +760,7 @@ def packed_plan(
 
 
 def resume_position(
-    dataset: Dataset, settings: Any, state: dict[str, Any] | None
+    dataset: ShardSource, settings: Any, state: dict[str, Any] | None
 ) -> tuple[int, int]:
     """(epoch, rows consumed) of a packed loader: from ``state`` (checked against dataset,
     order and pack settings), else the settings' epoch from its start."""
@@ -779,7 +779,7 @@ def resume_position(
 
 
 def iter_packed(
-    dataset: Dataset, settings: Any, state: dict[str, Any] | None = None
+    dataset: ShardSource, settings: Any, state: dict[str, Any] | None = None
 ) -> Iterator[dict[str, Any]]:
     """numpy batches of packed rows for ``Dataset.iter_batches(pack=...)``; the settings
     and ``state`` are checked now, before the first batch."""
@@ -790,7 +790,7 @@ def iter_packed(
     return (batch for batch, _ in plan.batches())
 
 
-def packed_state(dataset: Dataset, settings: Any, epoch: int, rows: int) -> dict[str, Any]:
+def packed_state(dataset: ShardSource, settings: Any, epoch: int, rows: int) -> dict[str, Any]:
     """The loader state of a packed position (``consumed`` 0, rows in ``pack``)."""
     pack = check_pack(dataset, settings.pack)
     return LoaderState(

@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import DatasetError, SpecError
+from ..format.buffers import ImageList
 from ..ops.registry import register_op
 from ..ops.transforms import (
     CenterCrop,
@@ -331,36 +332,6 @@ def fixes_size(geometry: Sequence[Any]) -> bool:
         if isinstance(op, Resize):
             return not isinstance(op.size, int)
     return False
-
-
-@dataclass(frozen=True)
-class ImageList:
-    """Images of different sizes in one buffer: ``flat`` holds them back to back, each
-    ``shapes[i]`` = ``(h, w, c)``. Crosses process boundaries as one buffer; torch users
-    get a list of ``[H, W, C]`` tensors (views of one tensor), numpy users an object array.
-    """
-
-    flat: np.ndarray
-    shapes: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.shapes)
-
-    def offsets(self) -> np.ndarray:
-        sizes = np.prod(self.shapes, axis=1) if len(self.shapes) else np.zeros(0, np.int64)
-        return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-
-    def to_objects(self) -> np.ndarray:
-        offsets = self.offsets()
-        out = np.empty(len(self), dtype=object)
-        for i, shape in enumerate(self.shapes.tolist()):
-            out[i] = self.flat[offsets[i] : offsets[i + 1]].reshape(shape)
-        return out
-
-    def rows(self, start: int, stop: int) -> ImageList:
-        offsets = self.offsets()
-        flat = self.flat[offsets[start] : offsets[stop]]
-        return ImageList(flat, self.shapes[start:stop])
 
 
 def decode_image(
@@ -746,6 +717,13 @@ class ImagePipeline:
         if self.chw:
             batch = np.ascontiguousarray(batch.transpose(0, 3, 1, 2))
         return batch
+
+    @staticmethod
+    def device_missing(device: str) -> str | None:
+        """What this machine lacks to decode images on ``device`` (None: nothing)."""
+        if str(device).startswith("cuda") and not gpu_decoder_available():
+            return "torchvision's decode_jpeg is not importable"
+        return None
 
     def run_torch(self, raws: list[bytes], plan: Plan, device: str) -> Any:
         """The same plan on a torch device: one batched decode call there, then the crops.

@@ -665,7 +665,8 @@ class ColumnPipeline(Protocol):
     """What a decode op's registered implementation makes for one column: it takes the ops
     after the decode that apply to its kind, and turns a batch's encoded values into the
     column's decoded batch. ``on_device``: it can also decode on a torch device (then it
-    has ``plan(raws, key, index, where)`` and ``run_torch(raws, plan, device)``)."""
+    has ``plan(raws, key, index, where)``, ``run_torch(raws, plan, device)`` and
+    ``device_missing(device)``, what this machine lacks to decode there, or None)."""
 
     kind: str
     on_device: bool

@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import SpecError
 
 if TYPE_CHECKING:
-    from ..sources.dataset import Dataset
+    from ..sources.protocol import ShardSource
 
 DEFAULT_WINDOW = 4
 # Up to this many ranks, a rank reads enough of each window that computing the window's
@@ -287,7 +287,7 @@ _ORDERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], _Order]] = weakref
 
 
 def _order_of(
-    dataset: Dataset, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int = 0
+    dataset: ShardSource, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int = 0
 ) -> _Order:
     """The dataset's global order for these settings; the last two are kept per dataset, so
     a loader and its resumed or re-planned passes share one O(shards) order. A mixture

@@ -17,7 +17,7 @@ from .dataset_order import DENSE_WORLD, _Materialized, _Order, _order_of
 from .state import resolve_window
 
 if TYPE_CHECKING:
-    from ..sources.dataset import Dataset
+    from ..sources.protocol import ShardSource
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class EpochPlan(Sequence[np.ndarray]):
     @classmethod
     def build(
         cls,
-        dataset: Dataset,
+        dataset: ShardSource,
         *,
         batch_size: int,
         shuffle: bool,

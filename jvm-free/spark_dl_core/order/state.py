@@ -14,7 +14,7 @@ from ..errors import PackError, SpecError
 from .dataset_order import DEFAULT_WINDOW, ORDER_VERSION
 
 if TYPE_CHECKING:
-    from ..sources.dataset import Dataset
+    from ..sources.protocol import ShardSource
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class LoaderState:
             consumed = total
         return epoch_position(self.epoch, consumed, total)
 
-    def check(self, dataset: Dataset, **settings: Any) -> None:
+    def check(self, dataset: ShardSource, **settings: Any) -> None:
         """Raise if this state belongs to another dataset or other order settings. A packed
         position is refused unless ``pack`` (the loader's pack settings) is given."""
         if self.pack is not None and settings.pop("pack", None) is None:

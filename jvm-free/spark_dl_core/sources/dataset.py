@@ -49,9 +49,9 @@ from ..meta import (
 from ..store.cache import shard_store
 from ..store.indexing import index_fingerprint
 from ..store.storage import check_path
+from .protocol import Batch
 
 # column -> numpy array, or a Jagged batch (token sequences) inside the loaders
-Batch = dict[str, Any]
 
 
 class Dataset:
@@ -562,7 +562,7 @@ class Dataset:
     def _access(self, rows: Any, columns: list[str] | None, key: Any) -> Any:
         """``ds[rows, columns]``: a sample dict for an integer ``rows``, else a batch dict."""
         n = int(self.shard_offsets[-1])  # stored samples (a mixture's sources one after another)
-        from ..loaders.reader import random_access_ops
+        from ..ops.read import random_access_ops
 
         asked, ops = columns, random_access_ops(self, columns)
         if ops is not None:  # asked names are the ops' outputs: read every stored column

@@ -44,11 +44,11 @@ from ..settings import (
 from ..telemetry import PassStats
 
 if TYPE_CHECKING:
-    from ...sources.dataset import Dataset
+    from ...sources.protocol import ShardSource
 
 
 def _column_spec(
-    dataset: Dataset, name: str, sample: Any, transformed: bool = False, varies: bool = False
+    dataset: ShardSource, name: str, sample: Any, transformed: bool = False, varies: bool = False
 ) -> tuple[Any, str]:
     """The TypeSpec for one column and how to convert it ("dense", "string", "jagged",
     "ragged"). Follows the column's form (``Dataset.forms``), not the probed batch:
@@ -120,7 +120,7 @@ def _ragged(values: Any, ndim: int) -> Any:
 
 
 def tf_state(
-    dataset: Dataset,
+    dataset: ShardSource,
     *,
     seed: int,
     epoch: int,
@@ -147,7 +147,7 @@ def tf_state(
 
 
 def make_tf_dataset(
-    dataset: Dataset,
+    dataset: ShardSource,
     settings: LoaderSettings | None = None,
     *,
     state: dict[str, Any] | None = None,

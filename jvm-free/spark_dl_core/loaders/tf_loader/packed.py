@@ -22,11 +22,11 @@ from ..settings import TF_ONLY, LoaderSettings, settings_from
 from ..telemetry import PassStats
 
 if TYPE_CHECKING:
-    from ...sources.dataset import Dataset
+    from ...sources.protocol import ShardSource
 
 
 def make_packed_tf_dataset(
-    dataset: Dataset,
+    dataset: ShardSource,
     settings: LoaderSettings | None = None,
     *,
     state: dict[str, Any] | None = None,

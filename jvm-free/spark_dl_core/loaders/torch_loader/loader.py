@@ -16,8 +16,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ...errors import SpecError
+from ...ops.read import ReadOps
 from ...order import EpochPlan, LoaderState, epoch_position, plan_position
-from ..reader import BatchReader, ReadOps
+from ..reader import BatchReader
 from ..settings import (
     PAD_MASK,
     TORCH_ONLY,
@@ -31,7 +32,7 @@ from .shared import _in_slab, _Leases, _shared_bytes, _SlabItem, _Slabs
 from .tensors import JaggedTensors, _warm_nested, take_rows, to_device, to_tensors
 
 if TYPE_CHECKING:
-    from ...sources.dataset import Dataset
+    from ...sources.protocol import ShardSource
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -48,7 +49,7 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     )
 
 
-def check_device(device: str | None, transforms: Any, dataset: Dataset) -> str | None:
+def check_device(device: str | None, transforms: Any, dataset: ShardSource) -> str | None:
     """Where image decoding runs: ``device`` when it can, else None (DataLoader workers).
 
     ``device="cuda"`` without CUDA is an error; with CUDA but no GPU JPEG decoder
@@ -63,21 +64,22 @@ def check_device(device: str | None, transforms: Any, dataset: Dataset) -> str |
             f"device={device!r}, but torch sees no CUDA device (torch {torch.__version__}); "
             "leave device unset to decode on the CPU in the DataLoader workers"
         )
-    if not ReadOps(dataset, transforms, None).pipelines:
+    pipelines = ReadOps(dataset, transforms, None).pipelines.values()
+    on_device = [p for p in pipelines if p.on_device]
+    if not on_device:
         return None
-    from ...media.images import gpu_decoder_available
-
-    if not gpu_decoder_available():
+    missing = [why for p in on_device if (why := p.device_missing(device))]
+    if missing:
         warnings.warn(
-            f"device={device!r}: torchvision's decode_jpeg is not importable, so images "
-            "decode on the CPU in the DataLoader workers and batches then move to the GPU",
+            f"device={device!r}: {missing[0]}, so decoding runs on the CPU in the DataLoader "
+            "workers and batches then move to the device",
             stacklevel=3,
         )
         return None
     return device
 
 
-def _mean_sample_bytes(dataset: Dataset) -> int:
+def _mean_sample_bytes(dataset: ShardSource) -> int:
     """Average stored (uncompressed) bytes of one sample: the row size of variable data."""
     samples = max(1, len(dataset))
     return max(1, int(dataset.shards.raw_bytes.sum()) // samples)
@@ -99,7 +101,7 @@ class _Batches(IterableDataset):
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: ShardSource,
         plan: EpochPlan,
         read: dict[str, Any],
         group: int,
@@ -244,7 +246,7 @@ class TorchLoader:
     """
 
     def __init__(
-        self, dataset: Dataset, settings: LoaderSettings | None = None, **kwargs: Any
+        self, dataset: ShardSource, settings: LoaderSettings | None = None, **kwargs: Any
     ) -> None:
         settings = settings_from(settings, kwargs)
         settings.only("PyTorch", TORCH_ONLY)

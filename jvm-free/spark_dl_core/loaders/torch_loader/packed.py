@@ -24,14 +24,14 @@ from ..telemetry import PassStats
 from . import resolve_rank, to_device
 
 if TYPE_CHECKING:
-    from ...sources.dataset import Dataset
+    from ...sources.protocol import ShardSource
 
 
 class _Workers(IterableDataset):
     """What each DataLoader worker runs: its round-robin share of the rank's batches (the
     order DataLoader hands them back in). Holds settings only: each worker packs anew."""
 
-    def __init__(self, dataset: Dataset, settings: LoaderSettings, where: dict[str, int]):
+    def __init__(self, dataset: ShardSource, settings: LoaderSettings, where: dict[str, int]):
         self.dataset, self.settings, self.where = dataset, settings, where
 
     def __iter__(self) -> Iterator[tuple[dict[str, Any], int]]:
@@ -54,7 +54,7 @@ class PackedTorchLoader:
     """A resumable, rank- and worker-sharded loader of packed token rows."""
 
     def __init__(
-        self, dataset: Dataset, settings: LoaderSettings | None = None, **kwargs: Any
+        self, dataset: ShardSource, settings: LoaderSettings | None = None, **kwargs: Any
     ) -> None:
         settings = settings_from(settings, kwargs)
         settings.only("PyTorch", TORCH_ONLY)

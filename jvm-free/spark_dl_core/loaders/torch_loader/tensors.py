@@ -11,12 +11,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ...format.buffers import Jagged
-from ...media.images import ImageList
-from ..reader import EncodedImages
+from ...format.buffers import ImageList, Jagged
+from ...ops.read import EncodedImages
 
 if TYPE_CHECKING:
-    from ...sources.dataset import Batch
+    from ...sources.protocol import Batch
 
 
 def to_tensors(batch: Batch) -> dict[str, Any]:

@@ -19,31 +19,31 @@ from ..format.buffers import Jagged
 from ..format.encodings import bytes_from_json_text, is_binary_type, map_key_from_text
 
 if TYPE_CHECKING:
-    from ..sources.dataset import Batch, Dataset
+    from ..sources.protocol import Batch, ShardSource
 
 
-def read_transforms(dataset: Dataset) -> list[Any]:
+def read_transforms(dataset: ShardSource) -> list[Any]:
     """The spec's ``"at": "read"`` transforms, which every reader applies."""
-    from ..ops.transforms import parse_transforms
+    from .transforms import parse_transforms
 
     recorded = (dataset.spec or {}).get("transforms", [])
     return parse_transforms([t for t in recorded if t.get("at") == "read"])
 
 
-def arrow_schema(dataset: Dataset, columns: list[str] | None = None) -> pa.Schema:
+def arrow_schema(dataset: ShardSource, columns: list[str] | None = None) -> pa.Schema:
     """The Arrow schema a reader of ``dataset`` produces: the stored columns (masks folded
     into nullability) after the spec's read-time transforms."""
     schema = stored_schema(dataset, columns)
     transforms = read_transforms(dataset)
     if not transforms:
         return schema
-    from ..ops.transforms import apply_transforms
+    from .transforms import apply_transforms
 
     empty = pa.RecordBatch.from_pylist([], schema=schema)
     return apply_transforms(empty, transforms, "read").schema
 
 
-def stored_schema(dataset: Dataset, columns: list[str] | None = None) -> pa.Schema:
+def stored_schema(dataset: ShardSource, columns: list[str] | None = None) -> pa.Schema:
     """The Arrow schema of the stored columns (masks folded into nullability)."""
     if dataset.plans:
         fields = [pa.field(p.name, p.arrow_type, nullable=p.nullable) for p in dataset.plans]
@@ -62,7 +62,7 @@ def stored_schema(dataset: Dataset, columns: list[str] | None = None) -> pa.Sche
 
 
 def batch_to_arrow(
-    dataset: Dataset, batch: Batch, columns: list[str] | None = None
+    dataset: ShardSource, batch: Batch, columns: list[str] | None = None
 ) -> pa.RecordBatch:
     schema = stored_schema(dataset, columns)
     masks = {p.name: p.null_mask for p in dataset.plans or [] if p.null_mask}
@@ -77,7 +77,7 @@ def batch_to_arrow(
     record = pa.RecordBatch.from_arrays(arrays, schema=schema)
     transforms = read_transforms(dataset)
     if transforms:
-        from ..ops.transforms import apply_transforms
+        from .transforms import apply_transforms
 
         record = apply_transforms(record, transforms, "read")
     return record

@@ -1,0 +1,108 @@
+"""The core's folders show its flow: every import points down the ranks below, at any level
+of the code (function-level imports included), so no room reaches back up.
+
+Ranks, lowest first (a room may import its own modules and any room ranked lower):
+errors, format, the source protocol, order and store, ops, spec, meta, commit and
+maintenance, writer, sources, then loaders and media side by side (neither imports the
+other: media registers into ops and is found by name), card, the package's face.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+CORE = Path(__file__).resolve().parent.parent / "jvm-free" / "spark_dl_core"
+RANKS = {
+    "errors": 0,
+    "_version": 0,
+    "_jpeg": 0,
+    "_buffers": 0,
+    "format": 1,
+    "sources.protocol": 2,
+    "order": 3,
+    "store": 3,
+    "ops": 4,
+    "spec": 5,
+    "meta": 6,
+    "commit": 7,
+    "maintenance": 7,
+    "writer": 8,
+    "sources": 9,
+    "loaders": 10,
+    "media": 10,
+    "card": 11,
+    "__init__": 12,
+}
+
+
+def _room(module: str) -> str:
+    """The room of ``spark_dl_core.<module>``: its longest prefix in :data:`RANKS`."""
+    parts = module.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in RANKS:
+            return ".".join(parts[:i])
+    raise AssertionError(f"module {module!r} is in no room of the layout: add it to RANKS")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(CORE.rglob("*.py")):
+        parts = list(path.relative_to(CORE).with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(module: str, path: Path) -> list[tuple[str, int]]:
+    """``(imported core module, line)`` for every import of a core module, at any depth."""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = [*base, *(node.module.split(".") if node.module else [])]
+                names = [".".join([*target, a.name]) for a in node.names]
+                found += [(".".join(target) or n, node.lineno) for n in names if target]
+                found += [(n, node.lineno) for n in names if not target]
+            elif (node.module or "").startswith("spark_dl_core."):
+                found.append((node.module[len("spark_dl_core.") :], node.lineno))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("spark_dl_core."):
+                    found.append((alias.name[len("spark_dl_core.") :], node.lineno))
+    return found
+
+
+def _package_face(module: str) -> bool:
+    return module == "__init__"
+
+
+def test_every_import_points_down() -> None:
+    wrong = []
+    for module, path in _modules().items():
+        room = "__init__" if _package_face(module) else _room(module)
+        for target, line in _imports(module, path):
+            there = _room(target)
+            if there == room or RANKS[there] < RANKS[room]:
+                continue
+            wrong.append(f"{path.relative_to(CORE)}:{line} ({room}) imports {target} ({there})")
+    assert not wrong, "imports that run up or sideways:\n" + "\n".join(wrong)
+
+
+def test_every_module_has_a_room_and_imports() -> None:
+    """Each module of the package is placed, and each imports cleanly (a wrong relative
+    import fails here on any machine, not on the first that reaches that line)."""
+    for module in _modules():
+        if module != "__init__":
+            _room(module)
+        if "tf_loader" in module:
+            pytest.importorskip("tensorflow")
+        importlib.import_module(
+            "spark_dl_core" if module == "__init__" else f"spark_dl_core.{module}"
+        )
