@@ -416,6 +416,27 @@ def test_reencode_audio_refuses_bad_bytes_and_columns(tmp_path: Path) -> None:
         write_mds(table, str(tmp_path / "mp3"), {"transforms": [{**REENCODE, "format": "mp3"}]})
 
 
+def test_reencode_audio_of_an_empty_clip(tmp_path: Path) -> None:
+    """A valid empty WAV: WAV and OGG store a clip that reads back as 0 samples; FLAC cannot
+    (libsndfile wrote 0 bytes that failed only when read) and refuses it at write time."""
+    from spark_dl_core.errors import ReencodeError
+
+    empty = _encode(np.zeros((0, 2), np.float32), 44_100, "WAV", None)
+    clips = [_encode(_tone(44_100, 0.5, 2), 44_100, "WAV", None), empty]
+    table = pa.table({"id": np.arange(2), "audio": clips})
+    with pytest.raises(ReencodeError, match=r"column 'audio'.*no samples.*FLAC.*row 1 of"):
+        write_mds(table, str(tmp_path / "flac"), {"transforms": [REENCODE]})
+    decode = [{"op": "audio_decode", "column": "audio", "sample_rate": 16_000, "mono": True}]
+    for fmt in ("wav", "ogg"):
+        path = str(tmp_path / fmt)
+        write_mds(table, path, {"transforms": [{**REENCODE, "format": fmt}]})
+        (stored,) = list(open_dataset(path).iter_batches(batch_size=2))
+        data, rate = sf.read(io.BytesIO(stored["audio"][1]), dtype="float32")
+        assert (len(data), rate) == (0, 16_000)
+        (batch,) = list(open_dataset(path).iter_batches(batch_size=2, transforms=decode))
+        assert [len(a) for a in batch["audio"]] == [8_000, 0]
+
+
 def test_spark_write_reencodes_audio_in_the_executors(classic_spark: Any, tmp_path: Path) -> None:
     import json
 

@@ -20,6 +20,12 @@ from ..ops.registry import register_op
 
 # format name -> (libsndfile's container, its subtype)
 FORMATS = {"flac": ("FLAC", "PCM_16"), "wav": ("WAV", "PCM_16"), "ogg": ("OGG", "VORBIS")}
+# FLAC's header says 0 samples only as "length unknown": libsndfile writes no bytes at all
+# for an empty clip, and cannot read an empty FLAC written by hand (every read fails).
+_EMPTY_FLAC = (
+    "reencode_audio: the clip has no samples (or none left after resampling) and FLAC "
+    "cannot store an empty clip that reads back; drop such rows or use format='wav' / 'ogg'"
+)
 
 
 def _need(module: str) -> Any:
@@ -57,6 +63,8 @@ def reencode_audio(op: Any, array: pa.Array) -> pa.Array:
             data = data.mean(axis=1, keepdims=True, dtype=np.float32)
         if target != rate and len(data):
             data = _need("soxr").resample(data, rate, target, quality="HQ")
+        if not len(data) and container == "FLAC":
+            raise ReencodeError(op.column, _EMPTY_FLAC, row)
         buffer = io.BytesIO()
         # resampling may overshoot full scale a little: clip rather than wrap around
         sf.write(buffer, np.clip(data, -1.0, 1.0), target, format=container, subtype=subtype)
