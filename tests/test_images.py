@@ -17,7 +17,7 @@ from PIL import Image
 
 from spark_dl_core import DatasetSpec, open_dataset, write_mds
 from spark_dl_core.errors import SpecError
-from spark_dl_core.media import images as image_module
+from spark_dl_core.media.clips import images as image_module
 from spark_dl_core.media.images import ImageError, ImagePipeline, decode_image, plan_boxes
 from spark_dl_core.ops.transforms import RandomResizedCrop, parse_transforms
 
@@ -469,3 +469,94 @@ def test_exif_orientation_is_not_applied(exact: bool, tmp_path: Path) -> None:
     image = np.asarray(batch["image"][0])
     assert image.shape == (20, 40, 3)
     assert image[:, :15].mean() > 200 and image[:, 25:].mean() < 50
+
+
+def _segment_end(raw: bytes, marker: int) -> int:
+    """Where the header segment ``0xFF marker`` of a JPEG ends."""
+    at = raw.index(bytes([0xFF, marker]))
+    return at + 2 + int.from_bytes(raw[at + 2 : at + 4], "big")
+
+
+def _warning_jpegs() -> dict[str, bytes]:
+    """A PIL-written JPEG and copies edited so libjpeg warns (junk bytes before a marker)
+    or reads an ICC profile's APP2 segment after SOF; PIL decodes all to the same pixels."""
+    pixels = np.random.default_rng(5).integers(0, 256, (44, 60, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+    raw = out.getvalue()
+    from PIL import ImageCms
+
+    icc = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    app2 = b"ICC_PROFILE\x00\x01\x01" + icc
+    app2 = b"\xff\xe2" + (len(app2) + 2).to_bytes(2, "big") + app2
+    dqt, sof, eoi = raw.index(b"\xff\xdb"), _segment_end(raw, 0xC0), raw.rindex(b"\xff\xd9")
+    return {
+        "clean": raw,
+        "junk before DQT": raw[:dqt] + b"\x12\x34" + raw[dqt:],
+        "junk before EOI": raw[:eoi] + b"\x00\x01\x02" + raw[eoi:],
+        "ICC after SOF": raw[:sof] + app2 + raw[sof:],
+    }
+
+
+JPEG_PATHS = {
+    "decode only": [{"op": "image_decode", "column": "image"}],
+    "crop": [
+        {"op": "image_decode", "column": "image"},
+        {"op": "center_crop", "column": "image", "size": [20, 28]},
+    ],
+    "resize": [
+        {"op": "image_decode", "column": "image"},
+        {"op": "resize", "column": "image", "size": [22, 30]},
+    ],
+    "exact": [
+        {"op": "image_decode", "column": "image", "exact": True},
+        {"op": "center_crop", "column": "image", "size": 24},
+    ],
+    "exact decode only": [{"op": "image_decode", "column": "image", "exact": True}],
+}
+
+
+@pytest.mark.parametrize("extension", [True, False])
+def test_jpegs_with_harmless_libjpeg_warnings_decode_on_every_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extension: bool
+) -> None:
+    """Warnings are not errors, as in PIL: such files gave pixels through the crop path
+    (the C extension) but ImageError through decode-only and exact=True (simplejpeg)."""
+    if not extension:  # a build without the optional C extension: simplejpeg, then PIL
+        from spark_dl_core.media import image_codec
+
+        monkeypatch.setattr(image_module, "_jpeg", None)
+        monkeypatch.setattr(image_codec, "jpeg_ext", None)
+    raws = _warning_jpegs()
+    want = np.asarray(Image.open(io.BytesIO(raws["clean"])).convert("RGB"))
+    for raw in raws.values():  # the edits change no pixel of PIL's decode
+        np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(raw)).convert("RGB")), want)
+    write_mds(pa.table({"image": list(raws.values())}), str(tmp_path), mode="overwrite")
+    for path, ops in JPEG_PATHS.items():
+        (batch,) = open_dataset(tmp_path).iter_batches(batch_size=len(raws), transforms=ops)
+        for i, name in enumerate(raws):  # same boxes: every sample has the same size
+            np.testing.assert_array_equal(batch["image"][i], batch["image"][0], f"{path}: {name}")
+        crops = {"crop": want[12:32, 16:44], "exact": want[10:34, 18:42]}
+        expected = want if path.endswith("decode only") else crops.get(path)
+        if expected is not None:  # resize: resampled, compared with the clean file above
+            np.testing.assert_array_equal(batch["image"][0], expected, path)
+
+
+@pytest.mark.parametrize("extension", [True, False])
+def test_corrupt_jpegs_still_fail_on_every_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extension: bool
+) -> None:
+    if not extension:
+        from spark_dl_core.media import image_codec
+
+        monkeypatch.setattr(image_module, "_jpeg", None)
+        monkeypatch.setattr(image_codec, "jpeg_ext", None)
+    raw = _warning_jpegs()["junk before EOI"]
+    scan = _segment_end(raw, 0xDA)
+    garbage = b"\xff\xd8" + np.random.default_rng(1).integers(0, 256, 600, np.uint8).tobytes()
+    truncated = raw[: (scan + len(raw)) // 2]  # cut in the middle of the entropy data
+    for bad in (truncated, garbage):
+        write_mds(pa.table({"image": [raw, bad]}), str(tmp_path), mode="overwrite")
+        for ops in JPEG_PATHS.values():
+            with pytest.raises(ImageError, match=r"column 'image', shard '.*', sample 1"):
+                list(open_dataset(tmp_path).iter_batches(batch_size=2, transforms=ops))

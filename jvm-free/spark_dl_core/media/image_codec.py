@@ -42,8 +42,11 @@ def image_size(raw: bytes) -> tuple[int, int]:
         h, w, _ = jpeg_ext.header(raw)
         return int(h), int(w)
     if simplejpeg is not None and raw[:2] == JPEG_MAGIC:
-        h, w, _, _ = simplejpeg.decodejpeg_ext_header(raw)
-        return int(h), int(w)
+        try:
+            h, w, _, _ = simplejpeg.decode_jpeg_header(raw)
+            return int(h), int(w)
+        except ValueError:  # any libjpeg warning (junk before a marker): PIL reads past it
+            pass
     with pil().open(io.BytesIO(raw)) as image:
         w, h = image.size
     return int(h), int(w)

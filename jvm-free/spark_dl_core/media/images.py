@@ -344,24 +344,66 @@ def decode_image(
     keeps the image at least that large (JPEG only; others decode at full size)."""
     global _decodes
     _decodes += 1
+    if raw[:2] == _JPEG and not _four_channel(raw):
+        pixels = _decode_jpeg(raw, mode, at_least, into)
+        if pixels is not None:
+            return pixels
     min_h, min_w = at_least or (0, 0)
-    if _simplejpeg is not None and raw[:2] == _JPEG and not _four_channel(raw):
-        colorspace = "RGB" if mode == "RGB" else "GRAY"
-        pixels = _simplejpeg.decode_jpeg(
-            raw,
-            colorspace=colorspace,
-            min_height=int(min_h),
-            min_width=int(min_w),
-            buffer=into,
-        )
-        pixels = np.asarray(pixels)
-        return pixels if pixels.ndim == 3 else pixels[:, :, None]
     image = _pil().open(io.BytesIO(raw))
     if at_least is not None and image.format == "JPEG":
         image.draft(mode, (max(1, int(min_w)), max(1, int(min_h))))
     image = image.convert(mode)
     pixels = np.asarray(image)
     return pixels[:, :, None] if pixels.ndim == 2 else pixels
+
+
+# libjpeg's texts of the warnings that leave wrong pixels behind (truncated or corrupt
+# entropy data): the errors csrc/jpeg_region.c raises. Every other warning (junk bytes
+# before a marker, odd JFIF revisions, ...) is harmless, and PIL decodes through it.
+_HARMFUL_WARNINGS = (
+    "Corrupt JPEG data: premature end of data segment",
+    "Corrupt JPEG data: bad Huffman code",
+    "Corrupt JPEG data: bad arithmetic code",
+    "Premature end of JPEG file",
+    "instead of RST",
+)
+
+
+def _decode_jpeg(
+    raw: bytes, mode: str, at_least: tuple[int, int] | None, into: np.ndarray | None
+) -> np.ndarray | None:
+    """A JPEG's pixels, warnings treated as the crop path and PIL treat them (only those
+    that mean wrong pixels are errors), so a file decodes on every path or on none.
+    simplejpeg first (fast, but it refuses any warning); a file it refuses goes to the
+    extension's full decode, else (not built) to PIL (None)."""
+    if _simplejpeg is not None:
+        try:
+            pixels = _simplejpeg.decode_jpeg(
+                raw,
+                colorspace="RGB" if mode == "RGB" else "GRAY",
+                min_height=int(at_least[0]) if at_least else 0,
+                min_width=int(at_least[1]) if at_least else 0,
+                buffer=into,
+            )
+        except ValueError as exc:
+            if _jpeg is None and any(text in str(exc) for text in _HARMFUL_WARNINGS):
+                raise
+        else:
+            pixels = np.asarray(pixels)
+            return pixels if pixels.ndim == 3 else pixels[:, :, None]
+    if _jpeg is None:
+        return None
+    scale = 8
+    if at_least is not None:  # the smallest DCT scale keeping the image that large
+        height, width, _ = _jpeg.header(raw)
+        scale = next(
+            s
+            for s in _SCALES
+            if s == 8 or (_scaled(height, s) >= at_least[0] and _scaled(width, s) >= at_least[1])
+        )
+    channels = 3 if mode == "RGB" else 1
+    buffer, _, _, cols, rows = _jpeg.decode(raw, scale, gray=channels == 1, out=into)
+    return np.frombuffer(buffer, np.uint8, rows * cols * channels).reshape(rows, cols, channels)
 
 
 # JPEG DCT scales (eighths) a region is decoded at. libjpeg-turbo also has 3/8, 5/8, 6/8
