@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -188,3 +189,41 @@ def test_random_access_applies_the_specs_read_ops_as_the_loaders_do(tmp_path: Pa
     assert ds[5:5, ["key"]]["key"].shape == (0,)
     with pytest.raises(ColumnNotFoundError, match=r"\['id'\] after its read-time ops"):
         ds[0, "id"]
+
+
+def _as_numpy(value: object) -> np.ndarray:
+    """A torch / tf batch column as numpy (strings as bytes)."""
+    numpy = getattr(value, "numpy", None)
+    return np.asarray(numpy() if numpy is not None else value)
+
+
+def _read_ops_dataset(tmp_path: Path) -> Any:
+    n = 12
+    table = pa.table(
+        {
+            "id": np.arange(n, dtype=np.int64),
+            "x": np.arange(n, dtype=np.float32),
+            "s": [f"row-{i}" for i in range(n)],
+            "image": pa.array([_png(i) for i in range(n)], pa.binary()),
+        }
+    )
+    ops = [*READ_OPS, {"op": "rename", "mapping": {"s": "text", "image": "picture"}, "at": "read"}]
+    write_mds(table, str(tmp_path / "ds"), {"transforms": ops})
+    return open_dataset(tmp_path / "ds")
+
+
+def test_to_tf_gives_columns_renamed_by_the_specs_read_ops(tmp_path: Path) -> None:
+    """to_tf looked up the stored encoding by the renamed name (ValueError: tuple.index);
+    it now gives the renamed columns with iter_batches' and to_torch's values."""
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("torch")
+    ds = _read_ops_dataset(tmp_path)
+    want = next(iter(ds.iter_batches(batch_size=6)))
+    assert set(want) == {"key", "x", "text", "picture"}
+    for loader in (ds.to_tf, ds.to_torch):
+        got = next(iter(loader(batch_size=6)))
+        assert set(got) == set(want), loader
+        for name, values in want.items():
+            tf_text = name == "text" and loader == ds.to_tf
+            expected = [v.encode() for v in values] if tf_text else values  # tf.string
+            np.testing.assert_array_equal(_as_numpy(got[name]), expected, err_msg=name)

@@ -125,6 +125,18 @@ class ReadOps:
             names = op.columns_after(names)
         return names
 
+    def source_of(self, name: str) -> str | None:
+        """The column an output column ``name`` holds, renames walked back; None for one
+        an op makes (``tokenize``'s output, a ``python`` op's columns)."""
+        from .transforms import PythonTransform, Rename
+
+        for op in reversed(self.transforms):
+            if isinstance(op, Rename):
+                name = {new: old for old, new in op.mapping.items()}.get(name, name)
+            elif isinstance(op, PythonTransform) or getattr(op, "output", None) == name:
+                return None
+        return name
+
     @property
     def transformed(self) -> set[str]:
         """Columns a pipeline (image, audio, video) turns into dense decoded batches."""

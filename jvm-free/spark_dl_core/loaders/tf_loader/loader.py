@@ -48,13 +48,20 @@ if TYPE_CHECKING:
 
 
 def _column_spec(
-    dataset: ShardSource, name: str, sample: Any, transformed: bool = False, varies: bool = False
+    dataset: ShardSource,
+    name: str,
+    sample: Any,
+    transformed: bool = False,
+    varies: bool = False,
+    stored: str | None = None,
 ) -> tuple[Any, str]:
     """The TypeSpec for one column and how to convert it ("dense", "string", "jagged",
     "ragged"). Follows the column's form (``Dataset.forms``), not the probed batch:
     token sequences are ``RaggedTensor`` from row splits, equal-shape arrays dense.
     ``varies``: a decoded column whose ops give no one size (images or clips not cropped
-    or resized to an exact size) is ragged in every dimension below the batch."""
+    or resized to an exact size) is ragged in every dimension below the batch.
+    ``stored``: the stored column the output column ``name`` holds (``name`` itself, or a
+    read-time rename's old name); None for one an op made: its probed batch says its form."""
     import tensorflow as tf
 
     if varies:
@@ -65,19 +72,20 @@ def _column_spec(
             ragged_rank=max(1, value.ndim),
         )
         return spec, "ragged"
-    encoding = dataset.encoding(name)
     if isinstance(sample, Jagged):
         spec = tf.RaggedTensorSpec(
             shape=(None, None), dtype=tf.as_dtype(sample.values.dtype), ragged_rank=1
         )
         return spec, "jagged"
-    form = dataset.forms.get(name, ("", None))[0]
-    dense = encoding.size is not None or form == "dense" or transformed
+    encoding = dataset.encoding(stored) if stored is not None else None
+    kind = encoding.name if encoding is not None else _probed_kind(sample)
+    form = dataset.forms.get(stored, ("", None))[0] if stored is not None else ""
+    dense = encoding is None or encoding.size is not None or form == "dense" or transformed
     if sample.dtype.kind in "biufc" and dense:
         return tf.TensorSpec((None, *sample.shape[1:]), tf.as_dtype(sample.dtype)), "dense"
-    if encoding.name in ("str", "bytes") or sample.dtype.kind in "SU":
+    if kind in ("str", "bytes") or sample.dtype.kind in "SU":
         return tf.TensorSpec((None,), tf.string), "string"
-    if encoding.name.startswith("ndarray"):
+    if kind.startswith("ndarray"):
         value = np.asarray(sample[0])
         spec = tf.RaggedTensorSpec(
             shape=(None, *([None] * value.ndim)),
@@ -85,9 +93,15 @@ def _column_spec(
             ragged_rank=max(1, value.ndim),
         )
         return spec, "ragged"
-    raise TypeError(
-        f"column {name!r} ({encoding.name}) has no TensorFlow form; leave it out with columns="
-    )
+    raise TypeError(f"column {name!r} ({kind}) has no TensorFlow form; leave it out with columns=")
+
+
+def _probed_kind(sample: Any) -> str:
+    """An encoding-like name for a column no stored encoding describes, from its batch."""
+    first = sample[0] if len(sample) else None
+    if isinstance(first, (str, bytes)):
+        return "str"
+    return "ndarray" if isinstance(first, np.ndarray) else str(sample.dtype)
 
 
 def _samples(values: Any) -> Any:
@@ -248,8 +262,15 @@ def make_tf_dataset(
     ndims: dict[str, int] = {}
     for name in probe or names:
         sample = probe[name] if len(dataset) else np.empty(0)
+        stored = probe_reader.ops.source_of(name)
+        decoded = {name, stored}  # a decoded column, perhaps renamed after its decode
         signature[name], kinds[name] = _column_spec(
-            dataset, name, sample, name in transformed, name in varies and len(dataset) > 0
+            dataset,
+            name,
+            sample,
+            bool(decoded & transformed),
+            bool(decoded & varies) and len(dataset) > 0,
+            stored,
         )
         if kinds[name] == "ragged":
             ndims[name] = max(1, np.asarray(_samples(sample)[0]).ndim)
