@@ -227,3 +227,25 @@ def test_to_tf_gives_columns_renamed_by_the_specs_read_ops(tmp_path: Path) -> No
             tf_text = name == "text" and loader == ds.to_tf
             expected = [v.encode() for v in values] if tf_text else values  # tf.string
             np.testing.assert_array_equal(_as_numpy(got[name]), expected, err_msg=name)
+
+
+@pytest.mark.parametrize("columns", [["id"], ["id", "s"], ["x", "image"]])
+def test_loaders_skip_the_specs_read_ops_on_columns_left_out(
+    tmp_path: Path, columns: list[str]
+) -> None:
+    """columns= leaving out a column a spec op names (normalize x, image_decode image) was
+    refused; the loaders now skip those ops, as ds[...] does, with ds[...]'s values."""
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("torch")
+    ds = _read_ops_dataset(tmp_path)
+    renamed = {"id": "key", "s": "text", "image": "picture"}
+    names = [renamed.get(c, c) for c in columns]
+    want = ds[list(range(6)), names]
+    for loader in (ds.iter_batches, ds.to_torch, ds.to_tf):
+        got = next(iter(loader(batch_size=6, columns=columns)))
+        assert sorted(got) == sorted(names), loader
+        for name in names:
+            expected = want[name]
+            if name == "text" and loader == ds.to_tf:
+                expected = [v.encode() for v in expected]  # tf.string: bytes
+            np.testing.assert_array_equal(_as_numpy(got[name]), expected, err_msg=name)

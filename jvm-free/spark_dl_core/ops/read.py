@@ -99,6 +99,8 @@ class ReadOps:
 
         self.dataset = dataset
         recorded = read_transforms(dataset) if spec else []
+        if columns is not None:  # the spec's ops on columns left out have nothing to do
+            recorded = _ops_on_columns(recorded, columns)
         self.transforms = recorded + parse_transforms(transforms)
         self.pipelines: dict[str, Any] = {}  # decoded column -> its ColumnPipeline
         self.others: list[Any] = []
@@ -240,6 +242,36 @@ def _ops_reaching(ops: list[Any], wanted: set[str] | None) -> list[Any]:
             wanted = None
         kept.append(op)
     return kept[::-1]
+
+
+def _ops_on_columns(ops: list[Any], names: list[str]) -> list[Any]:
+    """The spec's read ops as a loader reading only ``names`` (its ``columns=``) runs them:
+    an op on a column left out is skipped (``normalize x`` with ``columns=["id"]``), as
+    random access skips it; renames, selects and drops keep the columns read (skipped when
+    none is). From a ``python`` op on, which may read any column, every op stays."""
+    from .transforms import Drop, PythonTransform, Rename, Select
+
+    kept: list[Any] = []
+    present = list(names)
+    for at, op in enumerate(ops):
+        if isinstance(op, PythonTransform):
+            return kept + ops[at:]
+        column = getattr(op, "column", None)
+        if column is not None and column not in present:
+            continue
+        if isinstance(op, Rename):
+            mapping = {old: new for old, new in op.mapping.items() if old in present}
+            if not mapping:
+                continue
+            op = op.model_copy(update={"mapping": mapping})
+        elif isinstance(op, (Select, Drop)):
+            chosen = [c for c in op.columns if c in present]
+            if not chosen:
+                continue
+            op = op.model_copy(update={"columns": chosen})
+        present = op.columns_after(present)
+        kept.append(op)
+    return kept
 
 
 def _check_columns_setting(dataset: ShardSource, names: list[str]) -> None:
