@@ -17,7 +17,7 @@ from PIL import Image
 
 from spark_dl_core import DatasetSpec, open_dataset, write_mds
 from spark_dl_core.errors import SpecError
-from spark_dl_core.media.clips import images as image_module
+from spark_dl_core.media import images as image_module
 from spark_dl_core.media.images import ImageError, ImagePipeline, decode_image, plan_boxes
 from spark_dl_core.ops.transforms import RandomResizedCrop, parse_transforms
 
