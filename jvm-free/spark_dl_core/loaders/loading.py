@@ -140,11 +140,9 @@ def sample_order(
     (``order.pad_mask(k)`` marks the repeats), as the loaders do by default.
     """
     if settings is not None:
-        batch_size, shuffle, seed = settings.batch_size, settings.shuffle, settings.seed
-        epoch, drop_last = settings.epoch, settings.drop_last
-        shuffle_window, even_batches = settings.shuffle_window, settings.even_batches
         rank = 0 if settings.rank is None else settings.rank
         world_size = 1 if settings.world_size is None else settings.world_size
+        return settings.epoch_plan(ds, settings.epoch, consumed, rank, world_size)
     return EpochPlan.build(
         ds,
         batch_size=batch_size,

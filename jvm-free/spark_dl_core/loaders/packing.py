@@ -53,6 +53,7 @@ from ..order.dataset_order import _order_of
 
 if TYPE_CHECKING:
     from ..sources.protocol import ShardSource
+    from .settings import LoaderSettings  # it parses pack= with this room's models
 
 IGNORE_INDEX = -100  # torch's cross_entropy ignore_index default
 BLOCK_DOCS = 1 << 16  # documents per block for orders without shuffle windows (mixtures)
@@ -729,14 +730,14 @@ def state_rows(state: dict[str, Any] | None, pack: PackSpec) -> int:
 
 def packed_plan(
     dataset: ShardSource,
-    settings: Any,
+    settings: LoaderSettings,
     *,
     epoch: int,
     rows: int,
     rank: int,
     world_size: int,
 ) -> PackedPlan:
-    """A rank's :class:`PackedPlan` for ``settings`` (a ``LoaderSettings`` with ``pack``)."""
+    """A rank's :class:`PackedPlan` for ``settings`` (with ``pack``)."""
     pack = check_pack(dataset, settings.pack)
     packing = EpochPacking(
         dataset,
@@ -754,13 +755,13 @@ def packed_plan(
         world_size,
         settings.drop_last,
         rows,
-        even_batches=getattr(settings, "even_batches", False),
-        pad_mask=getattr(settings, "pad_mask", False),
+        even_batches=settings.even_batches,
+        pad_mask=settings.pad_mask,
     )
 
 
 def resume_position(
-    dataset: ShardSource, settings: Any, state: dict[str, Any] | None
+    dataset: ShardSource, settings: LoaderSettings, state: dict[str, Any] | None
 ) -> tuple[int, int]:
     """(epoch, rows consumed) of a packed loader: from ``state`` (checked against dataset,
     order and pack settings), else the settings' epoch from its start."""
@@ -779,7 +780,7 @@ def resume_position(
 
 
 def iter_packed(
-    dataset: ShardSource, settings: Any, state: dict[str, Any] | None = None
+    dataset: ShardSource, settings: LoaderSettings, state: dict[str, Any] | None = None
 ) -> Iterator[dict[str, Any]]:
     """numpy batches of packed rows for ``Dataset.iter_batches(pack=...)``; the settings
     and ``state`` are checked now, before the first batch."""
@@ -790,7 +791,9 @@ def iter_packed(
     return (batch for batch, _ in plan.batches())
 
 
-def packed_state(dataset: ShardSource, settings: Any, epoch: int, rows: int) -> dict[str, Any]:
+def packed_state(
+    dataset: ShardSource, settings: LoaderSettings, epoch: int, rows: int
+) -> dict[str, Any]:
     """The loader state of a packed position (``consumed`` 0, rows in ``pack``)."""
     pack = check_pack(dataset, settings.pack)
     return LoaderState(

@@ -10,13 +10,16 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import PackError, SpecError
 from ..meta import column_names
-from ..order import DEFAULT_WINDOW
+from ..order import DEFAULT_WINDOW, EpochPlan
 from .packing import parse_pack
 from .reader import DEFAULT_PREFETCH_BYTES, BatchReader
+
+if TYPE_CHECKING:
+    from ..sources.protocol import ShardSource
 
 _IMAGES = ("bytes", "pil", "numpy")
 _DEVICES = (None, "cpu", "cuda")
@@ -153,6 +156,25 @@ class LoaderSettings:
         if kwargs.get("prefetch_bytes") is None:
             kwargs.pop("prefetch_bytes", None)
         return cls(**kwargs)
+
+    def epoch_plan(
+        self, dataset: ShardSource, epoch: int, consumed: int, rank: int, world_size: int
+    ) -> EpochPlan:
+        """This rank's plan of ``epoch`` from ``consumed`` samples on: the one place a
+        loader's settings become an order (torch, tf and ``iter_batches`` all ask here)."""
+        return EpochPlan.build(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            epoch=epoch,
+            rank=rank,
+            world_size=world_size,
+            drop_last=self.drop_last,
+            shuffle_window=self.shuffle_window,
+            consumed=consumed,
+            even_batches=self.even_batches,
+        )
 
     def replace(self, **changes: Any) -> LoaderSettings:
         return replace(self, **changes)

@@ -218,19 +218,7 @@ def make_tf_dataset(
         epoch, consumed = loaded.position(len(dataset))
 
     def plan_for(epoch: int, consumed: int) -> EpochPlan:
-        return EpochPlan.build(
-            dataset,
-            batch_size=settings.batch_size,
-            shuffle=settings.shuffle,
-            seed=settings.seed,
-            epoch=epoch,
-            rank=rank,
-            world_size=world_size,
-            drop_last=settings.drop_last,
-            shuffle_window=window,
-            consumed=consumed,
-            even_batches=settings.even_batches,
-        )
+        return settings.epoch_plan(dataset, epoch, consumed, rank, world_size)
 
     consumed = min(len(dataset), consumed + start_batch * world_size * settings.batch_size)
     # a finished epoch starts the next; inside one, an empty first pass keeps this rank in it

@@ -306,19 +306,7 @@ class TorchLoader:
     # -- order
 
     def _build_plan(self, epoch: int, consumed: int) -> EpochPlan:
-        return EpochPlan.build(
-            self.dataset,
-            batch_size=self.batch_size,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            epoch=epoch,
-            rank=self.rank,
-            world_size=self.world_size,
-            drop_last=self.drop_last,
-            shuffle_window=self.shuffle_window,
-            consumed=consumed,
-            even_batches=self.settings.even_batches,
-        )
+        return self.settings.epoch_plan(self.dataset, epoch, consumed, self.rank, self.world_size)
 
     def _set_position(self, epoch: int, consumed: int, done: _Pass | None = None) -> None:
         """Move the saved position (the end of an epoch is the next epoch's start; inside
