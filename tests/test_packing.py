@@ -453,3 +453,22 @@ def test_token_ids_that_int64_input_ids_cannot_hold_are_refused(
         )
     )
     assert _stack(got, "input_ids").reshape(-1)[:7].tolist() == [x for d in fine for x in d]
+
+
+def test_positions_are_checked(dataset: Any) -> None:
+    """set_epoch(-1) / set_epoch("2") and state_dict steps outside the pass are refused."""
+    pytest.importorskip("torch")
+    from spark_dl_core.errors import SpecError
+
+    pack = {"column": "tokens", "seq_len": L}
+    loader = dataset.to_torch(batch_size=6, pack=pack)
+    for bad in (-1, "2"):
+        with pytest.raises(SpecError, match="set_epoch"):
+            loader.set_epoch(bad)
+    pytest.importorskip("tensorflow")
+    tfds = dataset.to_tf(batch_size=6, pack=pack)
+    batches = len(list(tfds))
+    assert tfds.state_dict(batches)["epoch"] == 1
+    for bad in (-1, batches + 1):
+        with pytest.raises(SpecError, match=rf"state_dict\(steps={bad}\).*0 to {batches}"):
+            tfds.state_dict(bad)

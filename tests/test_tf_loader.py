@@ -189,3 +189,46 @@ def test_decoded_images_of_different_sizes_are_ragged(tmp_path, ops) -> None:  #
     assert len(rows) == len(want) == len(sizes)
     for row, value in zip(rows, want):
         np.testing.assert_array_equal(row.astype(value.dtype), value)
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"device": "cuda"}, ["device='cuda'", "TensorFlow", "tf.device"]),
+        ({"device": "cpu"}, ["device='cpu'", "TensorFlow"]),
+        ({"as_tuple": ("x", "ide")}, ["as_tuple", "'ide'", "did you mean 'id'"]),
+        ({"as_tuple": ("x", "y", "id")}, ["as_tuple=('x', 'y', 'id')", "a pair"]),
+        ({"as_tuple": "x"}, ["as_tuple='x'", "a pair"]),
+        ({"as_tuple": True}, ["as_tuple=True", "a pair"]),
+        ({"as_tuple": (["x", 3], "y")}, ["as_tuple", "a pair"]),
+        ({"as_tuple": ([], "y")}, ["as_tuple", "non-empty"]),
+    ],
+)
+def test_settings_tf_cannot_honour_are_refused_when_built(
+    ds_path: str, kw: dict, words: list[str]
+) -> None:
+    """device is torch's (tf places tensors itself): refused, as to_torch refuses what it
+    cannot honour; as_tuple mistakes are named when the dataset is built, not inside a
+    traced function ("values to unpack", KeyError)."""
+    ds = open_dataset(ds_path)
+    with pytest.raises(SpecError) as caught:
+        ds.to_tf(batch_size=32, **kw)
+    for word in words:
+        assert word in str(caught.value)
+
+
+def test_as_tuple_lists_and_names(ds_path: str) -> None:
+    ds = open_dataset(ds_path)
+    x, y = next(iter(ds.to_tf(batch_size=8, as_tuple=[["x", "id"], "y"])))
+    assert sorted(x) == ["id", "x"] and y.shape == (8,)
+
+
+@pytest.mark.parametrize("steps", [-1, 12, 100, "2", 2.5, True])
+def test_state_dict_steps_outside_the_pass_are_refused(ds_path: str, steps: object) -> None:
+    """The pass has 11 batches: state_dict(-1) gave consumed=-100 (refused only at load) and
+    state_dict(100) was clamped to the epoch's end silently."""
+    tfds = open_dataset(ds_path).to_tf(batch_size=55, columns=["id"])
+    assert len(list(tfds)) == 11
+    assert tfds.state_dict(11)["epoch"] == 1 and tfds.state_dict(0)["consumed"] == 0
+    with pytest.raises(SpecError, match=r"state_dict\(steps=.*from 0 to 11"):
+        tfds.state_dict(steps)

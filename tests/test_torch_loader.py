@@ -367,3 +367,15 @@ def test_booleans_are_torch_bool_and_maps_dicts(tmp_path: Path, workers: int) ->
     assert batch["flags"].dtype == torch.bool and batch["flags"].shape == (3, 2)
     assert batch["ragged"].dtype == torch.bool
     assert list(batch["m"]) == [{1: "a"}, {}, {2: "b"}]
+
+
+@pytest.mark.parametrize("epoch", [-1, "2", 1.0, None, True])
+def test_set_epoch_is_checked_as_the_epoch_setting_is(ds_path: str, epoch: object) -> None:
+    """set_epoch(-1) and set_epoch("2") were accepted (the constructor refuses epoch=-1)."""
+    loader = open_dataset(ds_path).to_torch(batch_size=500)
+    with pytest.raises(SpecError, match=r"set_epoch\(epoch=.*an int >= 0"):
+        loader.set_epoch(epoch)
+    with pytest.raises(SpecError, match=r"set_epoch\(epoch="):
+        loader.sampler.set_epoch(epoch)
+    loader.set_epoch(np.int64(2))
+    assert loader.epoch == 2

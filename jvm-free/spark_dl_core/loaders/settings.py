@@ -8,6 +8,7 @@ framework cannot honour is refused when the loader is built, never silently drop
 from __future__ import annotations
 
 import difflib
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
@@ -102,6 +103,8 @@ class LoaderSettings:
         )
         need(self.images in _IMAGES, "images", f"must be one of {_IMAGES}")
         need(self.device in _DEVICES, "device", f"must be one of {_DEVICES}")
+        if self.as_tuple is not None:
+            object.__setattr__(self, "as_tuple", _as_tuple(self.as_tuple))
         if self.world_size is not None:
             need(self.world_size >= 1, "world_size", "must be >= 1")
         if self.rank is not None:
@@ -185,9 +188,10 @@ class LoaderSettings:
             if f.name in used or f.name in _COMMON:
                 continue
             if getattr(self, f.name) != f.default:
+                why = _WHY_NOT.get(f.name, "")
                 raise SpecError(
                     f"loader setting {f.name}={getattr(self, f.name)!r} has no meaning for "
-                    f"{framework}; leave it out"
+                    f"{framework}{why}; leave it out"
                 )
 
     @property
@@ -212,13 +216,13 @@ _COMMON = frozenset(
         "verify_hashes",
         "prefetch_bytes",
         "transforms",
-        "device",
         "pack",
         "download_threads",
     }
 )
 TORCH_ONLY = frozenset(
     {
+        "device",
         "num_workers",
         "prefetch_factor",
         "pin_memory",
@@ -230,6 +234,75 @@ TORCH_ONLY = frozenset(
     }
 )
 TF_ONLY = frozenset({"as_tuple", "trace_path"})
+# Why a setting is refused where it is not used, when that is not obvious.
+_WHY_NOT = {
+    "device": " (batches are decoded on the host and handed out as they are; with "
+    "TensorFlow, tf.device or a distribution strategy places them)",
+}
+_AS_TUPLE = (
+    "must be a pair (features, labels), each a column name or a non-empty list of "
+    "column names, e.g. ('image', 'label') or (['image', 'size'], 'label')"
+)
+
+
+def _as_tuple(value: Any) -> tuple[Any, Any]:
+    """``as_tuple`` as a pair of a name or a tuple of names each, or a SpecError now (tf
+    would otherwise fail inside its traced split function, naming nothing)."""
+    parts: list[Any] = []
+    if isinstance(value, tuple | list) and len(value) == 2:
+        for part in value:
+            if isinstance(part, str) and part:
+                parts.append(part)
+            elif (
+                isinstance(part, tuple | list)
+                and part
+                and all(isinstance(n, str) and n for n in part)
+            ):
+                parts.append(tuple(part))
+    if len(parts) != 2:
+        raise SpecError(f"loader setting as_tuple={value!r}: {_AS_TUPLE}")
+    return parts[0], parts[1]
+
+
+def check_as_tuple(settings: LoaderSettings, names: Any) -> None:
+    """Every name in ``as_tuple`` must be a column the batches have."""
+    if settings.as_tuple is None:
+        return
+    have = list(names)
+    for part in settings.as_tuple:
+        for name in (part,) if isinstance(part, str) else part:
+            if name not in have:
+                close = difflib.get_close_matches(name, have, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise SpecError(
+                    f"loader setting as_tuple={settings.as_tuple!r} names {name!r}, which "
+                    f"the batches do not have (they have {have}){hint}"
+                )
+
+
+def check_epoch(epoch: Any) -> int:
+    """``set_epoch``'s argument as an int >= 0, as the ``epoch`` setting is checked."""
+    try:
+        value = operator.index(epoch)
+    except TypeError:
+        value = -1
+    if isinstance(epoch, bool) or value < 0:
+        raise SpecError(f"set_epoch(epoch={epoch!r}): the epoch must be an int >= 0")
+    return value
+
+
+def check_steps(steps: Any, batches: int) -> int:
+    """``state_dict(steps)``'s argument: batches taken of a pass of ``batches`` batches."""
+    try:
+        value = operator.index(steps)
+    except TypeError:
+        value = -1
+    if isinstance(steps, bool) or not 0 <= value <= batches:
+        raise SpecError(
+            f"state_dict(steps={steps!r}): steps are the batches taken of the current pass, "
+            f"an int from 0 to {batches} (its length)"
+        )
+    return value
 
 
 def settings_from(settings: LoaderSettings | None, kwargs: dict[str, Any]) -> LoaderSettings:

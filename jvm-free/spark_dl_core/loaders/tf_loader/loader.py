@@ -37,7 +37,9 @@ from ..settings import (
     PAD_MASK,
     TF_ONLY,
     LoaderSettings,
+    check_as_tuple,
     check_pad_mask,
+    check_steps,
     reader_extras,
     settings_from,
 )
@@ -264,6 +266,7 @@ def make_tf_dataset(
             ndims[name] = max(1, np.asarray(_samples(sample)[0]).ndim)
     if settings.pad_mask:
         signature[PAD_MASK] = tf.TensorSpec((None,), tf.bool)
+    check_as_tuple(settings, signature)
     passes = _Passes(first, epoch, plan_for)
 
     def generate() -> Iterator[dict[str, Any]]:
@@ -316,7 +319,8 @@ def make_tf_dataset(
     def state_dict(steps: int) -> dict[str, Any]:
         """The position after ``steps`` batches of the latest pass, on every rank."""
         plan, pass_epoch = passes.current
-        at_epoch, consumed = epoch_position(pass_epoch, plan.consumed_after(int(steps)), plan.total)
+        steps = check_steps(steps, len(plan))
+        at_epoch, consumed = epoch_position(pass_epoch, plan.consumed_after(steps), plan.total)
         return LoaderState(
             fingerprint=dataset.fingerprint,
             seed=settings.seed,

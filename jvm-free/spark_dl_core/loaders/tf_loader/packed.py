@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ...order import epoch_position, plan_position
 from ..frameworks import register_framework
 from ..packing import PackedPlan, packed_plan, packed_state, resume_position
-from ..settings import TF_ONLY, LoaderSettings, settings_from
+from ..settings import TF_ONLY, LoaderSettings, check_steps, settings_from
 from ..telemetry import PassStats
 
 if TYPE_CHECKING:
@@ -84,7 +84,8 @@ def make_packed_tf_dataset(
     def state_dict(steps: int) -> dict[str, Any]:
         """The position after ``steps`` batches of the latest pass, on every rank."""
         plan, pass_epoch = passes["current"]
-        at_epoch, rows = epoch_position(pass_epoch, plan.rows_after(int(steps)), plan.total)
+        steps = check_steps(steps, len(plan))
+        at_epoch, rows = epoch_position(pass_epoch, plan.rows_after(steps), plan.total)
         return packed_state(dataset, settings, at_epoch, rows)
 
     def stats() -> dict[str, Any]:

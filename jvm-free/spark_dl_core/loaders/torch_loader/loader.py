@@ -23,6 +23,7 @@ from ..settings import (
     PAD_MASK,
     TORCH_ONLY,
     LoaderSettings,
+    check_epoch,
     check_pad_mask,
     reader_extras,
     settings_from,
@@ -353,8 +354,9 @@ class TorchLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` afresh, unless it is already the saved position's epoch."""
-        if int(epoch) != self.epoch:
-            self._set_position(int(epoch), 0)
+        epoch = check_epoch(epoch)
+        if epoch != self.epoch:
+            self._set_position(epoch, 0)
         elif self._done is not None and self._done.epoch != self.epoch:
             self._done = None  # the trainer has moved on from the finished pass's epoch
 

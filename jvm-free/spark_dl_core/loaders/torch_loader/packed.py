@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ...errors import SpecError
 from ...order import epoch_position, plan_position
 from ..frameworks import register_framework
 from ..packing import PackedPlan, packed_plan, packed_state, resume_position
-from ..settings import TORCH_ONLY, LoaderSettings, settings_from
+from ..settings import TORCH_ONLY, LoaderSettings, check_epoch, settings_from
 from ..telemetry import PassStats
 from . import resolve_rank, to_device
 
@@ -63,6 +64,11 @@ class PackedTorchLoader:
         self.num_workers = settings.num_workers
         self.rank, self.world_size = resolve_rank(settings.rank, settings.world_size)
         self.device = None if settings.device is None else str(settings.device)
+        if self.device is not None and self.device != "cpu" and not torch.cuda.is_available():
+            raise SpecError(
+                f"loader setting device={self.device!r}, but torch sees no CUDA device; "
+                "leave device unset to keep packed batches on the CPU"
+            )
         self._live: _Pass | None = None
         self._done: _Pass | None = None  # the latest pass, once it has finished
         self._stats: PassStats | None = None
@@ -89,8 +95,9 @@ class PackedTorchLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` afresh, unless it is already the saved position's epoch."""
-        if int(epoch) != self.epoch:
-            self._set_position(int(epoch), 0)
+        epoch = check_epoch(epoch)
+        if epoch != self.epoch:
+            self._set_position(epoch, 0)
         elif self._done is not None and self._done.epoch != self.epoch:
             self._done = None  # the trainer has moved on from the finished pass's epoch
 
