@@ -560,3 +560,27 @@ def test_corrupt_jpegs_still_fail_on_every_path(
         for ops in JPEG_PATHS.values():
             with pytest.raises(ImageError, match=r"column 'image', shard '.*', sample 1"):
                 list(open_dataset(tmp_path).iter_batches(batch_size=2, transforms=ops))
+
+
+@pytest.mark.parametrize("twice", ["to_chw", "normalize"])
+def test_an_op_the_pipeline_takes_once_is_refused_twice(written: Path, twice: str) -> None:
+    """A second to_chw was accepted and did nothing; a second normalize replaced the first."""
+    op = {"op": twice, "column": "image"}
+    if twice == "normalize":
+        op |= {"mean": 0.5, "std": 0.25}
+    ops = [
+        {"op": "image_decode", "column": "image"},
+        {"op": "resize", "column": "image", "size": [8, 8]},
+        op,
+        op,
+    ]
+    with pytest.raises(SpecError, match=f"{twice} on column 'image' is listed twice"):
+        open_dataset(written).iter_batches(batch_size=8, transforms=ops)
+
+
+def test_columns_naming_no_column_is_refused(written: Path) -> None:
+    """columns=[] yielded empty batches; it is refused naming the setting."""
+    ds = open_dataset(written)
+    for build in (ds.iter_batches, ds.to_torch):
+        with pytest.raises(SpecError, match=r"loader setting columns=\[\]: names no column"):
+            build(batch_size=8, columns=[])

@@ -360,6 +360,9 @@ def test_frame_ops_refused_naming_the_column(stills: str) -> None:
     image = {"op": "image_decode", "column": "video"}
     with pytest.raises(SpecError, match="image_decode on column 'video' is decoded as video"):
         ds.to_torch(batch_size=2, transforms=[decode, image])
+    chw = {"op": "to_chw", "column": "video"}  # a second one did nothing, silently
+    with pytest.raises(SpecError, match="to_chw on video column 'video' is listed twice"):
+        ds.to_torch(batch_size=2, transforms=[decode, chw, chw])
 
 
 # ------------------------------------------------------------------ write side: reencode_audio

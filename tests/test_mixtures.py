@@ -282,6 +282,9 @@ def test_token_documents_mix_as_jagged(tmp_path: Path) -> None:
         ([{"repeat": 2.0}, {}], {"epoch_size": 10}, "epoch_size=10 with repeat"),
         ([{}, {}], {"batching": "roundrobin"}, "batching='roundrobin'"),
         ([{"proportion": "lots"}, {"proportion": 1.0}], {}, "is not a number"),
+        ([{"choose": 2.7}, {"choose": 3}], {}, "source 0 choose=2.7: a whole number"),
+        ([{"choose": "2.5"}, {"choose": 3}], {}, "choose='2.5': a whole number"),
+        ([{"proportion": 1.0}, {}], {"epoch_size": "1.0005k"}, "epoch_size=.1.0005k.: a whole"),
     ],
 )
 def test_bad_weights_are_refused_naming_source_and_field(

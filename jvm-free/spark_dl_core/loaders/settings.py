@@ -120,6 +120,11 @@ class LoaderSettings:
             "workers start per pass; leave it False",
         )
         names = column_names(self.columns, "loader setting columns")
+        need(
+            names is None or len(names) > 0,
+            "columns",
+            "names no column, so every batch would be empty; leave it out for all columns",
+        )
         object.__setattr__(self, "columns", None if names is None else tuple(names))
         if self.pack is not None:
             object.__setattr__(self, "pack", parse_pack(self.pack))

@@ -360,6 +360,8 @@ class VideoPipeline:
                     )
             self.normalize = op
         elif isinstance(op, ToCHW):
+            if self.chw:
+                raise SpecError(f"to_chw on video column {column!r} is listed twice; give it once")
             self.chw = True
 
     def run(

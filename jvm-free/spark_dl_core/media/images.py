@@ -551,6 +551,9 @@ def _region_resample(
 # --------------------------------------------------------------------------- pipeline
 
 
+_ONCE = {"to_chw": "chw", "normalize": "normalize"}  # ops a pipeline takes once: its field
+
+
 @dataclass
 class ImagePipeline:
     """The ops of one image column, compiled: decode mode, geometry, batch ops."""
@@ -577,6 +580,8 @@ class ImagePipeline:
     def add(self, op: Any) -> None:
         """Take an op after the decode: geometry (before ``normalize`` / ``to_chw``),
         ``normalize`` (one value or one per channel), ``to_chw``."""
+        if isinstance(op, ToCHW | Normalize) and getattr(self, _ONCE[op.op]):
+            raise SpecError(f"{op.op} on column {self.column!r} is listed twice; give it once")
         if isinstance(op, ToCHW):
             self.chw = True
         elif isinstance(op, Normalize):

@@ -22,6 +22,7 @@ import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import cached_property
 from typing import Any
 
@@ -51,7 +52,10 @@ def parse_count(value: int | str, field: str = "epoch_size") -> int:
         match = _COUNT.match(str(value))
         if not match:
             raise MixtureError(f"{field}={value!r}: a number of samples, e.g. 1000000 or '1M'")
-        count = int(float(match.group(1)) * _SCALE[match.group(2).lower()])
+        exact = Decimal(match.group(1)) * _SCALE[match.group(2).lower()]
+        if exact != exact.to_integral_value():  # 2.7 samples: refused, never truncated
+            raise MixtureError(f"{field}={value!r}: a whole number of samples, e.g. 3 or '2.5k'")
+        count = int(exact)
     if count < 0:
         raise MixtureError(f"{field}={value!r}: must be >= 0")
     return count
