@@ -548,3 +548,23 @@ def test_random_access_gives_the_loaders_types(tmp_path: Path) -> None:
     ds = open_dataset(tmp_path)
     assert ds[0] == {"b": True, "m": {1: "a"}} and isinstance(ds[0]["b"], np.bool_)
     assert ds[[0, 1]]["b"].dtype == np.bool_ and list(ds[[0, 1]]["m"]) == [{1: "a"}, {}]
+
+
+def test_bad_image_and_array_values_name_their_row(tmp_path: Path) -> None:
+    """An empty or 1-byte jpeg value (also inside list[jpeg]) and a null inside an array
+    named no row."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(out, format="JPEG")
+    j = out.getvalue()
+    cases = [
+        ({"img": pa.array([j, j, b"", j])}, {"img": "jpeg"}, r"0 byte.*jpeg.*row 2 of"),
+        ({"img": pa.array([j, b"\xff"])}, {"img": "jpeg"}, r"1 byte.*jpeg.*row 1 of"),
+        ({"img": pa.array([[j], [j, j], [b"\x89"]])}, {"img": "list[png]"}, r"png.*row 2 of"),
+        ({"a": pa.array([[1], [2], [3, None]])}, {}, r"null elements.*'json'.*row 2 of"),
+        ({"a": pa.array([[[1]], [[None]]])}, {}, r"null elements.*row 1 of"),
+    ]
+    for k, (columns, spec, message) in enumerate(cases):
+        with pytest.raises(EncodingError, match=message):
+            write_mds(pa.table(columns), str(tmp_path / str(k)), DatasetSpec(columns=spec))

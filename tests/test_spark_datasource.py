@@ -609,3 +609,22 @@ def test_write_errors_name_the_partition_and_row(classic_spark: Any, tmp_path: A
     row = parts[part].index(13)
     with pytest.raises(Exception, match=rf"'v'.*first at row {row} of partition {part}\b"):
         df.write.format("mds").save(str(tmp_path / "x"))
+
+
+def test_bad_values_name_the_row_with_what_to_do(classic_spark: Any, tmp_path: Any) -> None:
+    """A 1-byte jpeg value and a null inside an array named no row; both now name partition
+    and row, and the array one says to fill the nulls or store the column as json."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(out, format="JPEG")
+    jpeg = out.getvalue()
+    rows = [(i, jpeg if i != 7 else b"\xff", [i, None] if i == 5 else [i]) for i in range(10)]
+    df = classic_spark.createDataFrame(rows, "id long, img binary, arr array<int>").coalesce(1)
+    images = df.select("id", "img").write.format("mds").option("columns", '{"img": "jpeg"}')
+    with pytest.raises(Exception, match=r"'img'.*1 byte.*too short to be a jpeg.*row 7 of part"):
+        images.save(str(tmp_path / "img"))
+    with pytest.raises(Exception, match=r"'arr'.*null elements.*json.*row 5 of partition 0"):
+        df.select("id", "arr").write.format("mds").save(str(tmp_path / "arr"))

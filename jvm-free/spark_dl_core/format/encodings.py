@@ -479,7 +479,7 @@ def _nested_values(array: pa.Array, column: str) -> tuple[pa.Array, np.ndarray]:
         or (pa.types.is_fixed_size_list(level.type))
     ):
         if level.null_count:
-            raise EncodingError(column, "arrays contain nulls; MDS arrays have no null values")
+            raise _array_nulls(column, level, owner)
         lengths = pc.list_value_length(level).to_numpy(zero_copy_only=False).astype(I64)
         dim = np.zeros(n, dtype=I64)
         if len(lengths):
@@ -498,8 +498,19 @@ def _nested_values(array: pa.Array, column: str) -> tuple[pa.Array, np.ndarray]:
         owner = np.repeat(owner, lengths)
         level = level.flatten()
     if level.null_count:
-        raise EncodingError(column, "arrays contain nulls; MDS arrays have no null values")
+        raise _array_nulls(column, level, owner)
     return level, np.stack(dims, axis=1) if dims else np.zeros((n, 0), dtype=I64)
+
+
+def _array_nulls(column: str, level: pa.Array, owner: np.ndarray) -> EncodingError:
+    """Nulls inside arrays: the error names the first row holding one and what to do."""
+    first = int(np.flatnonzero(pc.is_null(level).to_numpy(zero_copy_only=False))[0])
+    return EncodingError(
+        column,
+        "an array holds null elements and MDS arrays have none: fill them with a value, "
+        f"or store the column as json (columns={{{column!r}: 'json'}}), which keeps them",
+        int(owner[first]),
+    )
 
 
 class NDArrayEncoding(Encoding):
@@ -865,20 +876,29 @@ class ImageEncoding(Encoding):
         return pa.binary()
 
 
-def _check_signatures(kind: str, pieces: Pieces, column: str) -> None:
+def _check_signatures(
+    kind: str, pieces: Pieces, column: str, owner: np.ndarray | None = None
+) -> None:
+    """Each value starts with ``kind``'s signature; the error names the row (``owner``: the
+    row of each value, where a row holds several images)."""
     signature = _SIGNATURES.get(kind)
     if signature is None or pieces.offsets is None:
         return
     starts, lengths = pieces.offsets[:-1], np.diff(pieces.offsets)
-    short = lengths < len(signature)
-    ok = ~short
-    if (np.any(short) and np.any(lengths[short] > 0)) or (np.any(lengths == 0)):
-        raise EncodingError(column, f"a value is too short to be a {kind} file")
-    head = pieces.data[starts[ok][:, None] + np.arange(len(signature))]
+
+    def row(value: int) -> int:
+        return int(value if owner is None else owner[value])
+
+    short = np.flatnonzero(lengths < len(signature))
+    if len(short):
+        size = int(lengths[short[0]])
+        raise EncodingError(
+            column, f"a value of {size} byte(s) is too short to be a {kind} file", row(short[0])
+        )
+    head = pieces.data[starts[:, None] + np.arange(len(signature))]
     bad = np.flatnonzero(np.any(head != np.frombuffer(signature, dtype=U8), axis=1))
     if len(bad):
-        row = int(np.flatnonzero(ok)[bad[0]])
-        raise EncodingError(column, f"not a {kind} file (bad signature)", row)
+        raise EncodingError(column, f"not a {kind} file (bad signature)", row(bad[0]))
 
 
 class ImageListEncoding(Encoding):
@@ -901,7 +921,7 @@ class ImageListEncoding(Encoding):
         n = len(array)
         counts = pc.list_value_length(array).to_numpy(zero_copy_only=False).astype(I64)
         images = _binary_pieces(array.flatten())
-        _check_signatures(self.kind, images, column)
+        _check_signatures(self.kind, images, column, np.repeat(np.arange(n), counts))
         assert images.offsets is not None
         sizes = np.diff(images.offsets).astype("<u4")
         first = offsets_from_lengths(counts)
