@@ -274,6 +274,22 @@ def test_write_time_reencode_to_a_maximum_side(tmp_path: Path) -> None:
     assert Image.open(io.BytesIO(b["image"][1])).size == (100, 75)
 
 
+@pytest.mark.parametrize("cut", ["truncated", "garbage"])
+def test_reencode_image_of_an_undecodable_image_names_column_and_row(
+    tmp_path: Path, cut: str
+) -> None:
+    """It raised SpecError where reencode_audio / reencode_video raise ReencodeError."""
+    from spark_dl_core.errors import EncodingError, ReencodeError
+
+    big = _jpeg(400, 300, 2)
+    bad = big[: len(big) // 2] if cut == "truncated" else b"\xff\xd8 not an image at all"
+    table = pa.table({"image": pa.array([big, big, bad], pa.binary())})
+    op = {"op": "reencode_image", "column": "image", "max_side": 100}
+    with pytest.raises(ReencodeError, match=r"column 'image'.*does not decode.*row 2 of the data"):
+        write_mds(table, str(tmp_path / "w"), DatasetSpec(transforms=[op]))
+    assert issubclass(ReencodeError, EncodingError)
+
+
 def test_spark_write_reencodes_in_the_executors(classic_spark: Any, tmp_path: Path) -> None:
     import spark_dl
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import SpecError
+from ..errors import ReencodeError
 from ..ops.registry import register_op
 
 try:  # region decoding over libjpeg-turbo: an optional C extension, built at install
@@ -77,8 +77,8 @@ def reencode_array(array: pa.Array, max_side: int, quality: int, column: str) ->
             image.save(buffer, format="JPEG", quality=quality)
             out.append(buffer.getvalue())
         except Exception as exc:
-            raise SpecError(
-                f"reencode_image on column {column!r}: row {row} does not decode: {exc}"
+            raise ReencodeError(
+                column, f"reencode_image: the image does not decode: {exc}", row
             ) from None
     return pa.array(out, type=array.type)
 
