@@ -211,6 +211,20 @@ def test_each_version_of_history(tables: dict[str, Any]) -> None:
     assert open_delta(tables["history"]).version == 3  # latest, pinned
 
 
+def test_version_as_digits_or_refused(tables: dict[str, Any]) -> None:
+    """version="1" raised an internal TypeError ('<' between str and int)."""
+    from spark_dl_core import SpecError
+
+    path = tables["history"]
+    assert open_delta(path, version="1").version == 1
+    assert open_delta(path, version=" 2 ").to_arrow() == open_delta(path, version=2).to_arrow()
+    for bad in ("one", "1.0", 1.5, True, "-1"):
+        with pytest.raises(SpecError, match=r"version=.*a whole number >= 0"):
+            open_delta(path, version=bad)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="version or timestamp, not both"):
+        open_delta(path, version=1, timestamp=0)
+
+
 def test_partition_columns_present_and_typed(tables: dict[str, Any]) -> None:
     table = open_delta(tables["part"]).to_arrow()
     assert table.schema.field("year").type == pa.int32()

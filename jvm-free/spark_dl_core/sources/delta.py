@@ -18,6 +18,7 @@ that got them wrong would return wrong tensors silently.
 from __future__ import annotations
 
 import datetime as _dt
+import operator
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import DatasetError
+from ..errors import DatasetError, SpecError
 from ..meta import column_names
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -364,10 +365,27 @@ class DeltaSnapshot:
         return _file_key(uri)
 
 
+def _version_number(uri: str, version: Any) -> int | None:
+    """``version`` as an int: an int, or digits in a string; anything else is refused."""
+    if version is None:
+        return None
+    if isinstance(version, str) and version.strip().isdigit():
+        return int(version)
+    try:
+        if not isinstance(version, bool):
+            return operator.index(version)
+    except TypeError:
+        pass
+    raise SpecError(
+        f"open_delta({uri!r}, version={version!r}): a version is a whole number >= 0 (an "
+        "int, or its digits as a string)"
+    )
+
+
 def open_delta(
     path: str | os.PathLike[str],
     *,
-    version: int | None = None,
+    version: int | str | None = None,
     timestamp: Timestamp | None = None,
     storage_options: dict[str, str] | None = None,
     columns: Sequence[str] | None = None,
@@ -378,11 +396,13 @@ def open_delta(
     ``None`` for both pins the latest version *now*: the returned snapshot keeps reading
     that version after new commits land. Raises :class:`DeltaSnapshotError` naming the table,
     the asked version and the versions available when the snapshot cannot be read.
+    ``version`` may be digits in a string (``"3"``, as Spark's ``versionAsOf`` takes it).
     """
     deltalake = _import_deltalake()
     uri = os.fspath(path)
+    version = _version_number(uri, version)
     if version is not None and timestamp is not None:
-        raise ValueError("give version or timestamp, not both")
+        raise SpecError(f"open_delta({uri!r}): give version or timestamp, not both")
     try:
         latest = deltalake.DeltaTable(uri, storage_options=storage_options)
     except Exception as exc:
