@@ -331,3 +331,41 @@ def test_append_to_corrupted_metadata_is_refused_and_changes_nothing(
         write_mds(_ids(50, 60), str(path), mode="append")
     assert info.value.file.endswith(META_FILE)
     assert {p.name: p.read_bytes() for p in path.iterdir()} == before
+
+
+@pytest.mark.parametrize("mode", ["error", "overwrite", "append", "ignore"])
+def test_a_file_where_the_dataset_goes_is_refused_first(tmp_path: Path, mode: str) -> None:
+    """A path that is a file (or lies under one) gave a bare FileExistsError at the first
+    shard; it is refused before any work, naming the path."""
+    from spark_dl_core import SpecError
+
+    afile = tmp_path / "data.parquet"
+    afile.write_bytes(b"PAR1 not a directory")
+    table = pa.table({"id": list(range(10))})
+    for target in (afile, afile / "sub"):
+        with pytest.raises(SpecError, match=rf"{afile}.* is a file, and a dataset is a dir"):
+            write_mds(table, str(target), mode=mode)  # type: ignore[arg-type]
+    assert afile.read_bytes() == b"PAR1 not a directory"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.parquet"]
+
+
+def test_a_dataset_opened_before_an_overwrite_says_it_changed(tmp_path: Path) -> None:
+    """It said "shard ... does not exist", which reads like data loss; now it says the
+    dataset changed since it was opened and to reopen it (as the Spark reader does)."""
+    from spark_dl_core.errors import DatasetChangedError, DatasetError, ShardError
+
+    path = str(tmp_path / "ds")
+    write_mds(pa.table({"id": list(range(100))}), path, {"shard_size": "256B"})
+    old = open_dataset(path)
+    write_mds(pa.table({"id": list(range(50))}), path, mode="overwrite")
+    for read in (lambda: list(old.iter_batches(batch_size=10)), lambda: old[3], old.to_arrow):
+        with pytest.raises(DatasetChangedError, match=r"changed since it was opened.*open it"):
+            read()
+    assert issubclass(DatasetChangedError, DatasetError)
+    new = open_dataset(path)
+    assert len(new) == 50 and new.to_arrow()["id"].to_pylist() == list(range(50))
+    shard = tmp_path / "ds" / new.shards[0].stored.basename
+    shard.write_bytes(shard.read_bytes()[:-1])  # damaged in place: not a change of dataset
+    with pytest.raises(ShardError) as caught:
+        new.to_arrow()
+    assert not isinstance(caught.value, DatasetChangedError)

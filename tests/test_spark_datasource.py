@@ -628,3 +628,13 @@ def test_bad_values_name_the_row_with_what_to_do(classic_spark: Any, tmp_path: A
         images.save(str(tmp_path / "img"))
     with pytest.raises(Exception, match=r"'arr'.*null elements.*json.*row 5 of partition 0"):
         df.select("id", "arr").write.format("mds").save(str(tmp_path / "arr"))
+
+
+def test_writing_where_a_file_is_refused_before_the_job(classic_spark: Any, tmp_path: Any) -> None:
+    """It failed inside a worker's traceback (FileExistsError) after the job started."""
+    afile = tmp_path / "part.csv"
+    afile.write_text("id\n1\n")
+    df = classic_spark.range(5)
+    with pytest.raises(Exception, match=r"part\.csv is a file, and a dataset is a directory"):
+        df.write.format("mds").mode("overwrite").save(str(afile))
+    assert afile.read_text() == "id\n1\n"

@@ -176,6 +176,12 @@ def plan_write(
     """
     chosen = normalize_mode(mode)
     shown = store.display()
+    blocking = store.blocking_file()
+    if blocking is not None:
+        raise SpecError(
+            f"cannot write a dataset at {shown}: {store.redact(blocking)} is a file, and a "
+            "dataset is a directory; give a directory path (new or holding a dataset)"
+        )
     if schema is not None:
         check_unique_columns(schema.names, f"the data written to {shown}")
     existing = read_meta(store)

@@ -75,6 +75,11 @@ class MetadataError(DatasetError):
         self.detail = message
 
 
+class DatasetChangedError(DatasetError):
+    """A dataset overwritten (or vacuumed) since it was opened: its old shards are gone;
+    open it again."""
+
+
 class DatasetExistsError(DatasetError):
     """A write with save mode ``error`` found a dataset already committed at its path."""
 

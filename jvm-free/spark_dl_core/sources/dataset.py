@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from ..errors import (
     ColumnNotFoundError,
+    DatasetChangedError,
     DatasetError,
     DecompressionError,
     HashMismatchError,
@@ -312,7 +313,38 @@ class Dataset:
         time it is read, with the fastest hash recorded for it (index, else spark_dl.json);
         True checks every recorded hash on every load; False checks none.
         ``timings`` (loader telemetry) accumulates seconds under "read" and "decompress".
+        A shard gone or different because the dataset was overwritten (or vacuumed) since
+        it was opened raises :class:`DatasetChangedError`: reopen it.
         """
+        try:
+            return self._load_shard(shard, verify_hashes, timings)
+        except DatasetError as exc:
+            changed = self._changed_error(shard)
+            if changed is None:
+                raise
+            raise changed from exc
+
+    def _changed_error(self, shard: int) -> DatasetChangedError | None:
+        """Why shard ``shard`` cannot be read when the dataset committed at the path is no
+        longer the one opened (an overwrite or a vacuum since); None when it is the same."""
+        try:
+            now = read_meta(self.store, compact=True, cache_dir=self.cache_dir)
+        except Exception:
+            return None  # the metadata cannot be read either: the first error says more
+        if now is not None:
+            found: Any = now.shards
+            names = [s.stored.basename for s in found]
+            if names == [s.stored.basename for s in self.shards] and now.meta == self.meta:
+                return None
+        return DatasetChangedError(
+            f"{self.shown} changed since it was opened (overwritten, or its old shards "
+            f"vacuumed): shard {self.shards[shard].stored.basename} of the dataset as "
+            "opened is gone or different; open it again with open_dataset"
+        )
+
+    def _load_shard(
+        self, shard: int, verify_hashes: bool | None, timings: dict[str, float] | None
+    ) -> ShardData:
         info = self.shards[shard]
         stored = info.stored
         where = self.store.display(stored.basename)

@@ -141,6 +141,20 @@ class Store:
             detail = self.redact(f"{type(exc).__name__}: {exc}")
             raise DatasetError(f"{self.display(name)}: {what} ({detail})") from None
 
+    def blocking_file(self) -> str | None:
+        """A file where the dataset's directory (or one above it, locally) would go: a
+        write there would fail only once its first shard is written."""
+        if self.remote:
+            with self._remote_errors():
+                return self.root if self.fs.isfile(self.root) else None
+        at = self.root
+        while not os.path.exists(at):
+            parent = os.path.dirname(at)
+            if parent == at:
+                return None
+            at = parent
+        return None if os.path.isdir(at) else at
+
     def exists(self, name: str = "") -> bool:
         target = self.path(name) if name else self.root
         if not self.remote:
