@@ -1000,3 +1000,38 @@ def test_tf_gets_clips_of_different_sizes_ragged(video: str) -> None:
     assert [g.shape for g in got] == [(3, 48, w, 3) for w in (64, 80, 80, 64)]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+def _latin1_title(clip: bytes) -> bytes:
+    """``clip`` remuxed with a title tag, its bytes then patched to latin-1 (as old
+    cameras and tools write them): not UTF-8, so PyAV's strict decode of tags failed."""
+    out = io.BytesIO()
+    with av.open(io.BytesIO(clip)) as source, av.open(out, mode="w", format="mp4") as target:
+        target.metadata["title"] = "Cafe ZZZZ"
+        stream = target.add_stream_from_template(source.streams.video[0])
+        for packet in source.demux(source.streams.video[0]):
+            if packet.dts is not None:
+                packet.stream = stream
+                target.mux(packet)
+    raw = out.getvalue()
+    assert raw.count(b"ZZZZ") == 1
+    return raw.replace(b"ZZZZ", b"cr\xe8m")  # "crème" in latin-1
+
+
+def test_a_clip_with_non_utf8_metadata_decodes(tmp_path: Path) -> None:
+    """A real MP4 whose title tag is latin-1 failed with a bare "'utf-8' codec can't decode"
+    from the decoder library; tags are not needed, so it decodes like the clean clip."""
+    clean = _video(12)
+    tagged = _latin1_title(clean)
+    with pytest.raises(UnicodeDecodeError):
+        av.open(io.BytesIO(tagged))  # what the library does by default
+    path = str(tmp_path / "ds")
+    write_mds(pa.table({"id": np.arange(2), "video": [clean, tagged]}), path)
+    ops = [{"op": "video_decode", "column": "video", "num_frames": 4, "start": "begin"}]
+    (batch,) = list(open_dataset(path).iter_batches(batch_size=2, transforms=ops))
+    assert np.array_equal(batch["video"][0], batch["video"][1])
+    out = str(tmp_path / "re")
+    op = {"op": "reencode_video", "column": "video", "size": 32}
+    write_mds(pa.table({"id": np.arange(2), "video": [clean, tagged]}), out, {"transforms": [op]})
+    stored = next(iter(open_dataset(out).iter_batches(batch_size=2)))["video"]
+    assert len(stored) == 2 and all(len(raw) > 0 for raw in stored)

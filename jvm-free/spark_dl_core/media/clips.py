@@ -196,7 +196,7 @@ def _mp3_window(
     parts: list[np.ndarray] = []
     rate = 0
     try:
-        with av.open(io.BytesIO(raw), format="mp3") as container:
+        with av.open(io.BytesIO(raw), format="mp3", metadata_errors="replace") as container:
             if not container.streams.audio:
                 raise ValueError("no audio stream")
             for frame in container.decode(container.streams.audio[0]):
@@ -396,7 +396,8 @@ class VideoPipeline:
         """The picked frames (PyAV VideoFrames). H.264 clips whose packets carry timestamps
         decode only what the picks need (see :func:`_h264_frames`); other clips decode from
         the start up to the last pick. Both give the same frames."""
-        with av.open(io.BytesIO(raw)) as container:
+        # Metadata tags are not needed: non-UTF-8 ones (latin-1 titles) must not stop a decode.
+        with av.open(io.BytesIO(raw), metadata_errors="replace") as container:
             stream = container.streams.video[0]
             total = int(stream.frames or 0)
             decoded = None
@@ -409,7 +410,8 @@ class VideoPipeline:
                 picked = _h264_frames(stream, packets, total, wanted)
                 if picked is not None:
                     return picked
-                with av.open(io.BytesIO(raw)) as again:  # not as expected: decode in order
+                # not as expected: decode in order
+                with av.open(io.BytesIO(raw), metadata_errors="replace") as again:
                     return _in_order(again.decode(again.streams.video[0]), wanted)
             if decoded is None:
                 return _in_order(container.decode(stream), wanted)

@@ -77,7 +77,7 @@ def _retimed(frames: Iterator[Any], fps: Fraction, source_rate: Fraction) -> Ite
 
 def _reencode_clip(av: Any, op: Any, raw: bytes) -> bytes:
     out = io.BytesIO()
-    with av.open(io.BytesIO(raw), mode="r") as source:
+    with av.open(io.BytesIO(raw), mode="r", metadata_errors="replace") as source:
         if not source.streams.video:
             raise ValueError("it has no video stream")
         stream = source.streams.video[0]
