@@ -373,3 +373,14 @@ def test_exact_random_ops_are_reproducible_and_recorded_only_when_on(tmp_path: P
     again = [b["image"] for b in ds.iter_batches(3, transforms=ops, seed=4)]
     assert all(a.shape == (3, 32, 32, 3) for a in first)
     assert all(np.array_equal(a, b) for a, b in zip(first, again))
+
+
+def test_a_missing_optional_library_names_the_extra_that_installs_it() -> None:
+    """One table (errors.EXTRAS) says which extra installs each optional library."""
+    from spark_dl_core.errors import MissingDependencyError, optional_import
+
+    with pytest.raises(MissingDependencyError, match=r"video ops needs 'av': .*\[media\]"):
+        optional_import("av.no_such_module", "video ops")
+    with pytest.raises(MissingDependencyError, match=r"pip install no_such_lib"):
+        optional_import("no_such_lib", "something")
+    assert optional_import("numpy", "anything").__name__ == "numpy"

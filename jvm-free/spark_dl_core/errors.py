@@ -7,6 +7,9 @@ matching message text. Messages show URLs with credentials redacted.
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 
 class SparkDLError(Exception):
     """Base class of every error spark-dl raises on purpose."""
@@ -56,6 +59,35 @@ class ReencodeError(EncodingError):
 
 class MissingDependencyError(SparkDLError, ImportError):
     """An optional extra (fsspec, deltalake, torch…) is needed and not installed."""
+
+
+# The one place that says which extra of spark-dl-core installs an optional library.
+EXTRAS = {
+    "tokenizers": "text",
+    "PIL": "images",
+    "simplejpeg": "images",
+    "soundfile": "media",
+    "soxr": "media",
+    "av": "media",
+    "deltalake": "delta",
+    "fsspec": "remote",
+    "s3fs": "remote",
+    "tqdm": "progress",
+    "torch": "torch",
+    "tensorflow": "tf",
+}
+
+
+def optional_import(module: str, needed_for: str) -> Any:
+    """Import an optional library (``module``, dotted names too), or raise
+    :class:`MissingDependencyError` saying what needs it and which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        top = module.split(".")[0]
+        extra = EXTRAS.get(top)
+        how = f"pip install 'spark-dl-core[{extra}]'" if extra else f"pip install {top}"
+        raise MissingDependencyError(f"{needed_for} needs {top!r}: {how} ({exc})") from None
 
 
 class DatasetError(SparkDLError):

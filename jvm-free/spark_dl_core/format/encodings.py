@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import EncodingError, UnsafeEncodingError
+from ..errors import EncodingError, UnsafeEncodingError, optional_import
 from .buffers import (
     I64,
     U8,
@@ -810,13 +810,7 @@ _SIGNATURES = {"jpeg": b"\xff\xd8", "png": b"\x89PNG\r\n\x1a\n"}
 
 
 def _pil() -> Any:
-    try:
-        from PIL import Image
-    except ImportError:  # pragma: no cover - pillow is an optional extra
-        raise ImportError(
-            "decoding images needs Pillow: pip install 'spark-dl-core[images]'"
-        ) from None
-    return Image
+    return optional_import("PIL.Image", "decoding images")
 
 
 def _decode_image(kind: str, raw: bytes, mode: ImageMode, column: str) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import MissingDependencyError, ReencodeError
+from ..errors import ReencodeError, optional_import
 from ..ops.registry import register_op
 
 # format name -> (libsndfile's container, its subtype)
@@ -29,12 +29,7 @@ _EMPTY_FLAC = (
 
 
 def _need(module: str) -> Any:
-    try:
-        return __import__(module)
-    except ImportError:
-        raise MissingDependencyError(
-            f"reencode_audio needs {module!r}: pip install 'spark-dl-core[media]'"
-        ) from None
+    return optional_import(module, "reencode_audio")
 
 
 def reencode_audio(op: Any, array: pa.Array) -> pa.Array:

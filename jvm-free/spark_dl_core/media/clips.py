@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import DatasetError, MissingDependencyError, SpecError
+from ..errors import DatasetError, SpecError, optional_import
 from ..format.buffers import Jagged
 from ..ops.registry import register_op
 from ..ops.transforms import (
@@ -54,12 +54,7 @@ class MediaError(DatasetError):
 
 
 def _need(module: str) -> Any:
-    try:
-        return __import__(module)
-    except ImportError:
-        raise MissingDependencyError(
-            f"audio/video ops need {module!r}: pip install 'spark-dl-core[media]'"
-        ) from None
+    return optional_import(module, "audio/video ops")
 
 
 def _start(mode: str, free: int, rng: np.random.Generator | None) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import ReencodeError
+from ..errors import ReencodeError, optional_import
 from ..ops.registry import register_op
 
 try:  # region decoding over libjpeg-turbo: an optional C extension, built at install
@@ -29,11 +29,7 @@ JPEG_MAGIC = b"\xff\xd8"
 
 def pil() -> Any:
     """PIL's ``Image`` module (the ``images`` extra)."""
-    try:
-        from PIL import Image
-    except ImportError:  # pragma: no cover - pillow is the images extra
-        raise ImportError("image ops need Pillow: pip install 'spark-dl-core[images]'") from None
-    return Image
+    return optional_import("PIL.Image", "image ops")
 
 
 def image_size(raw: bytes) -> tuple[int, int]:

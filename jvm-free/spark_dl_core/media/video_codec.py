@@ -21,20 +21,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import MissingDependencyError, ReencodeError
+from ..errors import ReencodeError, optional_import
 from ..ops.registry import register_op
 
 DEFAULT_RATE = Fraction(25)  # a stream that declares no frame rate
 
 
 def _av() -> Any:
-    try:
-        import av
-    except ImportError:
-        raise MissingDependencyError(
-            "reencode_video needs 'av' (PyAV): pip install 'spark-dl-core[media]'"
-        ) from None
-    return av
+    return optional_import("av", "reencode_video")
 
 
 def _even(side: float) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import MissingDependencyError, TokenizeError
+from ..errors import MissingDependencyError, TokenizeError, optional_import
 
 # Token ids fit uint16 up to this vocabulary size, else they are stored as int32.
 UINT16_VOCAB = 1 << 16
@@ -27,13 +27,7 @@ _LOADED: dict[tuple[str, str], Any] = {}  # (path, digest) -> Tokenizer, once pe
 
 
 def _tokenizer_class() -> Any:
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise MissingDependencyError(
-            "the tokenize op needs Hugging Face tokenizers: pip install 'spark-dl-core[text]'"
-        ) from None
-    return Tokenizer
+    return optional_import("tokenizers", "the tokenize op").Tokenizer
 
 
 def read_tokenizer_file(path: str, column: str) -> bytes:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import DatasetError, SpecError
+from ..errors import DatasetError, SpecError, optional_import
 from ..meta import column_names
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -74,14 +74,7 @@ class UnsupportedDeltaFeatureError(DeltaSnapshotError):
 
 
 def _import_deltalake() -> Any:
-    try:
-        import deltalake
-    except ImportError as exc:  # pragma: no cover - optional extra
-        raise ImportError(
-            "reading Delta tables without a JVM needs the 'deltalake' package: "
-            "pip install 'spark-dl-core[delta]'"
-        ) from exc
-    return deltalake
+    return optional_import("deltalake", "reading Delta tables without a JVM")
 
 
 def _to_utc_ms(ts: Timestamp) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DatasetError, MissingDependencyError, SparkDLError, SpecError
+from ..errors import DatasetError, SparkDLError, SpecError, optional_import
 
 _SECRET_NAME = re.compile(r"key|secret|token|passw|credential|sas|signature|auth", re.I)
 _SECRET_ENV = (
@@ -92,12 +92,7 @@ class Store:
         """The fsspec filesystem for a remote store (created on first use, per process:
         a forked DataLoader worker makes its own, async filesystems are not fork-safe)."""
         if self._fs is None or self._fs_pid != os.getpid():
-            try:
-                import fsspec
-            except ImportError:  # pragma: no cover - optional extra
-                raise MissingDependencyError(
-                    f"{self.url} needs fsspec: pip install 'spark-dl-core[remote]'"
-                ) from None
+            fsspec = optional_import("fsspec", self.url)
             self._fs, _ = fsspec.core.url_to_fs(self.url, **self.storage_options)
             self._fs_pid = os.getpid()
         return self._fs

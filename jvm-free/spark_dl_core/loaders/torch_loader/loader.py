@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ...errors import SpecError
+from ...errors import SpecError, optional_import
 from ...ops.read import ReadOps
 from ...order import EpochPlan, LoaderState, epoch_position, plan_position
 from ..reader import BatchReader
@@ -324,12 +324,7 @@ class TorchLoader:
 
     def _bar(self, total: int) -> Any:
         """A tqdm bar over this rank's batches of the epoch (``progress=True``)."""
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:  # pragma: no cover - tqdm is the "progress" extra
-            raise ImportError(
-                "progress=True needs tqdm: pip install 'spark-dl-core[progress]'"
-            ) from None
+        tqdm = optional_import("tqdm.auto", "progress=True").tqdm
         desc = f"epoch {self.epoch}" + (f" rank {self.rank}" if self.world_size > 1 else "")
         return tqdm(total=total, desc=desc, unit="batch")
 
