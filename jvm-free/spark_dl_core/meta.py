@@ -94,7 +94,7 @@ def plan_columns(schema: pa.Schema, spec: DatasetSpec) -> list[ColumnPlan]:
     for f in schema:
         encoding = spec.columns.get(f.name) or infer_encoding(f)
         mask = None
-        if spec.nulls == "mask" and f.nullable and encoding not in ("json", "pkl"):
+        if spec.nulls == "mask" and f.nullable and not get_encoding(encoding).holds_nulls:
             mask = f.name + NULL_SUFFIX
             if mask in schema.names:
                 raise SpecError(f"column {mask!r} collides with the null mask of {f.name!r}")

@@ -203,7 +203,7 @@ class ShardWriter:
                 if plan.null_mask:
                     mask = pc.is_null(array).to_numpy(zero_copy_only=False).astype(np.uint8)
                     array = _fill_nulls(array)
-                elif plan.encoding != "json":
+                elif not get_encoding(plan.encoding).holds_nulls:
                     first = int(np.flatnonzero(pc.is_null(array).to_numpy(zero_copy_only=False))[0])
                     raise EncodingError(
                         plan.name,
@@ -220,7 +220,7 @@ class ShardWriter:
                 raise EncodingError(
                     plan.name, f"{exc.detail} (at {self._row_at(exc.row)})"
                 ) from None
-            if encoding.size is None and plan.encoding.startswith("ndarray"):
+            if encoding.size is None and encoding.ndarray:
                 self._chunk_shapes[plan.name] = uniform_shape(array, plan.name)
             if plan.null_mask:
                 flags = mask if mask is not None else np.zeros(n, dtype=np.uint8)

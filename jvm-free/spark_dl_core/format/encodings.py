@@ -142,6 +142,11 @@ class Encoding(ABC):
     name: str = ""
     size: int | None = None  # bytes per value when fixed, else None
     safe: bool = True  # False: decoding runs code (pickle)
+    # Facts other rooms ask instead of testing names:
+    numeric: bool = False  # values are numbers (normalize applies; dense tensors)
+    ndarray: bool = False  # each value is a numpy array (fixed or variable shape)
+    strings: bool = False  # each value is one str or bytes (tf.string)
+    holds_nulls: bool = False  # a null is a value of its own (json, pkl): no mask column
 
     @abstractmethod
     def encode(self, array: pa.Array, column: str) -> Pieces:
@@ -171,6 +176,8 @@ class Encoding(ABC):
 
 class ScalarEncoding(Encoding):
     """Fixed-width little-endian numbers: int8..int64, uint8..uint64, float16..64, int."""
+
+    numeric = True
 
     def __init__(self, name: str, dtype: str) -> None:
         self.name = name
@@ -205,6 +212,7 @@ class ScalarEncoding(Encoding):
 
 class BytesEncoding(Encoding):
     name = "bytes"
+    strings = True
 
     def encode(self, array: pa.Array, column: str) -> Pieces:
         if not (
@@ -226,6 +234,7 @@ class BytesEncoding(Encoding):
 
 class StrEncoding(Encoding):
     name = "str"
+    strings = True
 
     def encode(self, array: pa.Array, column: str) -> Pieces:
         if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
@@ -250,6 +259,7 @@ class StrNumberEncoding(Encoding):
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.numeric = name != "str_decimal"  # decimals read back as text
 
     def encode(self, array: pa.Array, column: str) -> Pieces:
         t = array.type
@@ -378,6 +388,8 @@ class JsonEncoding(Encoding):
     tokens ``NaN``, ``Infinity``, ``-Infinity`` (which ``json.loads`` reads back), and a
     float's shortest repr round-trips exactly (``-0.0`` included)."""
 
+    holds_nulls = True
+
     name = "json"
 
     def encode(self, array: pa.Array, column: str) -> Pieces:
@@ -431,6 +443,7 @@ def _json_list_text(pieces: Pieces, n: int) -> bytes:
 class PickleEncoding(Encoding):
     name = "pkl"
     safe = False
+    holds_nulls = True
 
     def encode(self, array: pa.Array, column: str) -> Pieces:
         return _pieces_from_bytes([pickle.dumps(v) for v in array.to_pylist()])
@@ -469,6 +482,7 @@ def _nested_values(array: pa.Array, column: str) -> tuple[pa.Array, np.ndarray]:
 
     Each sample must be rectangular (every inner list of one sample equally long).
     """
+
     n = len(array)
     owner = np.arange(n, dtype=I64)  # the sample each element at this depth belongs to
     dims: list[np.ndarray] = []
@@ -519,6 +533,9 @@ class NDArrayEncoding(Encoding):
     Layout per sample: [dtype code, if not fixed] [ndim<<2 | shape width, shape, if not
     fixed] [values]. Fixed dtype and shape make a fixed-width column.
     """
+
+    numeric = True
+    ndarray = True
 
     def __init__(self, dtype: str | None = None, shape: tuple[int, ...] | None = None) -> None:
         if dtype is not None and dtype not in _DTYPE_CODES:
@@ -958,7 +975,8 @@ _SCALARS = {
     "int": "int64",
     **{name: name for name in _DTYPE_CODES},
 }
-# Encodings whose values are numbers: the scalars and the numbers stored as text.
+# Encodings whose values are numbers: the scalars and the numbers stored as text
+# (each encoding also says so itself: ``get_encoding(name).numeric``).
 NUMERIC_ENCODINGS = frozenset(_SCALARS) | {"str_int", "str_float"}
 
 

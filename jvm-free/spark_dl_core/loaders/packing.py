@@ -124,7 +124,7 @@ def check_pack(dataset: ShardSource, pack: PackSpec) -> PackSpec:
     one_d = form[0] in ("jagged", "auto") or (form[0] == "dense" and len(form[1] or ()) == 1)
     if (
         encoding.size is not None
-        or not encoding.name.startswith("ndarray")
+        or not encoding.ndarray
         or not one_d
         or (dtype is not None and np.dtype(dtype).kind not in "iu")
     ):

@@ -38,7 +38,7 @@ from pydantic import (
 )
 
 from ..errors import SpecError, TokenizeError
-from ..format.encodings import NUMERIC_ENCODINGS
+from ..format.encodings import get_encoding
 from .registry import implementation
 from .text import encode_texts, load_tokenizer, token_type, tokenizer_facts
 
@@ -729,7 +729,7 @@ def compile_read_ops(
         else:
             if isinstance(op, Normalize) and column in columns:
                 encoding = columns[column]
-                if not (encoding.startswith("ndarray") or encoding in NUMERIC_ENCODINGS):
+                if not get_encoding(encoding).numeric:
                     raise SpecError(
                         f"normalize on column {column!r}: it holds {encoding!r} values, "
                         "not numbers (decode images with image_decode first)"

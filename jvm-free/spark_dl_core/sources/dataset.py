@@ -203,7 +203,7 @@ class Dataset:
         plans = {p.name: p for p in self.plans or []}
         shard_meta = self.meta["shards"] if self.meta else []
         for name, encoding in zip(self.layout.names, self.layout.encodings):
-            if encoding.size is not None or not encoding.name.startswith("ndarray"):
+            if encoding.size is not None or not encoding.ndarray:
                 continue
             recorded = [(m.get("shapes") or {}).get(name, "?") for m in shard_meta]
             plan = plans.get(name)

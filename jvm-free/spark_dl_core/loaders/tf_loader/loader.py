@@ -85,9 +85,12 @@ def _column_spec(
     dense = encoding is None or encoding.size is not None or form == "dense" or transformed
     if sample.dtype.kind in "biufc" and dense:
         return tf.TensorSpec((None, *sample.shape[1:]), tf.as_dtype(sample.dtype)), "dense"
-    if kind in ("str", "bytes") or sample.dtype.kind in "SU":
+    # the stored encoding's facts; a column an op makes has only the probe's kind
+    strings = encoding.strings if encoding is not None else kind in ("str", "bytes")
+    arrays = encoding.ndarray if encoding is not None else kind == "ndarray"
+    if strings or sample.dtype.kind in "SU":
         return tf.TensorSpec((None,), tf.string), "string"
-    if kind.startswith("ndarray"):
+    if arrays:
         value = np.asarray(sample[0])
         spec = tf.RaggedTensorSpec(
             shape=(None, *([None] * value.ndim)),
