@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -42,10 +43,17 @@ from spark_dl_core.commit import (
     plan_write,
     written_schema,
 )
-from spark_dl_core.errors import DatasetError, SpecError
+from spark_dl_core.errors import DatasetError, EncodingError, SpecError
 from spark_dl_core.format.index import ShardInfo
 from spark_dl_core.maintenance import DEFAULT_RETENTION_SECONDS, vacuum_store
-from spark_dl_core.meta import ColumnPlan, ShardRecords, plan_columns, read_meta
+from spark_dl_core.meta import (
+    ColumnPlan,
+    ShardRecords,
+    plan_columns,
+    read_meta,
+    schema_from_text,
+    schema_to_text,
+)
 from spark_dl_core.ops.arrow import arrow_schema, batch_to_arrow
 from spark_dl_core.store.storage import Store
 
@@ -73,6 +81,7 @@ WRITE_OPTIONS = frozenset(
         "vacuum_retention",
         "source",
         "canonical_files",
+        "delta_schema",
     }
 )
 READ_OPTIONS = frozenset(
@@ -366,6 +375,11 @@ class MDSWriter(DataSourceArrowWriter):
         dtype = options.get("vector_dtype", "float64")
         self.vectors = {f.name: dtype for f in schema.fields if _is_vector(f.dataType)}
         self.arrow_schema = writer_arrow_schema(schema, self.vectors)
+        self.delta_fields = _delta_fields(options, self.arrow_schema)
+        if self.delta_fields:
+            self.arrow_schema = pa.schema(
+                [self.delta_fields.get(f.name, f) for f in self.arrow_schema]
+            )
         given = spec_from_options(options, schema.names)
         plan = plan_write(
             Store(self.path, self.storage_options), self.mode, given, schema=self.arrow_schema
@@ -404,6 +418,8 @@ class MDSWriter(DataSourceArrowWriter):
                         files += [current or ""] * (len(writer.shards) - len(files))
                         current = name
                     batch = utc_timestamps(_convert_vectors(batch, self.vectors))
+                    if self.delta_fields:
+                        batch = _with_fields(batch, self.delta_fields)
                     if self.append_plans is not None:
                         batch = _align(batch, self.append_plans)
                     writer.write(batch)
@@ -528,6 +544,78 @@ def _json_option(options: Mapping[str, str], key: str, kind: type) -> Any:
     if not isinstance(value, kind):
         raise SpecError(f"option {key!r} must be a JSON {kind.__name__}, got {text[:80]!r}")
     return value
+
+
+def _delta_fields(options: Mapping[str, str], schema: pa.Schema) -> dict[str, pa.Field]:
+    """The Delta log's fields (option ``delta_schema``, set by the client for a pinned read)
+    for the columns whose type equals the written one but for nullability: Spark reads
+    Parquet as all-nullable, the table's NOT NULL columns and fields are not."""
+    text = options.get("delta_schema")
+    if not text:
+        return {}
+    try:
+        delta = schema_from_text(text)
+    except Exception as exc:
+        raise SpecError(f"option 'delta_schema' is not a serialized Arrow schema: {exc}") from None
+    out = {}
+    for f in delta:
+        if f.name in schema.names and _loose(f.type) == _loose(schema.field(f.name).type):
+            out[f.name] = f
+    return out
+
+
+def _loose(t: pa.DataType) -> pa.DataType:
+    """``t`` with every nested field nullable: types compared regardless of nullability."""
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _loose(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_type, pa.field(t.item_field.name, _loose(t.item_type)))
+    if pa.types.is_list(t):
+        return pa.list_(pa.field(t.value_field.name, _loose(t.value_type)))
+    if pa.types.is_large_list(t):
+        return pa.large_list(pa.field(t.value_field.name, _loose(t.value_type)))
+    return t
+
+
+def _with_fields(batch: pa.RecordBatch, fields: dict[str, pa.Field]) -> pa.RecordBatch:
+    """``batch`` with the Delta log's fields for the columns in ``fields`` (same values).
+
+    A value that breaks the log's NOT NULL is refused, naming the column and field."""
+    arrays, out = [], []
+    for f, col in zip(batch.schema, batch.columns):
+        given = fields.get(f.name)
+        if given is not None:
+            _check_not_null(col, given, f.name)
+            f, col = given, col if col.type == given.type else _relabelled(col, given.type)
+        arrays.append(col)
+        out.append(f)
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(out))
+
+
+def _check_not_null(array: pa.Array, f: pa.Field, where: str) -> None:
+    """Nulls where ``f`` (or a field inside it) is NOT NULL, under valid parents only
+    (a null struct's children are null in Spark's Arrow, and mean nothing)."""
+    if not f.nullable and array.null_count:
+        raise EncodingError(where, "null value(s) where the Delta table's log says NOT NULL")
+    if pa.types.is_struct(f.type):
+        valid = pc.is_valid(array) if array.null_count else None
+        for i, child_field in enumerate(f.type):
+            child = array.field(i)
+            _check_not_null(
+                child if valid is None else child.filter(valid),
+                child_field,
+                f"{where}.{child_field.name}",
+            )
+    elif pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
+        _check_not_null(array.flatten(), f.type.value_field, f"{where}[]")
+
+
+def _relabelled(array: pa.Array, type_: pa.DataType) -> pa.Array:
+    """``array`` as ``type_``, a type that differs only in nested nullability: the same
+    buffers, handed over through the C data interface. (A cast or view refuses the nulls
+    Spark leaves in the children of null structs.)"""
+    _, capsule = array.__arrow_c_array__()
+    return pa.Array._import_from_c_capsule(pa.field("", type_).__arrow_c_schema__(), capsule)
 
 
 def _align(batch: pa.RecordBatch, plans: list[ColumnPlan]) -> pa.RecordBatch:
@@ -795,12 +883,16 @@ def _wrap_writer_class(cls: Any) -> None:
         frame = _written_frame(self)
         if frame is None:
             return None
-        from .delta import canonical_files, source_option
+        from .delta import canonical_files, delta_fields, source_option
 
         if "source" not in recorded:
             found = source_option(frame)
             if found is not None:
                 extra["source"] = found
+        if "delta_schema" not in recorded:
+            fields = delta_fields(frame)
+            if fields is not None:
+                extra["delta_schema"] = schema_to_text(fields)
         files = canonical_files(frame)
         if not files or "canonical_files" in recorded:
             return None

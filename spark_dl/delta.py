@@ -38,6 +38,8 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+import pyarrow as pa
+
 from spark_dl_core.sources.delta import (
     DeltaSnapshot,
     DeltaSnapshotError,
@@ -62,12 +64,29 @@ _ALIAS_RE = re.compile(re.escape(ALIAS_PREFIX) + r"[0-9a-f]{16}")
 
 @dataclass(frozen=True)
 class PinnedRead:
-    """What :func:`read_delta` recorded about one DataFrame it returned."""
+    """What :func:`read_delta` recorded about the DataFrames it returned for one snapshot."""
 
     lineage: dict[str, Any]
     # data file base names in canonical order, when rows carry ``_metadata.file_name``
     files: tuple[str, ...] | None
     semantic_hash: int | None
+    # the table's logical schema (nullability from the Delta log), when known
+    schema: pa.Schema | None = None
+    # every DataFrame returned for this snapshot (each read has its own column ids)
+    frames: tuple[Any, ...] = ()
+
+
+# Plan nodes (classic analysed plan, Spark Connect client plan) that pass a column through
+# with its values unchanged and add no rows from elsewhere: a column the Delta log declares
+# NOT NULL cannot become null through them. Joins, unions, aggregates are not among them.
+_KEEPING_NODES = frozenset(
+    {
+        *("Project", "Filter", "Sort", "Limit", "GlobalLimit", "LocalLimit", "Offset", "Tail"),
+        *("SubqueryAlias", "Repartition", "RepartitionByExpression", "Sample", "Deduplicate"),
+        *("Distinct", "WithColumns", "WithColumnsRenamed", "Drop", "Hint", "ResolvedHint"),
+        "ToDF",
+    }
+)
 
 
 _registry: dict[str, PinnedRead] = {}
@@ -111,8 +130,11 @@ def read_delta(
     uri = os.fspath(path)
     use_spark = engine == "spark" or (engine == "auto" and session_reads_delta(spark))
     files: tuple[str, ...] | None
+    schema: pa.Schema | None = None
     if use_spark:
-        df, lineage, files = _read_with_spark(spark, uri, version, timestamp, storage_options)
+        df, lineage, files, schema = _read_with_spark(
+            spark, uri, version, timestamp, storage_options
+        )
     else:
         snapshot = open_delta(
             uri, version=version, timestamp=timestamp, storage_options=storage_options
@@ -121,6 +143,7 @@ def read_delta(
         lineage = snapshot.lineage()
         lineage["reader"] = reader
         files = tuple(snapshot.file_names) if reader != "spark-arrow" else None
+        schema = snapshot.output_schema
     # Same snapshot, same token: equal plans keep equal semantic hashes (converter cache).
     identity = json.dumps([lineage, files, df.schema.json()], sort_keys=True, default=str)
     token = ALIAS_PREFIX + hashlib.sha256(identity.encode()).hexdigest()[:16]
@@ -128,7 +151,9 @@ def read_delta(
     semantic: int | None = None
     with contextlib.suppress(Exception):  # a plan that cannot be hashed
         semantic = int(df.semanticHash())
-    _registry[token] = PinnedRead(lineage, files, semantic)
+    earlier = _registry.get(token)
+    frames = (*earlier.frames, df) if earlier is not None else (df,)
+    _registry[token] = PinnedRead(lineage, files, semantic, schema, frames)
     return df
 
 
@@ -171,6 +196,69 @@ def _walk_connect_plan(root: Any) -> list[str]:
 def pinned_reads(df: DataFrame) -> list[PinnedRead]:
     """What :func:`read_delta` recorded for each pinned read ``df``'s plan contains."""
     return [_registry[t] for t in _plan_tokens(df) if t in _registry]
+
+
+def delta_fields(df: DataFrame) -> pa.Schema | None:
+    """The Delta table's own fields (nullability from its log) for the columns ``df`` takes
+    unchanged from one pinned read; None when there are none.
+
+    Spark reads Parquet files as all-nullable, so without this a Spark write would record
+    another schema, other null masks and another fingerprint than the core's export of the
+    same version. A column counts only when every plan node between ``df`` and the read
+    keeps values (:data:`_KEEPING_NODES`) and ``df``'s column is the read's own column (not
+    one recomputed under the same name).
+    """
+    tokens = [t for t in _plan_tokens(df) if t in _registry]
+    if len(tokens) != 1 or _registry[tokens[0]].schema is None:
+        return None
+    read = _registry[tokens[0]]
+    assert read.schema is not None
+    names = [c for c in df.columns if c in read.schema.names]
+    if not names or not _keeps_values(df, tokens[0]):
+        return None
+    same = False
+    with contextlib.suppress(Exception):
+        same = read.semantic_hash is not None and int(df.semanticHash()) == read.semantic_hash
+    if not same:
+        names = _own_columns(df, names, read.frames)
+    return pa.schema([read.schema.field(c) for c in names]) if names else None
+
+
+def _keeps_values(df: Any, token: str) -> bool:
+    """Whether the plan from ``df`` down to the read aliased ``token`` is a chain of nodes
+    that keep column values (classic: the analysed plan; Connect: the client's plan)."""
+    jdf = getattr(df, "_jdf", None)
+    try:
+        if jdf is not None:
+            node = jdf.queryExecution().analyzed()
+            while node.nodeName() in _KEEPING_NODES and node.children().size() == 1:
+                if node.nodeName() == "SubqueryAlias" and str(node.alias()) == token:
+                    return True
+                node = node.children().apply(0)
+            return False
+        plan = getattr(df, "_plan", None)
+        while plan is not None and type(plan).__name__ in _KEEPING_NODES:
+            if type(plan).__name__ == "SubqueryAlias" and getattr(plan, "_alias", None) == token:
+                return True
+            plan = getattr(plan, "_child", None)
+    except Exception:  # a plan we cannot walk: claim nothing
+        return False
+    return False
+
+
+def _own_columns(df: Any, names: list[str], frames: tuple[Any, ...]) -> list[str]:
+    """The ``names`` whose column in ``df`` is the pinned read's column itself: Spark
+    resolves a read's column reference in ``df`` only then (a ``withColumn`` of the same
+    name, an alias or a rename makes a new column)."""
+
+    def resolves(cols: list[str]) -> bool:
+        for frame in frames:
+            with contextlib.suppress(Exception):
+                df.select(*[frame[c] for c in cols]).schema  # noqa: B018 - analysis only
+                return True
+        return False
+
+    return names if resolves(names) else [c for c in names if resolves([c])]
 
 
 def lineage_for(df: DataFrame) -> dict[str, Any] | None:
@@ -220,7 +308,7 @@ def _read_with_spark(
     version: int | None,
     timestamp: Timestamp | None,
     storage_options: dict[str, str] | None,
-) -> tuple[DataFrame, dict[str, Any], tuple[str, ...] | None]:
+) -> tuple[DataFrame, dict[str, Any], tuple[str, ...] | None, pa.Schema | None]:
     """Time travel with delta-spark (not exercised in CI: no Delta jars there).
 
     The version is pinned before reading — with ``deltalake`` when it is installed (cheap,
@@ -230,11 +318,12 @@ def _read_with_spark(
     pinned: int | None = version
     ts: str | None = None
     files: tuple[str, ...] | None = None
+    schema: pa.Schema | None = None
     try:
         snap = open_delta(
             uri, version=version, timestamp=timestamp, storage_options=storage_options
         )
-        pinned, ts = snap.version, snap.timestamp
+        pinned, ts, schema = snap.version, snap.timestamp, snap.schema
         names = snap.file_names
         if len(set(names)) == len(names):  # delta-spark exposes _metadata.file_name too
             files = tuple(names)
@@ -260,7 +349,7 @@ def _read_with_spark(
         "filter": None,
         "reader": "delta-spark",
     }
-    return df, lineage, files
+    return df, lineage, files, schema
 
 
 # --------------------------------------------------------------------------- deltalake
@@ -268,7 +357,6 @@ def _read_with_spark(
 
 def _read_with_deltalake(spark: SparkSession, snapshot: DeltaSnapshot) -> tuple[DataFrame, str]:
     """The snapshot's DataFrame and how it was read (``spark-parquet`` / ``spark-arrow``)."""
-    import pyarrow as pa
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 

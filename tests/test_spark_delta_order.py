@@ -206,3 +206,94 @@ def test_local1_session_and_cli_match_core(table: str, tmp_path: Path) -> None:
     )
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout)["fingerprint"] == core.fingerprint
+
+
+# --------------------------------------------------------------------------- NOT NULL columns
+
+_STRICT = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("name", pa.string()),  # nullable, with nulls
+        pa.field("score", pa.float64(), nullable=False),
+        pa.field("tags", pa.list_(pa.field("element", pa.int32()))),  # some lists null
+        pa.field("pt", pa.struct([pa.field("a", pa.int32(), nullable=False)])),
+        pa.field("part", pa.string(), nullable=False),
+    ]
+)
+
+
+def _strict_rows(start: int, n: int) -> pa.Table:
+    ids = range(start, start + n)
+    columns = {
+        "id": list(ids),
+        "name": [None if i % 3 == 0 else f"n{i}" for i in ids],
+        "score": [i / 2 for i in ids],
+        "tags": [None if i % 4 == 0 else [i, i + 1] for i in ids],
+        "pt": [None if i % 5 == 0 else {"a": i} for i in ids],
+        "part": ["ab"[i % 2] for i in ids],
+    }
+    return pa.table(columns, schema=_STRICT)
+
+
+@pytest.fixture(scope="module")
+def strict_table(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """NOT NULL columns (top-level, a struct's field, the partition column) beside nullable
+    ones holding nulls, over two commits."""
+    path = str(tmp_path_factory.mktemp("strict") / "t")
+    for start, n in [(0, 120), (500, 70)]:
+        write_deltalake(path, _strict_rows(start, n), mode="append", partition_by=["part"])
+    return path
+
+
+def _same_dataset(got: str, want: str) -> None:
+    a, b = open_dataset(got), open_dataset(want)
+    assert a.columns == b.columns
+    assert a.meta["arrow_schema"] == b.meta["arrow_schema"]  # nullability from the Delta log
+    assert a.fingerprint == b.fingerprint
+    assert a.to_arrow().equals(b.to_arrow())
+
+
+def test_not_null_columns_one_fingerprint(spark: Any, strict_table: str, tmp_path: Path) -> None:
+    """Spark reads Parquet as all-nullable: its write must still record the Delta log's
+    schema, so masks, schema and fingerprint equal the core's export of the version."""
+    import spark_dl
+
+    masked = {**SPEC, "nulls": "mask"}
+    core = str(tmp_path / "core")
+    open_delta(strict_table, version=1).write_mds(core, masked)
+    assert "id__isnull" not in open_dataset(core).columns  # NOT NULL: no mask
+    df = spark_dl.read_delta(spark, strict_table, version=1)
+    out = str(tmp_path / "spark")
+    df.write.format("mds").options(shard_size="1500", hashes="xxh64", nulls="mask").save(out)
+    _same_dataset(out, core)
+    df.dl.write_mds(str(tmp_path / "dl"), masked, infer_shapes=False)
+    _same_dataset(str(tmp_path / "dl"), core)
+    # no masks: the columns without nulls, projected on both sides (a derived frame)
+    columns = ["id", "score", "pt", "part"]
+    open_delta(strict_table, version=1, columns=columns).write_mds(str(tmp_path / "c2"), SPEC)
+    plain = str(tmp_path / "s2")
+    df.select(*columns).write.format("mds").options(shard_size="1500", hashes="xxh64").save(plain)
+    _same_dataset(plain, str(tmp_path / "c2"))
+
+
+def test_recomputed_column_is_not_taken_as_not_null(
+    spark: Any, strict_table: str, tmp_path: Path
+) -> None:
+    """A column recomputed under a NOT NULL column's name may hold nulls: it gets a mask."""
+    from pyspark.sql import functions as F
+
+    import spark_dl
+
+    df = spark_dl.read_delta(spark, strict_table, version=1)
+    derived = df.withColumn("id", F.when(F.col("score") > 10, F.col("id")))
+    out = str(tmp_path / "derived")
+    derived.write.format("mds").option("nulls", "mask").save(out)
+    ds = open_dataset(out)
+    assert "id__isnull" in ds.columns and "score__isnull" not in ds.columns
+    got = ds.to_arrow().sort_by("score")
+    assert got.column("id").to_pylist() == [
+        r["id"] if r["score"] > 10 else None
+        for r in sorted(
+            open_delta(strict_table, version=1).to_arrow().to_pylist(), key=lambda r: r["score"]
+        )
+    ]
