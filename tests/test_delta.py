@@ -500,3 +500,94 @@ def test_nested_decimals_spark_reader(classic_spark: Any, tmp_path: Path) -> Non
     got = classic_spark.read.format("mds").load(str(tmp_path / "out")).orderBy("id").collect()
     assert [r["l"] for r in got] == data.column("l").to_pylist()
     assert [r["s"]["d"] for r in got] == [s["d"] for s in data.column("s").to_pylist()]
+
+
+# --------------------------------------------------------------------------- INT96 timestamps
+
+EXTREMES = [
+    dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.timezone.utc),
+    dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc),
+    dt.datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=dt.timezone.utc),
+    None,
+]
+
+
+def _commit_files(path: str, fields: dict[str, str]) -> None:
+    """A Delta log over the Parquet files Spark wrote at ``path``, with schema ``fields``."""
+    schema = [{"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in fields.items()]
+    meta = {
+        "id": str(uuid.uuid4()),
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": json.dumps({"type": "struct", "fields": schema}),
+        "partitionColumns": [],
+        "configuration": {},
+    }
+    actions: list[dict[str, Any]] = [
+        {"commitInfo": {"timestamp": int(time.time() * 1000), "operation": "CONVERT"}},
+        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+        {"metaData": meta},
+    ]
+    for file in sorted(Path(path).glob("*.parquet")):
+        add = {"path": file.name, "size": file.stat().st_size, "dataChange": True}
+        actions.append({"add": add | {"partitionValues": {}, "modificationTime": 0}})
+    Path(path, "_delta_log").mkdir()
+    Path(path, "_delta_log", f"{0:020}.json").write_text(
+        "\n".join(json.dumps(a) for a in actions) + "\n"
+    )
+
+
+def _int96_files(spark: Any, path: str) -> None:
+    """Parquet with INT96 timestamps (Spark's legacy type) out to 9999-12-31, written by Spark."""
+    before = spark.conf.get("spark.sql.parquet.outputTimestampType")
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "INT96")
+    try:
+        rows = [(3_000_000_000 + i, t) for i, t in enumerate(EXTREMES)]
+        df = spark.createDataFrame(rows, "id long, ts timestamp")
+        df.coalesce(1).write.parquet(path)
+    finally:
+        spark.conf.set("spark.sql.parquet.outputTimestampType", before)
+
+
+@pytest.mark.spark
+def test_int96_extreme_timestamps(spark: Any, tmp_path: Path) -> None:
+    """pyarrow reads INT96 as nanoseconds by default, which cannot hold 9999-12-31 (it
+    wrapped around, or raised a bare ArrowInvalid); Delta timestamps are microseconds."""
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "int96")
+    _int96_files(spark, path)
+    assert "int96" in str(pq.ParquetFile(next(Path(path).glob("*.parquet"))).schema).lower()
+    _commit_files(path, {"id": "long", "ts": "timestamp"})
+    got = open_delta(path, version=0).to_arrow()
+    assert got.column("ts").to_pylist() == EXTREMES
+    from spark_dl.delta import read_delta
+
+    assert _spark_instants(read_delta(spark, path, version=0)) == _instants(got)
+    out = str(tmp_path / "mds")
+    open_delta(path).write_mds(out, {"nulls": "mask"})
+    ds = open_dataset(out)
+    assert ds.to_arrow().column("ts").cast(pa.int64()).equals(got.column("ts").cast(pa.int64()))
+
+
+@pytest.mark.spark
+def test_unreadable_value_names_table_version_file_column(spark: Any, tmp_path: Path) -> None:
+    """A value the table's type cannot hold (a log saying ``integer`` over a file of longs
+    beyond 2^31) is a DeltaSnapshotError naming all four; the CLI prints that one line."""
+    path = str(tmp_path / "narrow")
+    _int96_files(spark, path)
+    _commit_files(path, {"id": "integer", "ts": "timestamp"})
+    file, out = next(Path(path).glob("*.parquet")).name, str(tmp_path / "out")
+    with pytest.raises(DeltaSnapshotError) as info:
+        open_delta(path, version=0).to_arrow()
+    text = str(info.value)
+    assert all(s in text for s in (path, "version 0", file, "'id'")), text
+    proc = subprocess.run(
+        [*(sys.executable, "-m", "spark_dl.cli", "export", path), "--no-progress", "--out", out],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and file in proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"spark-dl export: error: {text}"]
+    assert not Path(out).exists() or not any(Path(out).iterdir())  # nothing half-written

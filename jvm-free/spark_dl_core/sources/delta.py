@@ -244,7 +244,13 @@ class DeltaSnapshot:
         for uri in self.files:
             stored = [n for n in wanted if n not in self.partition_columns]
             try:
-                pf = pq.ParquetFile(self._fs_path(uri, prefix), filesystem=filesystem)
+                # INT96 (Spark's legacy timestamps) as microseconds, Delta's unit: pyarrow's
+                # default, nanoseconds, cannot hold dates past 2262 (9999-12-31 wraps round)
+                pf = pq.ParquetFile(
+                    self._fs_path(uri, prefix),
+                    filesystem=filesystem,
+                    coerce_int96_timestamp_unit="us",
+                )
             except (FileNotFoundError, OSError) as exc:
                 raise DeltaSnapshotError(
                     self.table_uri,
@@ -255,7 +261,7 @@ class DeltaSnapshot:
             present = [n for n in stored if n in pf.schema_arrow.names]
             keep = self._keep.get(_file_key(uri))
             start = 0
-            for batch in pf.iter_batches(columns=present, batch_size=65536):
+            for batch in self._read_batches(pf, present, uri):
                 n = batch.num_rows
                 table = pa.Table.from_batches([batch])
                 if keep is not None:
@@ -268,6 +274,30 @@ class DeltaSnapshot:
             if boundaries:
                 yield source_boundary(out_schema)
 
+    def _read_batches(self, pf: Any, columns: list[str], uri: str) -> Iterator[pa.RecordBatch]:
+        """``pf``'s batches; a file pyarrow cannot decode is an error naming it."""
+        try:
+            yield from pf.iter_batches(columns=columns, batch_size=65536)
+        except (pa.ArrowException, OSError) as exc:
+            raise self._file_error(uri, f"cannot be read: {_first_line(exc)}") from None
+
+    def _file_error(self, uri: str, message: str) -> DeltaSnapshotError:
+        return DeltaSnapshotError(
+            self.table_uri, f"data file {uri} {message}", asked=f"version {self.version}"
+        )
+
+    def _cast(self, column: Any, f: pa.Field, uri: str) -> Any:
+        """A file's column as the table's type; a value that type cannot hold is an error
+        naming the file and column, not a bare ArrowInvalid."""
+        try:
+            return column.cast(f.type)
+        except pa.ArrowException as exc:
+            raise self._file_error(
+                uri,
+                f"column {f.name!r} ({column.type}) cannot be read as the table's type "
+                f"{f.type}: {_first_line(exc)}",
+            ) from None
+
     def _finish(self, table: pa.Table, uri: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         n = table.num_rows
         arrays = []
@@ -279,7 +309,7 @@ class DeltaSnapshot:
                 arr = pa.array([value] * n, type=pa.string() if typed else f.type)
                 arrays.append(arr.cast(f.type))
             elif f.name in table.column_names:
-                arrays.append(table.column(f.name).cast(f.type))
+                arrays.append(self._cast(table.column(f.name), f, uri))
             else:  # added to the schema after this file was written
                 arrays.append(pa.nulls(n, type=f.type))
         result = pa.Table.from_arrays(arrays, schema=schema)
