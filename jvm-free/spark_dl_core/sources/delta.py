@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..spec import DatasetSpec
     from ..writer import WriteResult
     from .dataset import Dataset
+    from .delta_inplace import DeltaDataset
 
 # Reader features this module reads correctly. Others (e.g. columnMapping, v2Checkpoint
 # handled by deltalake itself is fine, but unknown row-level features are not) are refused.
@@ -150,6 +151,8 @@ class DeltaSnapshot:
     available: tuple[int, int] | None = None
     _partition_values: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     _keep: dict[str, Any] = field(default_factory=dict, repr=False)
+    _sizes: dict[str, int] = field(default_factory=dict, repr=False)
+    _inplace: Any = field(default=None, repr=False, compare=False)
 
     # -- facts
 
@@ -203,6 +206,10 @@ class DeltaSnapshot:
             }
             for u in self.files
         ]
+
+    def file_size(self, uri: str) -> int | None:
+        """A data file's size in bytes as its add action records it."""
+        return self._sizes.get(_file_key(uri))
 
     def deleted_rows(self) -> dict[str, list[int]]:
         """Row indexes each file's deletion vector removes, by file base name."""
@@ -370,6 +377,56 @@ class DeltaSnapshot:
         self.write_mds(out_path, spec_obj, mode="overwrite")  # a stale export is replaced
         return open_dataset(out_path, **open_kwargs)
 
+    # -- read in place (sources/delta_inplace.py): the snapshot as a dataset, no export
+
+    def dataset(
+        self, spec: DatasetSpec | dict[str, Any] | None = None, **options: Any
+    ) -> DeltaDataset:
+        """This snapshot as a dataset read in place: shards are its files' row groups.
+
+        ``spec`` sets the encodings and transforms, as an export's would; ``options`` are
+        :class:`~spark_dl_core.sources.delta_inplace.DeltaDataset`'s. The default one is
+        built once and serves ``len(snap)``, ``snap[i]``, ``snap.to_torch(...)``…
+        """
+        from .delta_inplace import DeltaDataset
+
+        if spec is None and not options:
+            if self._inplace is None:
+                self._inplace = DeltaDataset(self)
+            return self._inplace
+        return DeltaDataset(self, spec, **options)
+
+    def __bool__(self) -> bool:
+        return True  # a snapshot is a value, even with 0 rows (and len() reads footers)
+
+    def __len__(self) -> int:
+        """Live rows of the snapshot (footers and deletion vectors: no data read)."""
+        return len(self.dataset())
+
+    def __getitem__(self, key: Any) -> Any:
+        """``snap[i]``, ``snap[rows]``, ``snap["col"]``: as :meth:`Dataset.__getitem__`."""
+        return self.dataset()[key]
+
+    @property
+    def fingerprint(self) -> str:
+        """The in-place dataset's fingerprint (see :attr:`DeltaDataset.fingerprint`)."""
+        return self.dataset().fingerprint
+
+    def iter_batches(self, batch_size: int = 1024, **settings: Any) -> Iterator[Any]:
+        """Batches read in place, as :meth:`Dataset.iter_batches` (no export)."""
+        return self.dataset().iter_batches(batch_size, **settings)
+
+    def sample_order(self, batch_size: int = 1024, **settings: Any) -> Any:
+        return self.dataset().sample_order(batch_size, **settings)
+
+    def to_torch(self, batch_size: int = 256, **settings: Any) -> Any:
+        """A PyTorch loader reading the snapshot in place (see :meth:`Dataset.to_torch`)."""
+        return self.dataset().to_torch(batch_size, **settings)
+
+    def to_tf(self, batch_size: int = 256, **settings: Any) -> Any:
+        """A ``tf.data.Dataset`` reading the snapshot in place (see :meth:`Dataset.to_tf`)."""
+        return self.dataset().to_tf(batch_size, **settings)
+
     # -- filesystem
 
     def _filesystem(self) -> tuple[Any, str]:
@@ -484,6 +541,7 @@ def open_delta(
             for c in partition_columns
             if f"partition.{c}" in actions.column_names
         }
+    sizes = dict(zip((_file_key(u) for u in uris), actions.column("size_bytes").to_pylist()))
     keep: dict[str, Any] = {}
     if "deletionVectors" in (table.protocol().reader_features or []):
         dvs = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all()
@@ -504,6 +562,7 @@ def open_delta(
         available=available,
         _partition_values=part_values,
         _keep=keep,
+        _sizes=sizes,
     )
     snap.output_schema  # noqa: B018 - validate columns now, not at first read
     _check_files_exist(snap, asked)

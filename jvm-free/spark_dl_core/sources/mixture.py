@@ -36,6 +36,7 @@ from ..format.shard import Layout, ShardData
 from ..meta import ColumnPlan
 from ..order import BATCHING, MixtureOrder, MixturePlan
 from .dataset import Dataset, open_dataset
+from .delta import DeltaSnapshot
 
 MIXTURE_VERSION = 1
 _COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmbgt]?)\s*$", re.IGNORECASE)
@@ -65,8 +66,9 @@ def parse_count(value: int | str, field: str = "epoch_size") -> int:
 class Source:
     """One dataset of a mixture and its weight (at most one of the three).
 
-    ``dataset``: a path (any store :func:`~spark_dl_core.open_dataset` opens) or an open
-    :class:`~spark_dl_core.Dataset`; on the Spark side (``spark_dl.mix``) also a DataFrame.
+    ``dataset``: a path (any store :func:`~spark_dl_core.open_dataset` opens), an open
+    :class:`~spark_dl_core.Dataset` or a pinned Delta snapshot (``open_delta(...)``, read in
+    place); on the Spark side (``spark_dl.mix``) also a DataFrame.
     ``proportion``: relative weight. ``repeat``: samples per epoch as a multiple of the
     source's size (fractional up- or down-sampling). ``choose``: samples per epoch.
     ``name`` labels it in errors, stats and cards (default: the path).
@@ -85,6 +87,8 @@ class Source:
             return self.dataset.shown
         if isinstance(self.dataset, (str, os.PathLike)):
             return str(self.dataset)
+        if isinstance(self.dataset, DeltaSnapshot):
+            return f"{self.dataset.table_uri}@v{self.dataset.version}"
         return f"source {index}"
 
 
@@ -497,6 +501,8 @@ def _open_source(
     source: Source, index: int, cache_dir: str | None, storage_options: dict[str, Any] | None
 ) -> Dataset:
     target = source.dataset
+    if isinstance(target, DeltaSnapshot):  # a pinned Delta version, read in place
+        return target.dataset()
     if isinstance(target, Dataset):
         if isinstance(target, Mixture):
             raise MixtureError(f"source {index}: a mixture cannot be a source of another")
@@ -504,7 +510,7 @@ def _open_source(
     if not isinstance(target, (str, os.PathLike)):
         raise MixtureError(
             f"source {index}: {type(target).__name__} is not a dataset path or an open "
-            "Dataset (DataFrames: use spark_dl.mix)"
+            "Dataset or Delta snapshot (DataFrames: use spark_dl.mix)"
         )
     try:
         return open_dataset(str(target), cache_dir=cache_dir, storage_options=storage_options)

@@ -1,0 +1,469 @@
+"""A pinned Delta snapshot read in place: the third kind of source of shards (no MDS copy).
+
+Its shards are the row groups of the snapshot's data files, files in the log's path order
+(:attr:`DeltaSnapshot.files`), row groups in file order, rows their deletion vectors delete
+left out, row groups left with no row left out. Opening reads Parquet footers only (row
+counts per row group); :meth:`DeltaDataset.load_shard` reads one row group, finishes it as
+the export does (deletion-vector mask, partition columns, cast to the table schema) and
+encodes it into MDS shard bytes in memory with the writer's :class:`~spark_dl_core.writer.
+ShardWriter` and the column plans the export would infer: every decode, op, packing and
+loader path after that is the MDS code. Converted shards stay in a small per-process LRU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import SpecError
+from ..format.compact import ShardTable
+from ..format.index import FileInfo, ShardInfo
+from ..format.shard import ShardData
+from ..meta import ColumnPlan, plan_columns, stored_layout
+from ..ops.transforms import apply_transforms
+from ..spec import MAX_SHARD_SIZE, DatasetSpec
+from .dataset import Dataset, _list_depth
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..store.storage import Store
+    from .delta import DeltaSnapshot
+
+INPLACE_VERSION = 1
+DEFAULT_CACHED_SHARDS = 4  # converted row groups kept per process (a shuffle window's worth)
+
+
+@dataclass(frozen=True)
+class _RowGroup:
+    """Where one shard's rows are: file (index into ``files``), row group, first row."""
+
+    file: int
+    group: int
+    start: int  # the row group's first row in the file (before deletions)
+    rows: int  # rows stored in the row group
+    live: int  # rows left after the deletion vector
+    raw_bytes: int  # uncompressed size (Parquet's estimate)
+    stored_bytes: int  # compressed size
+
+
+class _MemoryStore:
+    """The writer's store, in memory: a converted shard's bytes are kept, not written."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+
+    def write_bytes(self, name: str, data: bytes | np.ndarray) -> None:
+        self.files[name] = bytes(data) if not isinstance(data, bytes) else data
+
+
+class DeltaDataset(Dataset):
+    """A :class:`DeltaSnapshot` as a dataset: ``len``, ``fingerprint``, ``ds[i]``,
+    ``iter_batches``, ``to_torch``… with no export. Use ``snap.dataset()``.
+
+    ``spec``: the encodings (and transforms) the read uses, as an export's spec would;
+    ``cached_shards``: converted row groups kept per process. ``forms``: a list column's
+    batch form when the footers' guess is wrong: ``"jagged"``, ``"objects"`` or a shape.
+    """
+
+    def __init__(
+        self,
+        snapshot: DeltaSnapshot,
+        spec: DatasetSpec | dict[str, Any] | None = None,
+        *,
+        allow_unsafe: bool = False,
+        cached_shards: int = DEFAULT_CACHED_SHARDS,
+        forms: dict[str, str | tuple[int, ...]] | None = None,
+    ) -> None:
+        if snapshot.filter is not None:
+            raise SpecError(
+                f"{snapshot.table_uri} at version {snapshot.version}: a filter= cannot be read "
+                "in place (row groups' counts would need every row read); export it with "
+                "write_mds / to_dataset, or filter in a read transform"
+            )
+        self.snapshot = snapshot
+        self.user_spec = spec if isinstance(spec, DatasetSpec) else DatasetSpec(**(spec or {}))
+        self.path = f"{snapshot.table_uri}@v{snapshot.version}"
+        self.shown = self.path
+        self.cache_dir = None
+        self.allow_unsafe = allow_unsafe
+        self.meta = None
+        self._index_text = None
+        self._compact = None
+        self._verified: set[int] = set()
+        self._warned_unverifiable = False
+        self._accessed = None
+        self._cached_shards = max(1, int(cached_shards))
+        self._asked_forms = dict(forms or {})
+        self._plans = self._plan()
+        self.layout = stored_layout(self._plans)
+        self._groups, self._leaf_values = self._read_footers()
+        self.shards = ShardTable(
+            np.array([g.live for g in self._groups], dtype=np.int64),
+            np.array([g.raw_bytes for g in self._groups], dtype=np.int64),
+            np.array([g.stored_bytes for g in self._groups], dtype=np.int64),
+            self._shard_info,
+        )
+        self.shard_offsets = np.zeros(len(self._groups) + 1, dtype=np.int64)
+        np.cumsum(self.shards.samples, out=self.shard_offsets[1:])
+        self._reset_process_state()
+
+    # -- per-process state (not pickled: a DataLoader worker starts with its own)
+
+    def _reset_process_state(self) -> None:
+        self._lru: OrderedDict[int, ShardData] = OrderedDict()
+        self._lock = threading.Lock()
+        self._open_files: OrderedDict[int, Any] = OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for key in ("_lru", "_lock", "_open_files", "_accessed"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._accessed = None
+        self._reset_process_state()
+
+    # -- opening: plans from the schema, row groups from the footers
+
+    def _plan(self) -> list[ColumnPlan]:
+        """The column plans an export of this snapshot with this spec would write."""
+        empty = pa.RecordBatch.from_pylist([], schema=self.snapshot.output_schema)
+        after = apply_transforms(empty, self.user_spec.transforms, "write").schema
+        return plan_columns(after, self.user_spec)
+
+    def _read_footers(self) -> tuple[list[_RowGroup], dict[str, list[tuple[int, int]]]]:
+        """Every non-empty row group (after deletions), in file order; and per stored list
+        column, each row group's (rows, leaf values) from the footers (for :attr:`forms`)."""
+        snap = self.snapshot
+        with ThreadPoolExecutor(max_workers=min(16, max(1, len(snap.files)))) as pool:
+            metas = list(pool.map(self._footer, range(len(snap.files))))
+        lists = [p.name for p in self._plans if _list_depth(p.arrow_type) == 1]
+        groups: list[_RowGroup] = []
+        leaves: dict[str, list[tuple[int, int]]] = {name: [] for name in lists}
+        for i, meta in enumerate(metas):
+            keep = self._keep_array(i)
+            start = 0
+            paths = _leaf_paths(meta)
+            for g in range(meta.num_row_groups):
+                rg = meta.row_group(g)
+                rows = rg.num_rows
+                live = rows if keep is None else int(_mask(keep, start, rows).sum())
+                for name in lists:
+                    leaves[name].append((rows, _leaf_values(rg, paths.get(name))))
+                if live:
+                    stored = sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
+                    groups.append(_RowGroup(i, g, start, rows, live, rg.total_byte_size, stored))
+                start += rows
+        return groups, leaves
+
+    def _footer(self, file: int) -> Any:
+        try:
+            return self._parquet(file, cache=False).metadata
+        except Exception as exc:
+            raise self._file_error(file, None, exc) from None
+
+    def _keep_array(self, file: int) -> np.ndarray | None:
+        from .delta import _file_key
+
+        keep = self.snapshot._keep.get(_file_key(self.snapshot.files[file]))
+        return None if keep is None else np.asarray(keep, dtype=bool)
+
+    # -- facts
+
+    @property
+    def plans(self) -> list[ColumnPlan]:
+        return self._plans
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return self.user_spec.canonical()
+
+    @property
+    def source(self) -> dict[str, Any]:
+        return self.snapshot.lineage()
+
+    @property
+    def lineage(self) -> dict[str, Any]:
+        """The snapshot's lineage, as an export of it records in ``spark_dl.json``."""
+        return self.snapshot.lineage()
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A pure function of the snapshot's content and the read's spec: each data file's
+        path relative to the table, size and deleted rows, the row groups' counts, the
+        schema and the column plans. A copy of the table at another URI has the same one;
+        another version with other files, other deletions or another spec has another."""
+        snap = self.snapshot
+        base = snap.table_uri.rstrip("/") + "/"
+        files = []
+        for i, uri in enumerate(snap.files):
+            keep = self._keep_array(i)
+            deleted = None
+            if keep is not None:
+                deleted = hashlib.sha256(np.flatnonzero(~keep).astype("<i8").tobytes()).hexdigest()
+            relative = uri[len(base) :] if uri.startswith(base) else uri.rsplit("/", 1)[-1]
+            files.append([relative, snap.file_size(uri), deleted])
+        content = {
+            "kind": "delta-inplace",
+            "version": INPLACE_VERSION,
+            "files": files,
+            "row_groups": [[g.file, g.group, g.live] for g in self._groups],
+            "columns": [[p.name, str(p.arrow_type), p.encoding, p.null_mask] for p in self._plans],
+            "spec": self.user_spec.canonical(),
+        }
+        text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    @cached_property
+    def forms(self) -> dict[str, tuple[str, tuple[int, ...] | None]]:
+        """Each variable ndarray column's batch form (see :attr:`Dataset.forms`), from the
+        footers: a 1-D list column whose every row group holds exactly ``k`` values per row
+        is dense ``(k,)`` (a row group that breaks it after all is refused when loaded);
+        other 1-D lists are jagged; deeper lists dense per batch when their values agree."""
+        forms: dict[str, tuple[str, tuple[int, ...] | None]] = {}
+        for plan in self._plans:
+            encoding = self.encoding(plan.name)
+            if encoding.size is not None or not encoding.name.startswith("ndarray"):
+                continue
+            asked = self._asked_forms.get(plan.name)
+            if asked is not None:
+                forms[plan.name] = _asked_form(plan.name, asked)
+                continue
+            if _list_depth(plan.arrow_type) != 1:
+                forms[plan.name] = ("auto", None)
+                continue
+            width = _one_width(self._leaf_values.get(plan.name, []))
+            forms[plan.name] = ("dense", (width,)) if width else ("jagged", None)
+        return forms
+
+    def locate(self, sample: int) -> tuple[str, int]:
+        shard = int(np.searchsorted(self.shard_offsets, sample, side="right") - 1)
+        return self._shard_name(shard), sample - int(self.shard_offsets[shard])
+
+    def _shard_name(self, shard: int) -> str:
+        g = self._groups[shard]
+        return f"{self.snapshot.files[g.file]} (row group {g.group})"
+
+    def _shard_info(self, shard: int) -> ShardInfo:
+        g = self._groups[shard]
+        name = f"{self.snapshot.file_names[g.file]}#rg{g.group}"
+        return ShardInfo(
+            samples=g.live,
+            raw_data=FileInfo(name, g.raw_bytes),
+            zip_data=None,
+            column_names=list(self.layout.names),
+            column_encodings=[e.name for e in self.layout.encodings],
+            column_sizes=list(self.layout.sizes),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<DeltaDataset {self.shown!r}: {len(self)} samples, {self.num_shards} row groups, "
+            f"columns={self.columns}>"
+        )
+
+    # -- shards: one row group, converted once per process while it stays in the LRU
+
+    def stored_bytes(self, shard: int) -> np.ndarray:
+        return self.load_shard(shard).raw
+
+    def prefetch_shards(self, shards: list[int], threads: int | None = None) -> bool:
+        return False  # local files are read where they are (remote: a follow-up)
+
+    def release_shards(self, shards: list[int]) -> None:
+        return None
+
+    def download_stats(self) -> dict[str, float] | None:
+        return None
+
+    def load_shard(
+        self,
+        shard: int,
+        verify_hashes: bool | None = None,
+        timings: dict[str, float] | None = None,
+    ) -> ShardData:
+        """One row group as an MDS shard in memory (see the module docstring)."""
+        with self._lock:
+            found = self._lru.get(shard)
+            if found is not None:
+                self._lru.move_to_end(shard)
+                return found
+        import time
+
+        started = time.perf_counter()
+        data = self._convert(shard)
+        if timings is not None:
+            timings["read"] = timings.get("read", 0.0) + time.perf_counter() - started
+        with self._lock:
+            self._lru[shard] = data
+            while len(self._lru) > self._cached_shards:
+                self._lru.popitem(last=False)
+        return data
+
+    def _convert(self, shard: int) -> ShardData:
+        from ..writer import ShardWriter
+
+        g = self._groups[shard]
+        table = self._finished(g)
+        if table.num_rows != g.live:
+            raise self._file_error(
+                g.file,
+                g.group,
+                f"holds {table.num_rows} live rows, its footer and deletion vector said {g.live}",
+            )
+        spec = self.user_spec.model_copy(
+            update={"compression": None, "hashes": [], "shard_size": MAX_SHARD_SIZE}
+        )
+        memory = _MemoryStore()
+        writer = ShardWriter(cast("Store", memory), spec, plans=self._plans)
+        writer.where = self._shard_name(shard)
+        for batch in table.to_batches():
+            writer.write(batch)
+        infos = writer.finish()
+        if len(infos) != 1:
+            raise self._file_error(
+                g.file,
+                g.group,
+                "is larger than one MDS shard can hold (4 GiB): rewrite the "
+                "table with smaller row groups, or export it",
+            )
+        self._check_shapes(g, infos[0].shapes or {})
+        raw = np.frombuffer(memory.files[infos[0].raw_data.basename], dtype=np.uint8)
+        return ShardData(raw, self._shard_name(shard), self.layout, g.live)
+
+    def _check_shapes(self, g: _RowGroup, shapes: dict[str, list[int] | None]) -> None:
+        """A column taken as dense from the footers must be dense in every row group."""
+        for name, (kind, shape) in self.forms.items():
+            if kind != "dense" or name in self._asked_forms:
+                continue
+            found = shapes.get(name)
+            if found is not None and tuple(found) == shape:
+                continue
+            raise self._file_error(
+                g.file,
+                g.group,
+                f"column {name!r} holds lists of other lengths than {shape}, which the footers "
+                f"suggested for every row (read it with snap.dataset(forms={{{name!r}: "
+                "'jagged'}))",
+            )
+
+    def _finished(self, g: _RowGroup) -> pa.Table:
+        """The row group's live rows as the export has them (partition columns, types)."""
+        snap = self.snapshot
+        out_schema = snap.output_schema
+        stored = [n for n in out_schema.names if n not in snap.partition_columns]
+        try:
+            pf = self._parquet(g.file)
+            present = [n for n in stored if n in pf.schema_arrow.names]
+            table = pf.read_row_group(g.group, columns=present)
+        except Exception as exc:
+            raise self._file_error(g.file, g.group, exc) from None
+        keep = self._keep_array(g.file)
+        if keep is not None:
+            table = table.filter(pa.array(_mask(keep, g.start, g.rows)))
+        batches = list(snap._finish(table, snap.files[g.file], out_schema))
+        return pa.Table.from_batches(batches, schema=out_schema)
+
+    def _parquet(self, file: int, cache: bool = True) -> Any:
+        """An open Parquet file of the snapshot (a few kept open per process)."""
+        import pyarrow.parquet as pq
+
+        if cache:
+            with self._lock:
+                found = self._open_files.get(file)
+                if found is not None:
+                    self._open_files.move_to_end(file)
+                    return found
+        snap = self.snapshot
+        filesystem, prefix = snap._filesystem()
+        pf = pq.ParquetFile(snap._fs_path(snap.files[file], prefix), filesystem=filesystem)
+        if cache:
+            with self._lock:
+                self._open_files[file] = pf
+                while len(self._open_files) > 8:
+                    self._open_files.popitem(last=False)
+        return pf
+
+    def _file_error(self, file: int, group: int | None, why: Any) -> Exception:
+        from .delta import DeltaSnapshotError, _first_line
+
+        snap = self.snapshot
+        where = f"data file {snap.files[file]}"
+        if group is not None:
+            where += f" (row group {group})"
+        text = why if isinstance(why, str) else _first_line(why)
+        if isinstance(why, FileNotFoundError):
+            text = f"is missing ({text}); the snapshot was probably vacuumed"
+        elif not isinstance(why, str):
+            text = f"cannot be read as Parquet: {text}"
+        return DeltaSnapshotError(
+            snap.table_uri,
+            f"{where} {text}",
+            asked=f"version {snap.version}",
+            available=snap.available,
+        )
+
+
+def _asked_form(name: str, asked: str | tuple[int, ...]) -> tuple[str, tuple[int, ...] | None]:
+    if asked in ("jagged", "objects", "auto"):
+        return str(asked), None
+    if isinstance(asked, (tuple, list)) and all(isinstance(d, int) and d >= 0 for d in asked):
+        return "dense", tuple(asked)
+    raise SpecError(
+        f"forms[{name!r}]={asked!r}: 'jagged', 'objects', 'auto' or a shape tuple of ints"
+    )
+
+
+def _mask(keep: np.ndarray, start: int, rows: int) -> np.ndarray:
+    """The keep-mask of rows ``start..start+rows``; rows past the vector's end are kept."""
+    part = keep[start : start + rows]
+    if len(part) < rows:
+        part = np.concatenate([part, np.ones(rows - len(part), dtype=bool)])
+    return part
+
+
+def _leaf_paths(meta: Any) -> dict[str, int]:
+    """Top-level column name -> its one leaf column's index, for 1-D list columns."""
+    by_top: dict[str, list[int]] = {}
+    schema = meta.schema
+    for i in range(len(schema)):
+        top = schema.column(i).path.split(".", 1)[0]
+        by_top.setdefault(top, []).append(i)
+    return {name: at[0] for name, at in by_top.items() if len(at) == 1}
+
+
+def _leaf_values(rg: Any, at: int | None) -> int:
+    """A list column's leaf values in a row group; -1 when unknown or when some are null
+    (null or empty lists count one null leaf each: not a fixed width)."""
+    if at is None:
+        return -1
+    column = rg.column(at)
+    stats = column.statistics
+    if stats is None or not stats.has_null_count or stats.null_count:
+        return -1
+    return int(column.num_values)
+
+
+def _one_width(counts: list[tuple[int, int]]) -> int | None:
+    """``k`` when every row group holds exactly ``k`` leaf values per row (k >= 1)."""
+    width: int | None = None
+    for rows, values in counts:
+        if rows == 0:
+            continue
+        if values < 0 or values % rows:
+            return None
+        k = values // rows
+        if k < 1 or (width is not None and k != width):
+            return None
+        width = k
+    return width

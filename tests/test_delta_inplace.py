@@ -1,0 +1,269 @@
+"""A pinned Delta snapshot read in place (row groups as shards): the rows, order, resume and
+ops of an MDS dataset, with no export. Real tables written by deltalake, real deletion
+vectors (committed as delta-spark does, see tests/test_delta.py), real JPEGs."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+deltalake = pytest.importorskip("deltalake")
+from deltalake import WriterProperties, write_deltalake  # noqa: E402
+
+from spark_dl_core import SpecError, mix  # noqa: E402
+from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta  # noqa: E402
+from spark_dl_core.sources.mixture import Source  # noqa: E402
+from tests.test_delta import add_deletion_vector  # noqa: E402
+
+ROWS_PER_APPEND = 400
+APPENDS = 3
+GROUP = 90  # rows per Parquet row group: every file holds several
+
+
+def _data(start: int, n: int) -> pa.Table:
+    ids = np.arange(start, start + n)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "emb": pa.array(
+                [[float(i) / (j + 1) for j in range(8)] for i in ids], pa.list_(pa.float32())
+            ),
+            "tok": pa.array(
+                [list(range(i, i + 1 + (i * 7919) % 11)) for i in ids], pa.list_(pa.int64())
+            ),
+            "name": [f"row{i}" for i in ids],
+            "part": ["ab"[i % 2] for i in ids],
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Three appends (two partition files each), a deletion vector after each append."""
+    path = str(tmp_path_factory.mktemp("inplace") / "t")
+    props = WriterProperties(max_row_group_size=GROUP)
+    config = {"delta.enableDeletionVectors": "true"}
+    versions = []
+    for k in range(APPENDS):
+        write_deltalake(
+            path,
+            _data(k * ROWS_PER_APPEND, ROWS_PER_APPEND),
+            mode="append",
+            partition_by=["part"],
+            writer_properties=props,
+            configuration=config if k == 0 else None,
+        )
+        add_deletion_vector(path, [0, 5, 91, 92, 150 + k])
+        versions.append(deltalake.DeltaTable(path).version())
+    return {"path": path, "versions": versions}
+
+
+def _ids(batches: Any) -> list[int]:
+    return [int(i) for b in batches for i in np.asarray(b["id"])]
+
+
+def test_rows_and_canonical_order_equal_the_export_reader(table: dict[str, Any]) -> None:
+    snap = open_delta(table["path"])
+    expected = snap.to_arrow()
+    assert snap.has_deletion_vectors and len(snap) == expected.num_rows < APPENDS * ROWS_PER_APPEND
+    ds = snap.dataset()
+    assert ds.num_shards > len(snap.files) >= 6  # several row groups per file
+    got = ds.to_arrow()
+    assert got.column_names == expected.column_names
+    assert got.to_pylist() == expected.to_pylist()  # same rows, same canonical order
+    assert ds.forms == {"emb": ("dense", (8,)), "tok": ("jagged", None)}
+    assert ds.lineage == snap.lineage() and ds.lineage["version"] == snap.version
+    first = snap[0]
+    assert first["id"] == expected["id"][0].as_py() and first["name"] == expected["name"][0].as_py()
+    assert snap["id"].tolist() == expected["id"].to_pylist()
+    assert snap[[2, 1]]["name"].tolist() == expected["name"].to_pylist()[2:0:-1]
+
+
+def test_shuffled_epoch_every_live_row_once(table: dict[str, Any]) -> None:
+    snap = open_delta(table["path"])
+    live = sorted(snap.to_arrow()["id"].to_pylist())
+    deleted = set(range(APPENDS * ROWS_PER_APPEND)) - set(live)
+    for epoch in (0, 1):
+        ids = _ids(snap.iter_batches(64, shuffle=True, seed=3, epoch=epoch))
+        assert sorted(ids) == live and not deleted & set(ids)
+        assert ids != live  # shuffled
+    batch = next(iter(snap.iter_batches(16, shuffle=True, seed=3, columns=["emb", "tok"])))
+    assert batch["emb"].shape == (16, 8) and batch["emb"].dtype == np.float32
+    assert len(batch["tok"]) == 16
+
+
+def test_same_order_fresh_process_and_any_world_size(table: dict[str, Any]) -> None:
+    snap = open_delta(table["path"])
+    mine = _ids(snap.iter_batches(50, shuffle=True, seed=11))
+    code = (
+        "import json,sys; from spark_dl_core.sources.delta import open_delta; "
+        "s=open_delta(sys.argv[1]); print(json.dumps([s.fingerprint, "
+        "[int(i) for b in s.iter_batches(50, shuffle=True, seed=11) for i in b['id']]]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, table["path"]], capture_output=True, text=True, check=True
+    )
+    fingerprint, theirs = json.loads(out.stdout)
+    assert fingerprint == snap.fingerprint and theirs == mine
+    for world in (2, 3):
+        ranks = [
+            _ids(
+                snap.iter_batches(
+                    50, shuffle=True, seed=11, rank=r, world_size=world, even_batches=False
+                )
+            )
+            for r in range(world)
+        ]
+        assert sorted(i for r in ranks for i in r) == sorted(mine)
+
+
+def test_to_torch_two_workers(table: dict[str, Any]) -> None:
+    pytest.importorskip("torch")
+    snap = open_delta(table["path"])
+    loader = snap.to_torch(batch_size=64, shuffle=True, seed=5, num_workers=2)
+    ids = [int(i) for b in loader for i in b["id"]]
+    assert sorted(ids) == sorted(snap.to_arrow()["id"].to_pylist())
+    assert ids == _ids(snap.iter_batches(64, shuffle=True, seed=5))
+
+
+def test_resume_at_another_world_size(table: dict[str, Any]) -> None:
+    pytest.importorskip("torch")
+    snap = open_delta(table["path"])
+    kw = {"batch_size": 40, "shuffle": True, "seed": 9, "even_batches": False}
+    seen, states = [], []
+    for r in range(2):
+        loader = snap.to_torch(rank=r, world_size=2, **kw)
+        it = iter(loader)
+        for _ in range(4):
+            seen += [int(i) for i in next(it)["id"]]
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    assert states[0] == states[1] and states[0]["consumed"] == len(seen)
+    rest = []
+    again = open_delta(table["path"])  # a fresh open, as a restarted job does
+    for r in range(3):
+        loader = again.to_torch(rank=r, world_size=3, **kw)
+        loader.load_state_dict(states[0])
+        rest += [int(i) for b in loader for i in b["id"]]
+    counts = Counter(seen + rest)
+    assert sorted(counts) == sorted(again.to_arrow()["id"].to_pylist())
+    assert set(counts.values()) == {1}
+    # a state from another version is refused (the fingerprint differs)
+    older = open_delta(table["path"], version=table["versions"][-2])
+    assert older.fingerprint != again.fingerprint
+    loader = older.to_torch(**kw)
+    with pytest.raises(SpecError, match="loader state is for dataset"):
+        loader.load_state_dict(states[0])
+        next(iter(loader))
+
+
+def test_sample_equals_loader_sample_and_other_versions_differ(table: dict[str, Any]) -> None:
+    snap = open_delta(table["path"])
+    order = snap.sample_order(32, shuffle=True, seed=2)
+    batch = next(iter(snap.iter_batches(32, shuffle=True, seed=2)))
+    for k, i in enumerate(order[0][:5].tolist()):
+        sample = snap[i]
+        assert sample["id"] == batch["id"][k] and sample["name"] == batch["name"][k]
+        assert np.array_equal(sample["emb"], batch["emb"][k])
+    v0 = open_delta(table["path"], version=0)
+    assert v0.fingerprint != snap.fingerprint
+    assert open_delta(table["path"], version=0).fingerprint == v0.fingerprint
+
+
+def test_mix_with_an_mds_dataset(table: dict[str, Any], tmp_path: Path) -> None:
+    snap = open_delta(table["path"], columns=["id", "name"])
+    from spark_dl_core import write_mds
+
+    other = pa.table({"id": pa.array(range(10_000, 10_300), pa.int64()), "name": ["m"] * 300})
+    write_mds(other, str(tmp_path / "mds"))
+    m = mix([Source(snap, proportion=0.5), Source(str(tmp_path / "mds"), proportion=0.5)])
+    ids = _ids(m.iter_batches(64, shuffle=True, seed=1))
+    assert len(ids) == len(m) == len(snap) + 300
+    from_delta = [i for i in ids if i < 10_000]
+    assert len(from_delta) == m.counts[0] and set(from_delta) <= set(snap["id"].tolist())
+    assert m.lineage[0]["lineage"]["version"] == snap.version
+
+
+def test_missing_or_broken_data_file_names_it(table: dict[str, Any], tmp_path: Path) -> None:
+    import shutil
+
+    copy = str(tmp_path / "copy")
+    shutil.copytree(table["path"], copy)
+    snap = open_delta(copy)
+    assert snap.fingerprint == open_delta(table["path"]).fingerprint  # a copy is the same data
+    victim = snap.files[-1]
+    Path(victim).write_bytes(b"not parquet at all")
+    with pytest.raises(DeltaSnapshotError, match=r"version \d+.*" + os.path.basename(victim)):
+        list(snap.iter_batches(64))
+    os.remove(victim)
+    with pytest.raises(DeltaSnapshotError, match="missing"):
+        open_delta(copy)  # checked at open, as before
+
+
+def test_footer_guess_wrong_is_refused_then_overridden(tmp_path: Path) -> None:
+    """Lists of lengths 1..5 in rows of 100 average exactly 3 per row: the footers suggest
+    a dense (3,), the row group says otherwise; forms= reads them jagged."""
+    path = str(tmp_path / "t")
+    ids = np.arange(200)
+    data = pa.table({"id": ids, "tok": pa.array([list(range(i % 5 + 1)) for i in ids])})
+    write_deltalake(path, data, writer_properties=WriterProperties(max_row_group_size=100))
+    snap = open_delta(path)
+    with pytest.raises(DeltaSnapshotError, match="'tok' holds lists of other lengths"):
+        list(snap.iter_batches(50))
+    ds = snap.dataset(forms={"tok": "jagged"})
+    assert [len(t) for b in ds.iter_batches(50) for t in b["tok"]] == [i % 5 + 1 for i in ids]
+
+
+def _jpeg(seed: int) -> bytes:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    x = np.linspace(0, 255, 48, dtype=np.float32)[None, :, None]
+    pixels = np.clip(x + rng.normal(0, 20, (40, 48, 3)), 0, 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+def test_image_ops_equal_the_export(tmp_path: Path) -> None:
+    path = str(tmp_path / "img")
+    n = 60
+    data = pa.table({"id": pa.array(range(n), pa.int64()), "image": [_jpeg(i) for i in range(n)]})
+    write_deltalake(path, data, writer_properties=WriterProperties(max_row_group_size=25))
+    snap = open_delta(path)
+    spec = {"columns": {"image": "jpeg"}}
+    export = snap.to_dataset(str(tmp_path / "export"), spec)
+    inplace = snap.dataset(spec)
+    ops = [
+        {"op": "image_decode", "column": "image"},
+        {"op": "random_resized_crop", "column": "image", "size": 16},
+    ]
+    # Decoded pixels: the same through both loaders (one file: a sample has one index).
+    decode = {"batch_size": 8, "transforms": ops[:1]}
+    got = {int(i): im for b in inplace.iter_batches(**decode) for i, im in zip(b["id"], b["image"])}
+    want = {int(i): im for b in export.iter_batches(**decode) for i, im in zip(b["id"], b["image"])}
+    assert got.keys() == want.keys() == set(range(n))
+    assert all(np.array_equal(np.asarray(got[i]), np.asarray(want[i])) for i in range(n))
+    # Random crops draw from (fingerprint, seed, epoch, sample): the in-place loader's crops
+    # are the ops' crops of the export's bytes under the in-place dataset's key.
+    from spark_dl_core.ops.read import ReadOps
+
+    ids = np.arange(n)
+    crops = {
+        int(i): im
+        for b in inplace.iter_batches(8, transforms=ops, seed=4)
+        for i, im in zip(b["id"], b["image"])
+    }
+    raw = export.read(ids, ["id", "image"])
+    same = ReadOps(inplace, ops, ["id", "image"], seed=4).apply(raw, ids)["image"]
+    assert all(np.array_equal(np.asarray(crops[i]), np.asarray(same[i])) for i in range(n))
+    assert np.asarray(crops[0]).shape == (16, 16, 3)
