@@ -48,7 +48,8 @@ from spark_dl_core import DatasetSpec, open_dataset
 from spark_dl_core.spec import planned_spec
 from spark_dl_core.store.storage import Store
 
-from .datasource import FORMAT, _is_vector
+from .mds_options import FORMAT
+from .mds_writer import _is_vector
 
 CACHE_DIR_CONF = "spark.spark_dl.cache.dir"
 OLD_CACHE_DIR_CONF = "spark_dl.cache.dir"  # Spark warns "Ignoring non-Spark config property"

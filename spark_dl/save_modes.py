@@ -1,0 +1,219 @@
+"""Save modes PySpark does not hand to Python data sources (``error``, ``ignore``), applied
+in the client before a write, with the lineage and canonical file order of a ``read_delta``
+DataFrame; the same policy as the core's ``commit``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from spark_dl_core.commit import (
+    normalize_mode,
+    plan_write,
+)
+from spark_dl_core.errors import DatasetError
+from spark_dl_core.meta import (
+    schema_to_text,
+)
+from spark_dl_core.store.storage import Store
+
+from .mds_options import _ROW_INDEX_COLUMN, FORMAT, SOURCE_FILE_COLUMN, _storage_options
+
+NOT_REGISTERED = (
+    "the 'mds' data source is not registered on this Spark session: Spark finds it by "
+    "itself only where spark-dl is installed for the Python that Spark runs (its "
+    "pyspark_spark_dl module); otherwise call spark_dl.register(spark) once the session exists"
+)
+
+
+@contextlib.contextmanager
+def _explain_unregistered() -> Iterator[None]:
+    """Spark's bare DATA_SOURCE_NOT_FOUND for ``mds`` becomes an error saying what to do."""
+    try:
+        yield
+    except Exception as exc:
+        text = str(exc)
+        unknown = "DATA_SOURCE_NOT_FOUND" in text or "DATA_SOURCE_NOT_EXIST" in text
+        if unknown and re.search(r"\bmds\b", text[:2000], re.IGNORECASE):
+            raise DatasetError(NOT_REGISTERED) from exc
+        raise
+
+
+def _wrap_writer_class(cls: Any) -> None:
+    """Record format/mode/path options on ``cls`` and give ``save`` Spark's default modes.
+
+    PySpark rejects every save mode but append and overwrite for Python data sources, so
+    a plain ``df.write.format("mds").save(path)`` would fail. For ``mds`` only, error and
+    ignore are decided here, on the client, from the dataset at ``path``; the write then
+    runs as append with option ``save_mode`` set, and the driver's commit checks again
+    (a dataset that appeared meanwhile fails an ``error`` write, nothing is replaced).
+    """
+    if getattr(cls, "_spark_dl_wrapped", False):
+        return
+    orig_mode, orig_format, orig_option, orig_save = cls.mode, cls.format, cls.option, cls.save
+    orig_options = cls.options
+
+    def mode(self: Any, saveMode: str | None) -> Any:
+        if saveMode is not None:
+            self._spark_dl_mode = saveMode
+        return orig_mode(self, saveMode)
+
+    def format(self: Any, source: str) -> Any:
+        self._spark_dl_format = source
+        return orig_format(self, source)
+
+    def option(self: Any, key: str, value: Any) -> Any:
+        if value is not None:
+            recorded = self.__dict__.setdefault("_spark_dl_options", {})
+            recorded[key.lower()] = str(value)
+        return orig_option(self, key, value)
+
+    def options(self: Any, **opts: Any) -> Any:
+        recorded = self.__dict__.setdefault("_spark_dl_options", {})
+        recorded.update({k.lower(): str(v) for k, v in opts.items() if v is not None})
+        return orig_options(self, **opts)
+
+    def save(
+        self: Any,
+        path: str | None = None,
+        format: str | None = None,
+        mode: str | None = None,
+        partitionBy: Any = None,
+        **options: Any,
+    ) -> None:
+        fmt = format or getattr(self, "_spark_dl_format", None)
+        if fmt is None or fmt.lower() != FORMAT:
+            return orig_save(self, path, format, mode, partitionBy, **options)
+        chosen = normalize_mode(mode or getattr(self, "_spark_dl_mode", None))
+        recorded = {**getattr(self, "_spark_dl_options", {}), **options}
+        extra: dict[str, str] = {}
+        spark_mode = chosen
+        if chosen in ("error", "ignore"):
+            target = path or recorded.get("path")
+            if not target:
+                raise DatasetError("the mds data source needs a path: .save(path)")
+            # the core's policy: error raises DatasetExistsError, ignore plans a skip
+            if plan_write(Store(target, _storage_options(recorded)), chosen, None).skip:
+                return None
+            extra["save_mode"] = chosen
+            spark_mode = "append"
+        writer = _lineage_writer(self, recorded, extra)
+        if writer is None:
+            for key, value in extra.items():
+                orig_option(self, key, value)
+            writer = self
+        with _explain_unregistered():
+            return orig_save(writer, path, format, spark_mode, partitionBy, **options)
+
+    def _lineage_writer(self: Any, recorded: dict[str, str], extra: dict[str, str]) -> Any:
+        """Lineage (option ``source``) and canonical order for a pinned Delta read.
+
+        Returns a writer over the canonically ordered DataFrame, or None to write ``self``
+        as it is (``extra`` then gains the ``source`` option when lineage is known).
+        """
+        frame = _written_frame(self)
+        if frame is None:
+            return None
+        from .delta import canonical_files, delta_fields, source_option
+
+        if "source" not in recorded:
+            found = source_option(frame)
+            if found is not None:
+                extra["source"] = found
+        if "delta_schema" not in recorded:
+            fields = delta_fields(frame)
+            if fields is not None:
+                extra["delta_schema"] = schema_to_text(fields)
+        files = canonical_files(frame)
+        if not files or "canonical_files" in recorded:
+            return None
+        ordered = _canonical_frame(frame)
+        if ordered is None:
+            return None
+        writer = orig_format(ordered.write, FORMAT)
+        return orig_options(writer, **recorded, **extra, canonical_files=json.dumps(list(files)))
+
+    wrapped = {"mode": mode, "format": format, "option": option, "options": options, "save": save}
+    for name, fn in wrapped.items():
+        fn.__doc__ = getattr(cls, name).__doc__
+        fn.__name__ = name
+        setattr(cls, name, fn)
+    cls._spark_dl_wrapped = True
+
+
+def _wrap_reader_class(cls: Any) -> None:
+    """``spark.read.format("mds").load(...)`` on a session without the source: explained.
+    (Spark Connect resolves lazily; there the first action raises Spark's own error.)"""
+    if getattr(cls, "_spark_dl_wrapped", False):
+        return
+    orig_load = cls.load
+
+    def load(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _explain_unregistered():
+            return orig_load(self, *args, **kwargs)
+
+    load.__doc__ = orig_load.__doc__
+    load.__name__ = "load"
+    cls.load = load
+    cls._spark_dl_wrapped = True
+
+
+def _written_frame(writer: Any) -> Any:
+    """The DataFrame a (classic or Connect) ``DataFrameWriter`` writes, or None."""
+    df = getattr(writer, "_df", None)
+    if df is None:
+        return None
+    if hasattr(df, "schema"):  # classic: the DataFrame itself
+        return df
+    spark = getattr(writer, "_spark", None)
+    if spark is None:
+        return None
+    from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
+
+    return ConnectDataFrame(df, spark)  # Connect: the writer holds the plan
+
+
+def _canonical_frame(df: Any) -> Any:
+    """``df`` with every data file's rows in one partition, in file row order, and a
+    column naming the file: what lets each task cut shards at file boundaries and the
+    commit order them by the snapshot's file order, whatever Spark's file splitting and
+    packing did (``maxPartitionBytes``, parallelism). None when rows cannot name their
+    file (the plan does not read files directly)."""
+    from pyspark.sql import functions as F
+
+    try:
+        keyed = df.withColumn(SOURCE_FILE_COLUMN, F.col("_metadata.file_name")).withColumn(
+            _ROW_INDEX_COLUMN, F.col("_metadata.row_index")
+        )
+        keyed.schema  # noqa: B018 - resolve now: a plan without file metadata fails here
+    except Exception as exc:
+        warnings.warn(
+            f"spark-dl: rows of this pinned Delta read cannot name their data file ({exc}); "
+            "writing in Spark's partition order, which depends on parallelism",
+            stacklevel=4,
+        )
+        return None
+    return (
+        keyed.repartition(F.col(SOURCE_FILE_COLUMN))
+        .sortWithinPartitions(SOURCE_FILE_COLUMN, _ROW_INDEX_COLUMN)
+        .drop(_ROW_INDEX_COLUMN)
+    )
+
+
+def install_save_modes() -> None:
+    """Apply :func:`_wrap_writer_class` to the classic and Spark Connect writers."""
+    from pyspark.sql.readwriter import DataFrameReader, DataFrameWriter
+
+    _wrap_writer_class(DataFrameWriter)
+    _wrap_reader_class(DataFrameReader)
+    try:
+        from pyspark.sql.connect.readwriter import DataFrameReader as ConnectReader
+        from pyspark.sql.connect.readwriter import DataFrameWriter as ConnectWriter
+    except ImportError:  # Connect's extra dependencies (grpc) are not installed
+        return
+    _wrap_writer_class(ConnectWriter)
+    _wrap_reader_class(ConnectReader)
