@@ -1,8 +1,9 @@
 """Reading a pinned Delta version in place vs a plain pyarrow scan vs exporting to MDS.
 
 Not a test. Builds a Delta table (``id`` int64 + ``x`` float32[32], 8 files written by
-deltalake), then prints time to first batch and warm-epoch rows/s for: the in-place loader
-(``open_delta(...).to_torch(shuffle=True)``, in-process and 2 workers), a pyarrow scan of the
+deltalake), then prints time to first batch and cold/warm-epoch rows/s for: the in-place loader
+(``open_delta(...).dataset(...).to_torch(shuffle=True)``, in-process and 2 workers, without
+and with its disk cache of converted row groups: the cold pass fills it), a pyarrow scan of the
 same version's files delivering torch tensors (no shuffle), and the MDS path
 (``snap.write_mds`` + loading the export shuffled). Frameworks are imported before any clock.
 
@@ -81,16 +82,20 @@ def main() -> None:
         print(f"{args.rows:,} rows of id int64 + x float32[{DIM}] in {FILES} files")
         rates: dict[str, float] = {}
 
-        def inplace(workers: int) -> Callable[[], Iterable[Any]]:
+        def inplace(workers: int, cache: bool) -> Callable[[], Iterable[Any]]:
             def make() -> Iterable[Any]:
-                snap = open_delta(table)  # open counts toward the first batch
-                return snap.to_torch(batch_size=bs, shuffle=True, seed=0, num_workers=workers)
+                # open counts toward the first batch; one cold disk cache per setting
+                snap = open_delta(table)
+                ds = snap.dataset(cache=cache, cache_dir=f"{tmp}/cache-{workers}")
+                return ds.to_torch(batch_size=bs, shuffle=True, seed=0, num_workers=workers)
 
             return make
 
-        for workers in (0, 2):
-            name = f"in place, shuffled, {workers} workers"
-            rates[name] = report(name, timed(inplace(workers)), timed(inplace(workers)))
+        for cache in (False, True):
+            for workers in (0, 2):
+                name = f"in place{'' if cache else ' no cache'}, shuffled, {workers} workers"
+                make = inplace(workers, cache)
+                rates[name] = report(name, timed(make), timed(make))
         files = open_delta(table).files
         rates["pyarrow scan"] = report(
             "pyarrow scan -> torch (no shuffle)",

@@ -267,3 +267,117 @@ def test_image_ops_equal_the_export(tmp_path: Path) -> None:
     same = ReadOps(inplace, ops, ["id", "image"], seed=4).apply(raw, ids)["image"]
     assert all(np.array_equal(np.asarray(crops[i]), np.asarray(same[i])) for i in range(n))
     assert np.asarray(crops[0]).shape == (16, 16, 3)
+
+
+# -- the machine-local cache of converted row groups (sources/delta_cache.py)
+
+
+def _converted(run: Any) -> int:
+    """Row groups this process converted while running ``run()``."""
+    from spark_dl_core.sources import delta_inplace
+
+    before = delta_inplace.conversions
+    run()
+    return delta_inplace.conversions - before
+
+
+def _cached(directory: Path) -> dict[str, int]:
+    """The cache's shard files and their inodes (a conversion writes a new inode)."""
+    return {p.name: p.stat().st_ino for p in directory.glob("*.mds")}
+
+
+def test_second_epoch_converts_nothing(table: dict[str, Any], tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    ds = open_delta(table["path"]).dataset(cache_dir=str(cache))
+    first: list[list[int]] = []
+    assert _converted(lambda: first.append(_ids(ds.iter_batches(64, shuffle=True, seed=1))))
+    assert len(_cached(cache)) == ds.num_shards
+    assert _converted(lambda: first.append(_ids(ds.iter_batches(64, shuffle=True, seed=1)))) == 0
+    fresh = open_delta(table["path"]).dataset(cache_dir=str(cache))  # an empty per-process LRU
+    again: list[int] = []
+    assert _converted(lambda: again.extend(_ids(fresh.iter_batches(64, shuffle=True, seed=1)))) == 0
+    assert first[0] == first[1] == again
+    assert sorted(again) == sorted(open_delta(table["path"]).to_arrow()["id"].to_pylist())
+
+
+def test_workers_share_the_cache(table: dict[str, Any], tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    cache = tmp_path / "cache"
+    ds = open_delta(table["path"]).dataset(cache_dir=str(cache))
+    epochs = []
+    for _ in range(2):
+        loader = ds.to_torch(batch_size=64, shuffle=True, seed=5, num_workers=2)
+        epochs.append(([int(i) for b in loader for i in b["id"]], _cached(cache)))
+    (ids1, files1), (ids2, files2) = epochs
+    assert len(files1) == ds.num_shards and files2 == files1  # the second epoch wrote nothing
+    assert ids1 == ids2 == _ids(ds.iter_batches(64, shuffle=True, seed=5))
+
+
+def test_another_process_reads_the_cache(table: dict[str, Any], tmp_path: Path) -> None:
+    cache = str(tmp_path / "cache")
+    mine = open_delta(table["path"]).dataset(cache_dir=cache)
+    batches = list(mine.iter_batches(50, shuffle=True, seed=11))
+    code = (
+        "import json,sys; from spark_dl_core.sources import delta_inplace as d; "
+        "from spark_dl_core.sources.delta import open_delta; "
+        "s=open_delta(sys.argv[1]).dataset(cache_dir=sys.argv[2]); "
+        "b=[{'id':[int(i) for i in x['id']],'emb':x['emb'].tolist(),"
+        "'tok':[list(map(int,t)) for t in x['tok']]} "
+        "for x in s.iter_batches(50, shuffle=True, seed=11)]; "
+        "print(json.dumps([d.conversions, b]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, table["path"], cache],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    conversions, theirs = json.loads(out.stdout)
+    assert conversions == 0
+    assert [b["id"] for b in theirs] == [b["id"].tolist() for b in batches]
+    assert [b["emb"] for b in theirs] == [b["emb"].tolist() for b in batches]
+    assert [b["tok"] for b in theirs] == [[list(map(int, t)) for t in b["tok"]] for b in batches]
+
+
+def test_a_newer_version_reuses_unchanged_files(tmp_path: Path) -> None:
+    path, cache = str(tmp_path / "t"), str(tmp_path / "cache")
+    props = WriterProperties(max_row_group_size=50)
+    write_deltalake(path, _data(0, 200).drop(["part"]), writer_properties=props)
+    old = open_delta(path).dataset(cache_dir=cache)
+    assert _converted(lambda: old.to_arrow()) == old.num_shards == 4
+    write_deltalake(path, _data(200, 150).drop(["part"]), mode="append", writer_properties=props)
+    new = open_delta(path).dataset(cache_dir=cache)
+    got: list[Any] = []
+    assert _converted(lambda: got.append(new.to_arrow())) == 3  # the new file's row groups only
+    assert got[0]["id"].to_pylist() == new.snapshot.to_arrow()["id"].to_pylist()
+    assert sorted(got[0]["id"].to_pylist()) == list(range(350))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_cached_row_group_is_converted_again(
+    table: dict[str, Any], tmp_path: Path, damage: str
+) -> None:
+    cache = tmp_path / "cache"
+    snap = open_delta(table["path"])
+    expected = snap.dataset(cache_dir=str(cache)).to_arrow()
+    files = sorted(cache.glob("*.mds"))
+    for victim in files[:2]:
+        data = bytearray(victim.read_bytes())
+        if damage == "truncate":
+            victim.write_bytes(bytes(data[: len(data) // 2]))
+        else:
+            data[len(data) // 3] ^= 0x10  # inside a row's values
+            victim.write_bytes(bytes(data))
+    fresh = open_delta(table["path"]).dataset(cache_dir=str(cache))
+    got: list[Any] = []
+    assert _converted(lambda: got.append(fresh.to_arrow())) == 2
+    assert got[0].to_pylist() == expected.to_pylist()
+    assert len(_cached(cache)) == len(files)  # rewritten whole
+
+
+def test_cache_false_writes_nothing(table: dict[str, Any], tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    ds = open_delta(table["path"]).dataset(cache=False, cache_dir=str(cache))
+    assert _converted(lambda: ds.to_arrow()) == ds.num_shards
+    assert _converted(lambda: ds.to_arrow()) == ds.num_shards  # each pass converts again
+    assert not cache.exists()

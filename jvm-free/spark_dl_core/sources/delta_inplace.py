@@ -7,7 +7,9 @@ counts per row group); :meth:`DeltaDataset.load_shard` reads one row group, fini
 the export does (deletion-vector mask, partition columns, cast to the table schema) and
 encodes it into MDS shard bytes in memory with the writer's :class:`~spark_dl_core.writer.
 ShardWriter` and the column plans the export would infer: every decode, op, packing and
-loader path after that is the MDS code. Converted shards stay in a small per-process LRU.
+loader path after that is the MDS code. Converted shards stay in a small per-process LRU,
+and on local disk in a machine-wide cache (:mod:`.delta_cache`) that later epochs, DataLoader
+workers, other processes and later versions keeping the same data file read instead.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,21 +27,26 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import pyarrow as pa
 
-from ..errors import SpecError
+from ..errors import ShardError, SpecError
 from ..format.compact import ShardTable
 from ..format.index import FileInfo, ShardInfo
 from ..format.shard import ShardData
 from ..meta import ColumnPlan, plan_columns, stored_layout
 from ..ops.transforms import apply_transforms
 from ..spec import MAX_SHARD_SIZE, DatasetSpec
+from ..store.cache import default_cache_dir
 from .dataset import Dataset, _list_depth
+from .delta_cache import RowGroupCache
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..store.storage import Store
     from .delta import DeltaSnapshot
 
 INPLACE_VERSION = 1
+CONVERTED_FORMAT = 1  # bump when a converted row group's bytes change for the same inputs
 DEFAULT_CACHED_SHARDS = 4  # converted row groups kept per process (a shuffle window's worth)
+# Row groups converted by this process (Parquet decode + MDS encode): tests and telemetry.
+conversions = 0
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,9 @@ class DeltaDataset(Dataset):
     ``spec``: the encodings (and transforms) the read uses, as an export's spec would;
     ``cached_shards``: converted row groups kept per process. ``forms``: a list column's
     batch form when the footers' guess is wrong: ``"jagged"``, ``"objects"`` or a shape.
+    ``cache``: keep converted row groups on local disk for later epochs, workers and
+    processes (False for a read-once job); ``cache_dir``: where (default
+    ``<tmp>/spark-dl-cache/<hash of the table URI and "#inplace">``).
     """
 
     def __init__(
@@ -81,6 +92,8 @@ class DeltaDataset(Dataset):
         allow_unsafe: bool = False,
         cached_shards: int = DEFAULT_CACHED_SHARDS,
         forms: dict[str, str | tuple[int, ...]] | None = None,
+        cache: bool = True,
+        cache_dir: str | None = None,
     ) -> None:
         if snapshot.filter is not None:
             raise SpecError(
@@ -113,6 +126,9 @@ class DeltaDataset(Dataset):
         )
         self.shard_offsets = np.zeros(len(self._groups) + 1, dtype=np.int64)
         np.cumsum(self.shards.samples, out=self.shard_offsets[1:])
+        self.converted_dir = None
+        if cache:
+            self.converted_dir = cache_dir or default_cache_dir(f"{snapshot.table_uri}#inplace")
         self._reset_process_state()
 
     # -- per-process state (not pickled: a DataLoader worker starts with its own)
@@ -121,10 +137,11 @@ class DeltaDataset(Dataset):
         self._lru: OrderedDict[int, ShardData] = OrderedDict()
         self._lock = threading.Lock()
         self._open_files: OrderedDict[int, Any] = OrderedDict()
+        self._disk_checked: set[int] = set()  # cached row groups hashed in this process
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_lru", "_lock", "_open_files", "_accessed"):
+        for key in ("_lru", "_lock", "_open_files", "_accessed", "_disk_checked"):
             state.pop(key, None)
         return state
 
@@ -203,6 +220,19 @@ class DeltaDataset(Dataset):
         path relative to the table, size and deleted rows, the row groups' counts, the
         schema and the column plans. A copy of the table at another URI has the same one;
         another version with other files, other deletions or another spec has another."""
+        content = {
+            "kind": "delta-inplace",
+            "version": INPLACE_VERSION,
+            "files": self._file_identities,
+            "row_groups": [[g.file, g.group, g.live] for g in self._groups],
+            "columns": self._columns_identity,
+            "spec": self.user_spec.canonical(),
+        }
+        return _digest(content)
+
+    @cached_property
+    def _file_identities(self) -> list[list[Any]]:
+        """Per data file: its path relative to the table, its size, its deleted rows' hash."""
         snap = self.snapshot
         base = snap.table_uri.rstrip("/") + "/"
         files = []
@@ -213,16 +243,33 @@ class DeltaDataset(Dataset):
                 deleted = hashlib.sha256(np.flatnonzero(~keep).astype("<i8").tobytes()).hexdigest()
             relative = uri[len(base) :] if uri.startswith(base) else uri.rsplit("/", 1)[-1]
             files.append([relative, snap.file_size(uri), deleted])
-        content = {
-            "kind": "delta-inplace",
-            "version": INPLACE_VERSION,
-            "files": files,
-            "row_groups": [[g.file, g.group, g.live] for g in self._groups],
-            "columns": [[p.name, str(p.arrow_type), p.encoding, p.null_mask] for p in self._plans],
+        return files
+
+    @cached_property
+    def _columns_identity(self) -> list[list[Any]]:
+        return [[p.name, str(p.arrow_type), p.encoding, p.null_mask] for p in self._plans]
+
+    @cached_property
+    def _convert_identity(self) -> dict[str, Any]:
+        """What decides a row group's converted bytes besides its file and index."""
+        return {
+            "format": CONVERTED_FORMAT,
+            "columns": self._columns_identity,
+            "forms": sorted([k, v[0], list(v[1] or [])] for k, v in self.forms.items()),
+            "asked": sorted(self._asked_forms),
             "spec": self.user_spec.canonical(),
         }
-        text = json.dumps(content, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()
+
+    def _cache_key(self, shard: int) -> str:
+        """The converted row group's name: a digest of all that decides its bytes, never the
+        version (a later version keeping the file reuses it)."""
+        g = self._groups[shard]
+        content = {
+            "file": self._file_identities[g.file],
+            "row_group": g.group,
+            **self._convert_identity,
+        }
+        return _digest(content)[:40]
 
     @cached_property
     def forms(self) -> dict[str, tuple[str, tuple[int, ...] | None]]:
@@ -292,16 +339,19 @@ class DeltaDataset(Dataset):
         verify_hashes: bool | None = None,
         timings: dict[str, float] | None = None,
     ) -> ShardData:
-        """One row group as an MDS shard in memory (see the module docstring)."""
+        """One row group as an MDS shard: from the per-process LRU, else the disk cache
+        (size and hash checked once per process; ``verify_hashes=True``: every load), else
+        converted (and written to the disk cache)."""
         with self._lock:
             found = self._lru.get(shard)
             if found is not None:
                 self._lru.move_to_end(shard)
                 return found
-        import time
-
         started = time.perf_counter()
-        data = self._convert(shard)
+        data = self._from_disk(shard, verify_hashes)
+        if data is None:
+            data = self._convert(shard)
+            self._to_disk(shard, data)
         if timings is not None:
             timings["read"] = timings.get("read", 0.0) + time.perf_counter() - started
         with self._lock:
@@ -310,9 +360,40 @@ class DeltaDataset(Dataset):
                 self._lru.popitem(last=False)
         return data
 
+    def _disk(self) -> RowGroupCache | None:
+        if self.converted_dir is None:
+            return None
+        return RowGroupCache(self.converted_dir)
+
+    def _from_disk(self, shard: int, verify_hashes: bool | None) -> ShardData | None:
+        """The cached conversion of ``shard``, checked; None when absent or bad (deleted)."""
+        disk = self._disk()
+        if disk is None:
+            return None
+        key = self._cache_key(shard)
+        verify = shard not in self._disk_checked if verify_hashes is None else verify_hashes
+        raw = disk.read(key, verify)
+        if raw is None:
+            return None
+        try:
+            data = ShardData(raw, self._shard_name(shard), self.layout, self._groups[shard].live)
+        except ShardError:
+            disk.drop(key)  # right hash, wrong shard: only a digest collision; convert again
+            return None
+        self._disk_checked.add(shard)
+        return data
+
+    def _to_disk(self, shard: int, data: ShardData) -> None:
+        disk = self._disk()
+        if disk is not None:
+            disk.write(self._cache_key(shard), data.raw)
+            self._disk_checked.add(shard)
+
     def _convert(self, shard: int) -> ShardData:
         from ..writer import ShardWriter
 
+        global conversions
+        conversions += 1
         g = self._groups[shard]
         table = self._finished(g)
         if table.num_rows != g.live:
@@ -412,6 +493,11 @@ class DeltaDataset(Dataset):
             asked=f"version {snap.version}",
             available=snap.available,
         )
+
+
+def _digest(content: Any) -> str:
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _asked_form(name: str, asked: str | tuple[int, ...]) -> tuple[str, tuple[int, ...] | None]:

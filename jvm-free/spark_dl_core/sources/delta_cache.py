@@ -1,0 +1,126 @@
+"""A machine-local disk cache of Delta row groups converted into MDS shard bytes.
+
+Why each mechanism:
+
+- *Named by content, not by version*: a file's name is a digest of everything that decides
+  its bytes (the data file's path relative to the table, its size, its deleted rows, the
+  row group, the column plans, forms and spec), so a later version that keeps a data file
+  reuses its converted row groups, and nothing cached can be read for other data.
+- *Temporary file, then rename*: readers (DataLoader workers, other processes) see a whole
+  file or none; two processes converting the same row group write the same bytes, and the
+  last rename wins. No fsync: a file torn by a crash fails the checks below.
+- *A trailer with the payload's size and xxh3_64*: a cached file is checked once per process
+  before it is parsed; a truncated or altered one is deleted and converted again.
+- *Oldest first eviction* under ``SPARK_DL_CACHE_BYTES`` (default 32 GiB), as the remote
+  shard cache; hits touch the file. The directory may be deleted at any time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import time
+import uuid
+
+import numpy as np
+
+from ..format.hashing import STORED_HASH, as_buffer, digest
+from ..store.cache import DEFAULT_LIMIT
+
+_MAGIC = b"SDLRG01\0"
+_TRAILER = struct.Struct("<8sQ16s")  # magic, payload bytes, xxh3_64 hex of the payload
+_SUFFIX = ".mds"
+_TMP = ".tmp-"
+_STALE_TMP_S = 3600.0  # a temporary file this old was left by a killed writer
+
+
+class RowGroupCache:
+    """Converted row groups of one table under ``directory``, keyed by content digests."""
+
+    def __init__(self, directory: str, limit_bytes: int | None = None) -> None:
+        self.directory = directory
+        env = os.environ.get("SPARK_DL_CACHE_BYTES")
+        self.limit = int(limit_bytes if limit_bytes is not None else env or DEFAULT_LIMIT)
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.directory, key + _SUFFIX)
+
+    def read(self, key: str, verify: bool) -> np.ndarray | None:
+        """The cached payload of ``key`` memory-mapped, or None (absent, or bad: deleted).
+        ``verify`` hashes it (the caller does so once per process and shard)."""
+        path = self.path(key)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size <= _TRAILER.size:
+                    self._drop(path)
+                    return None
+                mapped = np.memmap(f, dtype=np.uint8, mode="r")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            self._drop(path)
+            return None
+        magic, nbytes, recorded = _TRAILER.unpack(mapped[-_TRAILER.size :].tobytes())
+        payload = mapped[: -_TRAILER.size]
+        bad = magic != _MAGIC or nbytes != len(payload)
+        if bad or (verify and digest(STORED_HASH, payload).encode() != recorded):
+            self._drop(path)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used: evicted last
+        return payload
+
+    def drop(self, key: str) -> None:
+        """Forget ``key`` (its file held bytes that are not a valid shard)."""
+        self._drop(self.path(key))
+
+    @staticmethod
+    def _drop(path: str) -> None:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+    def write(self, key: str, payload: np.ndarray) -> None:
+        """Store ``payload`` under ``key`` atomically; best effort (a full or read-only disk
+        only costs the next process a conversion)."""
+        trailer = _TRAILER.pack(_MAGIC, len(payload), digest(STORED_HASH, payload).encode())
+        temp = os.path.join(self.directory, f"{_TMP}{uuid.uuid4().hex}")
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            with open(temp, "wb") as f:
+                f.write(as_buffer(payload))
+                f.write(trailer)
+            os.replace(temp, self.path(key))
+        except OSError:
+            self._drop(temp)
+            return
+        self._make_room(key)
+
+    def _make_room(self, keep: str) -> None:
+        """Remove the least recently used files (never ``keep``) while over the limit, and
+        temporary files left by killed writers."""
+        now = time.time()
+        files: list[tuple[float, int, str]] = []
+        with contextlib.suppress(OSError), os.scandir(self.directory) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    status = entry.stat()
+                    if entry.name.startswith(_TMP):
+                        if now - status.st_mtime > _STALE_TMP_S:
+                            self._drop(entry.path)
+                    elif entry.name.endswith(_SUFFIX) and entry.name != keep + _SUFFIX:
+                        files.append((status.st_mtime, status.st_size, entry.path))
+        total = sum(size for _, size, _ in files) + _size(self.path(keep))
+        for _, size, path in sorted(files):
+            if total <= self.limit:
+                break
+            self._drop(path)  # a reader that mapped it keeps its pages
+            total -= size
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
