@@ -381,3 +381,22 @@ def test_cache_false_writes_nothing(table: dict[str, Any], tmp_path: Path) -> No
     assert _converted(lambda: ds.to_arrow()) == ds.num_shards
     assert _converted(lambda: ds.to_arrow()) == ds.num_shards  # each pass converts again
     assert not cache.exists()
+
+
+def test_cache_size_limit_keeps_the_newest(
+    table: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    snap = open_delta(table["path"])
+    expected = snap.dataset(cache=False).to_arrow().to_pylist()
+    one = max(p.stat().st_size for p in _fill(snap, tmp_path / "probe"))
+    monkeypatch.setenv("SPARK_DL_CACHE_BYTES", str(3 * one))
+    ds = snap.dataset(cache_dir=str(cache))
+    assert ds.to_arrow().to_pylist() == expected
+    sizes = [p.stat().st_size for p in cache.glob("*.mds")]
+    assert 1 <= len(sizes) < ds.num_shards and sum(sizes) <= 3 * one
+
+
+def _fill(snap: Any, directory: Path) -> list[Path]:
+    snap.dataset(cache_dir=str(directory)).to_arrow()
+    return list(directory.glob("*.mds"))
