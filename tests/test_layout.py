@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 from pathlib import Path
-
-import pytest
 
 CORE = Path(__file__).resolve().parent.parent / "jvm-free" / "spark_dl_core"
 RANKS = {
@@ -98,11 +97,12 @@ def test_every_import_points_down() -> None:
 def test_every_module_has_a_room_and_imports() -> None:
     """Each module of the package is placed, and each imports cleanly (a wrong relative
     import fails here on any machine, not on the first that reaches that line)."""
+    has_tf = importlib.util.find_spec("tensorflow") is not None
     for module in _modules():
         if module != "__init__":
             _room(module)
-        if "tf_loader" in module:
-            pytest.importorskip("tensorflow")
+        if "tf_loader" in module and not has_tf:
+            continue  # the tf adapters import tensorflow at their top (CI has it)
         importlib.import_module(
             "spark_dl_core" if module == "__init__" else f"spark_dl_core.{module}"
         )
