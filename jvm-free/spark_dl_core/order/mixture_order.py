@@ -6,8 +6,9 @@ merge of sources into batches is a pure function of (fingerprints, seed, epoch, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,10 +35,20 @@ class MixturePlan:
     counts: tuple[int, ...]
     source_fingerprints: tuple[str, ...]
     batching: str = "random"
+    # Where each source's stream starts for this order (a schedule's part); None: the
+    # epoch's own start, ``epoch * count``.
+    stream_starts: tuple[int, ...] | None = None
 
 
 def source_pieces(
-    sizes: np.ndarray, base: int, count: int, epoch: int, fingerprint: str, seed: int, shuffle: bool
+    sizes: np.ndarray,
+    base: int,
+    count: int,
+    epoch: int,
+    fingerprint: str,
+    seed: int,
+    shuffle: bool,
+    start: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The pieces of shards one source gives to ``epoch`` of a mixture: (sizes, first ids).
 
@@ -46,7 +57,8 @@ def source_pieces(
     stream positions ``[e * count, (e + 1) * count)``, so no sample is drawn again before
     every sample of the source has been drawn (a subset per epoch walks on through the
     pass), and with ``count`` = r x the source's size each sample appears floor(r) or ceil(r)
-    times in an epoch. Cost: O(shards x passes the epoch touches).
+    times in an epoch. ``start`` overrides the stream position (a schedule's part of an
+    epoch starts where the source's previous part ended). Cost: O(shards x passes touched).
     """
     sizes = np.asarray(sizes, dtype=np.int64)
     n = int(sizes.sum())
@@ -54,7 +66,8 @@ def source_pieces(
         return np.empty(0, np.int64), np.empty(0, np.int64)
     offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
-    start, stop = epoch * count, (epoch + 1) * count
+    start = epoch * count if start is None else int(start)
+    stop = start + count
     out_sizes, out_bases = [], []
     for k in range(start // n, (stop - 1) // n + 1):
         if shuffle:
@@ -73,6 +86,19 @@ def source_pieces(
         out_sizes.append((hi - lo)[keep])
         out_bases.append((base + offsets[perm[ranks]] + (lo - cum[ranks]))[keep])
     return np.concatenate(out_sizes), np.concatenate(out_bases)
+
+
+def proportional_counts(weights: Sequence[float], size: int) -> list[int]:
+    """``size`` split by ``weights``: ``floor(size * share)`` each, the samples left one each
+    to the largest remainders (ties: the earlier one), so the counts sum to ``size``."""
+    total = math.fsum(weights)
+    exact = [size * w / total for w in weights]
+    counts = [math.floor(e) for e in exact]
+    left = size - sum(counts)
+    by_remainder = sorted(range(len(counts)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in by_remainder[:left]:
+        counts[i] += 1
+    return counts
 
 
 def merged_counts(counts: Sequence[int], x: int) -> list[int]:
@@ -238,10 +264,11 @@ class MixtureOrder:
         self.counts = [int(c) for c in plan.counts]
         self.total = int(sum(self.counts))
         self.batch_size = int(batch_size)
+        starts = plan.stream_starts or (None,) * len(self.counts)
         pieces = [
-            source_pieces(sizes, base, count, epoch, fp, seed, shuffle)
-            for sizes, base, count, fp in zip(
-                plan.shard_sizes, plan.bases, self.counts, plan.source_fingerprints
+            source_pieces(sizes, base, count, epoch, fp, seed, shuffle, start)
+            for sizes, base, count, fp, start in zip(
+                plan.shard_sizes, plan.bases, self.counts, plan.source_fingerprints, starts
             )
         ]
         if plan.batching == "random":
@@ -383,3 +410,115 @@ class MixtureOrder:
                 )
             ]
         return ids[np.argsort(times, kind="stable")]
+
+
+@dataclass(frozen=True)
+class SchedulePart:
+    """The piece of one epoch that lies in one stage of a schedule: where it starts in the
+    epoch, its length, its stage, each source's count and where each source's stream stands
+    at its start."""
+
+    offset: int
+    length: int
+    stage: int
+    counts: tuple[int, ...]
+    stream_starts: tuple[int, ...]
+
+
+def _range_counts(weights: Sequence[float], a: int, z: int, epoch_size: int) -> list[int]:
+    """Per source, the samples a stage gives over run positions ``[a, z)``: the range is cut
+    at epoch ends and each part counted by :func:`proportional_counts` (O(1) parts: the whole
+    epochs in the middle share one count)."""
+    n = len(weights)
+    if z <= a:
+        return [0] * n
+    first_end = min(z, (a // epoch_size + 1) * epoch_size)
+    got = proportional_counts(weights, first_end - a)
+    if first_end == z:
+        return got
+    last_start = max(first_end, (z // epoch_size) * epoch_size)
+    full = (last_start - first_end) // epoch_size
+    if full:
+        whole = proportional_counts(weights, epoch_size)
+        got = [g + full * w for g, w in zip(got, whole)]
+    if z > last_start:
+        got = [g + t for g, t in zip(got, proportional_counts(weights, z - last_start))]
+    return got
+
+
+def schedule_parts(
+    stages: Sequence[tuple[int, Sequence[float]]], epoch_size: int, epoch: int
+) -> list[SchedulePart]:
+    """Epoch ``epoch`` of a schedule cut at the stage boundaries inside it.
+
+    ``stages``: (first run position, per-source weights), starting at 0, increasing. Each
+    part's counts are its stage's weights applied to the part's length; each source's stream
+    starts where everything before the part (every earlier epoch's parts) left it, so no
+    sample of a source repeats before the source is exhausted. O(stages) per epoch.
+    """
+    lo, hi = epoch * epoch_size, (epoch + 1) * epoch_size
+    ends = [s for s, _ in stages[1:]] + [max(hi, stages[-1][0] + 1)]
+    at = [0] * len(stages[0][1])
+    for (start, weights), end in zip(stages, ends):
+        done = _range_counts(weights, start, min(end, lo), epoch_size)
+        at = [x + d for x, d in zip(at, done)]
+    parts = []
+    for k, ((start, weights), end) in enumerate(zip(stages, ends)):
+        a, z = max(start, lo), min(end, hi)
+        if a >= z:
+            continue
+        counts = proportional_counts(weights, z - a)
+        parts.append(SchedulePart(a - lo, z - a, k, tuple(counts), tuple(at)))
+        at = [x + c for x, c in zip(at, counts)]
+    return parts
+
+
+class ScheduledOrder:
+    """The lazy order of one epoch of a scheduled mixture: the epoch's parts
+    (:func:`schedule_parts`) back to back, each a ``"random"`` :class:`MixtureOrder` of its
+    counts whose sources' streams continue where the previous part left them."""
+
+    def __init__(
+        self,
+        plan: MixturePlan,
+        stages: Sequence[tuple[int, Sequence[float]]],
+        epoch_size: int,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        window: int = DEFAULT_WINDOW,
+    ) -> None:
+        if plan.batching != "random":
+            raise SpecError(f"a schedule takes batching='random', not {plan.batching!r}")
+        self.parts = schedule_parts(stages, epoch_size, epoch)
+        self.total = int(epoch_size)
+        self.offsets = np.array([p.offset for p in self.parts] + [self.total], dtype=np.int64)
+        self.orders = [
+            MixtureOrder(
+                replace(
+                    plan,
+                    fingerprint=f"{plan.fingerprint}:stage{p.stage}:at{p.offset}",
+                    counts=p.counts,
+                    stream_starts=p.stream_starts,
+                ),
+                seed,
+                epoch,
+                shuffle,
+                window,
+            )
+            for p in self.parts
+        ]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(o.nbytes for o in self.orders)
+
+    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
+        out = []
+        for k, order in enumerate(self.orders):
+            a, z = int(self.offsets[k]), int(self.offsets[k + 1])
+            if start < z and stop > a:
+                out.append(order.take(max(start, a) - a, min(stop, z) - a, dense))
+        if not out:
+            return np.empty(0, dtype=np.int64)
+        return np.concatenate(out).astype(np.int64, copy=False)

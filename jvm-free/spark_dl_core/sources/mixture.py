@@ -34,7 +34,14 @@ from ..format.compact import ShardTable
 from ..format.encodings import Encoding, get_encoding
 from ..format.shard import Layout, ShardData
 from ..meta import ColumnPlan
-from ..order import BATCHING, MixtureOrder, MixturePlan
+from ..order import (
+    BATCHING,
+    MixtureOrder,
+    MixturePlan,
+    ScheduledOrder,
+    proportional_counts,
+    schedule_parts,
+)
 from .dataset import Dataset, open_dataset
 from .delta import DeltaSnapshot
 
@@ -109,6 +116,17 @@ class SourceSpec(BaseModel):
     lineage: dict[str, Any] = {}
 
 
+class Stage(BaseModel):
+    """One stage of a schedule: from run position ``start`` (samples delivered since the
+    start of the run, across epochs) on, the sources named in ``weights`` are mixed in
+    proportion to them (sources left out give nothing)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start: int
+    weights: dict[str, float]
+
+
 class MixtureSpec(BaseModel):
     """A mixture as data: JSON round trip (``model_dump_json`` / :func:`open_mixture`)."""
 
@@ -120,6 +138,7 @@ class MixtureSpec(BaseModel):
     batching: str = "random"
     source_column: str | None = None
     columns: list[str] | None = None
+    schedule: list[Stage] | None = None
 
     @field_validator("batching")
     @classmethod
@@ -161,13 +180,7 @@ def epoch_counts(sources: Sequence[SourceSpec], epoch_size: int | None) -> list[
         if sum(weights) <= 0:
             raise MixtureError(f"proportions {weights} sum to 0: nothing to read")
         size = sum(s.samples or 0 for s in sources) if epoch_size is None else epoch_size
-        total = math.fsum(weights)
-        exact = [size * w / total for w in weights]
-        counts = [math.floor(e) for e in exact]
-        left = size - sum(counts)
-        by_remainder = sorted(range(len(counts)), key=lambda i: (-(exact[i] - counts[i]), i))
-        for i in by_remainder[:left]:
-            counts[i] += 1
+        counts = proportional_counts(weights, size)
     else:
         if epoch_size is not None:
             raise MixtureError(
@@ -189,6 +202,102 @@ def epoch_counts(sources: Sequence[SourceSpec], epoch_size: int | None) -> list[
     if sum(counts) == 0:
         raise MixtureError("the mixture's epoch has 0 samples: every weight gives nothing")
     return counts
+
+
+Stages = list[tuple[int, tuple[float, ...]]]
+
+
+def schedule_stages(spec: MixtureSpec) -> Stages | None:
+    """A spec's schedule checked, as (start, per-source weights) per stage; None without one.
+
+    Refused, naming the stage: no ``epoch_size``, a batching other than ``"random"``, a
+    first stage not at 0, boundaries not increasing, a source the mixture lacks, a weight
+    not positive and finite, a stage that asks an empty source for samples; and a source
+    with a weight of its own (the schedule gives every weight).
+    """
+    if spec.schedule is None:
+        return None
+    if not spec.schedule:
+        raise MixtureError("schedule=[]: give at least one stage, e.g. [(0, {'web': 1.0})]")
+    if spec.epoch_size is None:
+        raise MixtureError("schedule: needs epoch_size= (stages are counted in samples)")
+    if spec.batching != "random":
+        raise MixtureError(
+            f"schedule with batching={spec.batching!r} is not supported yet: a schedule "
+            "takes batching='random' ('stratified' and 'per_source' are not done)"
+        )
+    names = [s.name or s.path for s in spec.sources]
+    for i, s in enumerate(spec.sources):
+        if names.count(names[i]) > 1:
+            raise MixtureError(
+                f"source {i} ({names[i]}): two sources have this name; a "
+                "schedule names sources by Source(name=)"
+            )
+        given = [f for f in ("proportion", "repeat", "choose") if getattr(s, f) is not None]
+        if given:
+            raise MixtureError(
+                f"source {i} ({names[i]}) has {given[0]}= and the mixture has a schedule: "
+                "the schedule gives every weight; leave it out of Source()"
+            )
+    out: Stages = []
+    for k, stage in enumerate(spec.schedule):
+        where = f"schedule stage {k} (start={stage.start})"
+        if k == 0 and stage.start != 0:
+            raise MixtureError(f"{where}: the first stage must start at 0")
+        if k and stage.start <= out[-1][0]:
+            raise MixtureError(
+                f"{where}: boundaries must increase, stage {k - 1} starts at {out[-1][0]}"
+            )
+        if not stage.weights:
+            raise MixtureError(f"{where}: names no source")
+        unknown = [n for n in stage.weights if n not in names]
+        if unknown:
+            raise MixtureError(f"{where}: source {unknown[0]!r} is not in the mixture ({names})")
+        for name, w in stage.weights.items():
+            if not math.isfinite(w) or w <= 0:
+                raise MixtureError(
+                    f"{where}: source {name!r} weight={w!r} must be positive and finite "
+                    "(leave a source out of a stage to give it nothing)"
+                )
+        weights = tuple(float(stage.weights.get(n, 0.0)) for n in names)
+        specs = [s.model_copy(update={"proportion": w}) for s, w in zip(spec.sources, weights)]
+        try:
+            epoch_counts(specs, spec.epoch_size)
+        except MixtureError as exc:
+            raise MixtureError(f"{where}: {exc}") from None
+        out.append((stage.start, weights))
+    return out
+
+
+def _parse_schedule(schedule: Any) -> list[Stage]:
+    """``mix(schedule=...)``: (start, {name: weight}) pairs (or dicts, or :class:`Stage`);
+    a start may be a count string such as ``"27k"``."""
+    if isinstance(schedule, (str, bytes, dict)) or not isinstance(schedule, Sequence):
+        raise MixtureError(f"schedule={schedule!r}: a list of (start, {{name: weight}}) stages")
+    stages = []
+    for k, item in enumerate(schedule):
+        if isinstance(item, Stage):
+            stages.append(item)
+            continue
+        if isinstance(item, dict):
+            start, weights = item.get("start"), item.get("weights")
+        elif isinstance(item, (tuple, list)) and len(item) == 2:
+            start, weights = item
+        else:
+            raise MixtureError(f"schedule stage {k}: {item!r} is not (start, {{name: weight}})")
+        at = parse_count(start if start is not None else "", f"schedule stage {k} start")
+        if not isinstance(weights, dict):
+            raise MixtureError(
+                f"schedule stage {k} (start={at}): weights {weights!r} are not "
+                "a {name: weight} dict"
+            )
+        for name, w in weights.items():
+            if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
+                raise MixtureError(
+                    f"schedule stage {k} (start={at}): source {name!r} weight={w!r} is not a number"
+                )
+        stages.append(Stage(start=at, weights={str(n): float(w) for n, w in weights.items()}))
+    return stages
 
 
 class _MixedLayout(Layout):
@@ -213,7 +322,11 @@ class Mixture(Dataset):
         self.mixture = spec
         self.sources = datasets
         self.converters: list[Any] = []  # Spark side: cached copies of DataFrame sources
-        self.counts = epoch_counts(spec.sources, spec.epoch_size)
+        self.stages = schedule_stages(spec)
+        if self.stages is None:
+            self.counts = epoch_counts(spec.sources, spec.epoch_size)
+        else:
+            self.counts = self.epoch_source_counts(0)
         self.path = "mixture(" + ", ".join(s.name or s.path for s in spec.sources) + ")"
         self.shown = self.path
         self.cache_dir = None
@@ -344,6 +457,8 @@ class Mixture(Dataset):
             "source_column": spec.source_column,
             "columns": list(self.layout.names),
         }
+        if self.stages is not None:  # absent without one: unscheduled fingerprints hold
+            content["schedule"] = [[start, list(w)] for start, w in self.stages]
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
     @property
@@ -352,7 +467,7 @@ class Mixture(Dataset):
 
     def make_order(
         self, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int
-    ) -> MixtureOrder:
+    ) -> MixtureOrder | ScheduledOrder:
         plan = MixturePlan(
             fingerprint=self.fingerprint,
             shard_sizes=tuple(np.diff(d.shard_offsets) for d in self.sources),
@@ -361,7 +476,18 @@ class Mixture(Dataset):
             source_fingerprints=tuple(str(s.fingerprint) for s in self.mixture.sources),
             batching=self.mixture.batching,
         )
+        if self.stages is not None:
+            size = int(self.mixture.epoch_size or 0)
+            return ScheduledOrder(plan, self.stages, size, seed, epoch, shuffle, window)
         return MixtureOrder(plan, seed, epoch, shuffle, window, batch_size)
+
+    def epoch_source_counts(self, epoch: int) -> list[int]:
+        """Samples each source gives in ``epoch`` (with a schedule, the sum over the
+        epoch's parts; without one, ``counts``, the same every epoch)."""
+        if self.stages is None:
+            return list(self.counts)
+        parts = schedule_parts(self.stages, int(self.mixture.epoch_size or 0), epoch)
+        return [int(sum(p.counts[s] for p in parts)) for s in range(len(self.sources))]
 
     @property
     def plans(self) -> list[ColumnPlan] | None:
@@ -527,6 +653,7 @@ def mix(
     batching: str = "random",
     source_column: str | None = None,
     columns: Sequence[str] | None = None,
+    schedule: Sequence[Any] | None = None,
     cache_dir: str | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> Mixture:
@@ -536,7 +663,8 @@ def mix(
     ``"random"`` (sources interleaved by the shuffle), ``"stratified"`` (every batch holds
     each source's share), ``"per_source"`` (each batch from one source). ``source_column``
     adds an int64 column holding each row's source index. ``columns`` picks the columns
-    (needed when the sources' columns differ).
+    (needed when the sources' columns differ). ``schedule``: ``[(start, {name: weight}),
+    ...]``, weights that change at run positions (samples since the start of the run).
     """
     if isinstance(sources, Source) or not isinstance(sources, Sequence) or not sources:
         raise MixtureError("mix() takes a non-empty list of Source(...)")
@@ -548,6 +676,7 @@ def mix(
     if columns is not None and (isinstance(columns, str) or not columns):
         raise MixtureError(f"columns={columns!r}: a non-empty list of column names")
     size = None if epoch_size is None else parse_count(epoch_size)
+    stages = None if schedule is None else _parse_schedule(schedule)
     datasets = [_open_source(s, i, cache_dir, storage_options) for i, s in enumerate(sources)]
     specs = []
     for i, (s, d) in enumerate(zip(sources, datasets)):
@@ -576,6 +705,7 @@ def mix(
         batching=batching,
         source_column=source_column,
         columns=None if columns is None else list(columns),
+        schedule=stages,
     )
     return Mixture(spec, datasets)
 
