@@ -201,12 +201,14 @@ def describe_mixture(path: str, epoch: int = 0) -> dict[str, Any]:
 
     m = open_mixture(path)
     sources = []
-    for item, count in zip(m.lineage, m.counts):
+    counts, starts = m.epoch_source_counts(epoch), m.epoch_stream_starts(epoch)
+    for item, count, start in zip(m.lineage, counts, starts):
         size = item["samples"]
-        start, stop = epoch * count, (epoch + 1) * count
+        stop = start + count
         sources.append(
             {
                 **item,
+                "per_epoch": count,
                 "share": count / len(m),
                 "passes": [start / size, stop / size] if size else [0.0, 0.0],
             }
@@ -220,6 +222,9 @@ def describe_mixture(path: str, epoch: int = 0) -> dict[str, Any]:
         "columns": m.columns,
         "fingerprint": m.fingerprint,
         "sources": sources,
+        "schedule": None
+        if m.mixture.schedule is None
+        else [stage.model_dump() for stage in m.mixture.schedule],
     }
 
 
@@ -232,6 +237,9 @@ def _inspect_mixture(args: argparse.Namespace) -> int:
         f"mixture {info['mixture']}: {info['epoch_size']} samples per epoch, "
         f"batching {info['batching']}, fingerprint {info['fingerprint']}"
     )
+    for k, stage in enumerate(info["schedule"] or []):
+        weights = ", ".join(f"{n} {w:g}" for n, w in stage["weights"].items())
+        print(f"stage {k} from sample {stage['start']}: {weights}")
     print(f"epoch {info['epoch']}:")
     for s in info["sources"]:
         a, b = s["passes"]

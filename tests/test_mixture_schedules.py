@@ -133,9 +133,8 @@ def test_fingerprint_and_spec_carry_the_schedule(paths: dict[str, str], tmp_path
     fixed = _mixture(paths, schedule=None, epoch_size=None)
     plain = mix([Source(paths[k], name=k) for k in ("web", "code", "math")])
     assert fixed.fingerprint == plain.fingerprint  # no schedule: today's fingerprint
-    assert "schedule" not in json.loads(plain.mixture.model_dump_json()) or (
-        plain.mixture.schedule is None
-    )
+    plain.save(str(tmp_path / "plain.json"))
+    assert "schedule" not in json.loads((tmp_path / "plain.json").read_text())  # as before
     m.save(str(tmp_path / "m.json"))
     again = open_mixture(str(tmp_path / "m.json"))
     assert again.fingerprint == m.fingerprint
@@ -184,3 +183,26 @@ def test_hand_written_spec_with_a_bad_schedule_is_refused(paths: dict[str, str])
         open_mixture(spec)
     spec["schedule"][1]["weights"] = {"code": 1}  # type: ignore[index]
     assert open_mixture(spec).epoch_source_counts(0) == [50, 50]
+
+
+def test_cli_inspect_shows_the_schedule_and_the_epoch_counts(
+    paths: dict[str, str], tmp_path: Path
+) -> None:
+    import contextlib
+    import io
+
+    from spark_dl.cli import main
+
+    saved = tmp_path / "staged.json"
+    _mixture(paths).save(str(saved))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["inspect", str(saved), "--epoch", "1", "--json"]) == 0
+    info = json.loads(out.getvalue())
+    assert [s["per_epoch"] for s in info["sources"]] == [200, 134, 66]
+    assert info["sources"][1]["passes"] == [133 / 300, 267 / 300]
+    assert info["schedule"][1] == {"start": BOUNDARY, "weights": {"web": 1, "code": 1, "math": 1}}
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        assert main(["inspect", str(saved)]) == 0
+    assert "stage 1 from sample 600: web 1, code 1, math 1" in text.getvalue()

@@ -489,6 +489,14 @@ class Mixture(Dataset):
         parts = schedule_parts(self.stages, int(self.mixture.epoch_size or 0), epoch)
         return [int(sum(p.counts[s] for p in parts)) for s in range(len(self.sources))]
 
+    def epoch_stream_starts(self, epoch: int) -> list[int]:
+        """Where each source's stream (its passes back to back) stands at ``epoch``'s start:
+        how many of its samples the run delivered before it."""
+        if self.stages is None:
+            return [epoch * c for c in self.counts]
+        size = int(self.mixture.epoch_size or 0)
+        return list(schedule_parts(self.stages, size, epoch)[0].stream_starts)
+
     @property
     def plans(self) -> list[ColumnPlan] | None:
         return self._plans
@@ -610,7 +618,9 @@ class Mixture(Dataset):
     def save(self, path: str) -> None:
         """Write the :class:`MixtureSpec` as JSON (reopen with :func:`open_mixture`)."""
         with open(path, "w", encoding="utf-8") as f:
-            f.write(self.mixture.model_dump_json(indent=2))
+            # no "schedule" key without one: such files stay what earlier versions wrote
+            unset = {"schedule"} if self.mixture.schedule is None else None
+            f.write(self.mixture.model_dump_json(indent=2, exclude=unset))
 
 
 def _user_columns(dataset: Dataset) -> list[str]:
