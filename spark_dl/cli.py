@@ -156,11 +156,34 @@ def _check_delta_log(table: str) -> None:
 # --------------------------------------------------------------------------- inspect
 
 
+def _delta_table(path: str) -> tuple[str, int | None] | None:
+    """``(table, version)`` when ``path`` names a Delta table, ``TABLE@VERSION`` pinning one
+    (``version`` None: the latest); None for anything else."""
+    table, at, version = path.rpartition("@")
+    if at and version.isdigit() and _is_delta(table):
+        return table, int(version)
+    return (path, None) if _is_delta(path) else None
+
+
+def _is_delta(path: str) -> bool:
+    local = path.removeprefix("file://")
+    return "://" not in local and os.path.isdir(os.path.join(local, "_delta_log"))
+
+
+def open_any(path: str) -> Any:
+    """What ``inspect`` and ``show`` read: a Delta table (``TABLE@VERSION`` pinned, read in
+    place, nothing exported), a saved mixture spec, or a dataset directory or URL."""
+    from spark_dl_core import open_dataset, open_delta, open_mixture
+
+    delta = _delta_table(path)
+    if delta is not None:
+        return open_delta(delta[0], version=delta[1]).dataset()
+    return open_mixture(path) if _is_mixture_spec(path) else open_dataset(path)
+
+
 def describe(path: str, samples: int = 3) -> dict[str, Any]:
     """Everything ``inspect`` shows about a dataset, as plain data."""
-    from spark_dl_core import open_dataset
-
-    ds = open_dataset(path)
+    ds = open_any(path)
     n = min(samples, len(ds))
     rows: list[dict[str, Any]] = []
     if n:
@@ -288,10 +311,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """The dataset card: as text, or as one self-contained HTML page with ``--html``."""
-    from spark_dl_core import open_dataset, open_mixture
     from spark_dl_core.card import card_html, column_stats, sample_indices, stats_lines
 
-    ds = open_mixture(args.path) if _is_mixture_spec(args.path) else open_dataset(args.path)
+    ds = open_any(args.path)
     if args.html:
         with open(args.html, "w", encoding="utf-8") as out:
             out.write(card_html(ds, rows=args.rows))
@@ -583,14 +605,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_quiet_on_broken_pipe(cmd_export))
 
     p = sub.add_parser("inspect", help="columns, encodings, shards, sizes, lineage, fingerprint")
-    p.add_argument("path")
+    p.add_argument(
+        "path",
+        help="dataset directory or URL, a saved mixture spec (.json), or a Delta table "
+        "(TABLE@VERSION pins a version; read in place, nothing exported)",
+    )
     p.add_argument("--samples", type=_count(0), default=3, help="sample rows to show (default 3)")
     p.add_argument("--epoch", type=_count(0), default=0, help="mixture specs: the epoch to show")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_quiet_on_broken_pipe(cmd_inspect))
 
     p = sub.add_parser("show", help="the dataset card: schema, lineage, statistics, pictures")
-    p.add_argument("path", help="dataset directory or URL, or a saved mixture spec (.json)")
+    p.add_argument(
+        "path",
+        help="dataset directory or URL, a saved mixture spec (.json), or a Delta table "
+        "(TABLE@VERSION pins a version; read in place, nothing exported)",
+    )
     p.add_argument("--html", metavar="OUT", help="write one self-contained HTML page to OUT")
     p.add_argument(
         "--rows", type=_count(0), default=512, help="sampled rows (default 512; 0: schema only)"

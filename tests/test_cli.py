@@ -312,3 +312,21 @@ def test_sql_workers_use_the_cli_interpreter(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)[1]["rows"] == [[5]]
+
+
+def test_inspect_and_show_read_a_delta_table_in_place(tmp_path: Path) -> None:
+    """``TABLE@VERSION`` (or a table, at its latest) is read in place: nothing is exported."""
+    table = str(tmp_path / "events")
+    write_deltalake(
+        table, pa.table({"id": list(range(10)), "part": ["a b"] * 10}), partition_by=["part"]
+    )
+    write_deltalake(
+        table, pa.table({"id": [10, 11], "part": ["c", "c"]}), mode="append", partition_by=["part"]
+    )
+    before = sorted(p.name for p in Path(table).rglob("*"))
+    pinned = json.loads(run("inspect", f"{table}@0", "--json").stdout)
+    assert pinned["samples"] == 10 and pinned["lineage"]["version"] == 0
+    assert run("show", table, "--rows", "5").stdout.split(":")[0].endswith("@v1")
+    assert sorted(p.name for p in Path(table).rglob("*")) == before  # nothing written there
+    err = run("inspect", f"{table}@7", check=1).stderr
+    assert "at version 7: no such version (versions available: 0..1)" in err
