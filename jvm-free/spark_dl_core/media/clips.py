@@ -40,7 +40,8 @@ from ..ops.transforms import (
     VideoDecode,
     sample_rngs,
 )
-from .images import _resample, fixes_size, plan_boxes
+from .image_plans import fixes_size, plan_boxes
+from .images import _resample
 
 Where = Callable[[int, str], str]
 # Image ops that apply to every frame of a decoded video column (one plan per clip).
