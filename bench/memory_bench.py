@@ -7,7 +7,7 @@ after opening the dataset and after each epoch. No psutil needed.
 
     python bench/memory_bench.py [--shards 24] [--shard-size 512KiB] [--workdir DIR]
 
-``--child PATH`` is the measuring side (used by ``tests/test_memory.py`` too): it prints one
+``--child PATH`` is the measuring side (used by ``tests/loaders/test_memory.py`` too): it prints one
 JSON object.
 """
 

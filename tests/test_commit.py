@@ -2,7 +2,7 @@
 
 Covers the core half of the consolidation: ``write_mds`` refuses to replace a dataset by
 default, append refuses drift with the same messages as the Spark writer
-(``tests/test_spark_datasource.py`` checks those), a commit torn between its metadata writes
+(``tests/spark/test_spark_datasource.py`` checks those), a commit torn between its metadata writes
 is seen the same way by readers, appends and vacuum, empty tables write empty datasets, and
 corrupted shards are caught on first read by default.
 """

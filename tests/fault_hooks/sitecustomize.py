@@ -1,4 +1,4 @@
-"""Test-only crash hook for the driver-death tests in ``tests/test_spark_faults.py``.
+"""Test-only crash hook for the driver-death tests in ``tests/spark/test_spark_faults.py``.
 
 That test puts this directory first on ``PYTHONPATH`` of a driver it is going to kill;
 Spark passes ``PYTHONPATH`` on to the Python workers the driver starts, so Python imports

@@ -592,7 +592,7 @@ def crop_batch(images: list[Any], plan: Plan) -> Any:
     share one zero-padded canvas; each output pixel averages ``k x k`` bilinear samples spread
     over its footprint in the source (``k`` the batch's largest downscale, at most
     :data:`_SUPERSAMPLE`), which approximates the antialiased bilinear filter closely (see
-    tests/test_device_path.py for the measured difference). Boxes are the CPU path's
+    tests/media/test_device_path.py for the measured difference). Boxes are the CPU path's
     whole-pixel boxes (:func:`pixel_box`). Returns ``[B, C, H, W]`` uint8.
     """
     import torch

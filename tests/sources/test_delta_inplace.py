@@ -1,6 +1,6 @@
 """A pinned Delta snapshot read in place (row groups as shards): the rows, order, resume and
 ops of an MDS dataset, with no export. Real tables written by deltalake, real deletion
-vectors (committed as delta-spark does, see tests/test_delta.py), real JPEGs."""
+vectors (committed as delta-spark does, see tests/sources/test_delta.py), real JPEGs."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from deltalake import WriterProperties, write_deltalake  # noqa: E402
 from spark_dl_core import SpecError, mix  # noqa: E402
 from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta  # noqa: E402
 from spark_dl_core.sources.mixture import Source  # noqa: E402
-from tests.test_delta import add_deletion_vector  # noqa: E402
+from tests.sources.test_delta import add_deletion_vector  # noqa: E402
 
 ROWS_PER_APPEND = 400
 APPENDS = 3

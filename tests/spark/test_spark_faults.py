@@ -35,7 +35,7 @@ from spark_dl_core.maintenance import vacuum
 pytestmark = pytest.mark.spark
 
 ROWS = 1000  # per faulty job: 4 partitions of 250
-FAULT_HOOKS = Path(__file__).resolve().parent / "fault_hooks"  # the crash hook, test-only
+FAULT_HOOKS = Path(__file__).resolve().parents[1] / "fault_hooks"  # the crash hook, test-only
 
 
 @pytest.fixture(scope="module")

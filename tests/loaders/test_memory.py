@@ -17,7 +17,7 @@ import pytest
 if not Path("/proc/self/status").exists():  # pragma: no cover - Linux only
     pytest.skip("needs /proc/self/status", allow_module_level=True)
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "memory_bench.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "memory_bench.py"
 SHARD = 256 << 10
 MIB = 1 << 20
 

@@ -11,7 +11,7 @@ import spark_dl
 from spark_dl.sql import run_sql_file, split_statements
 from spark_dl_core.errors import SpecError
 
-EXAMPLES = sorted((Path(__file__).parent.parent / "sql_examples").glob("*.sql"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "sql_examples").glob("*.sql"))
 
 
 def test_split_statements_respects_quotes_and_comments() -> None:

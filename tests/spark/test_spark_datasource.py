@@ -527,7 +527,7 @@ def test_reads_a_dataset_written_by_mosaic(spark: Any, tmp_path: Any) -> None:
     import subprocess
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     python = root / ".venv-mosaic" / "bin" / "python"
     if not python.exists():
         pytest.skip("no .venv-mosaic (make mosaic-env)")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "fuzz.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "fuzz.py"
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from spark_dl import Source
 from spark_dl.sql import run_sql_file
 from spark_dl_core import MixtureError, open_mixture
 
-EXAMPLE = Path(__file__).parent.parent / "sql_examples" / "03_mixture_view.sql"
+EXAMPLE = Path(__file__).resolve().parents[2] / "sql_examples" / "03_mixture_view.sql"
 
 
 @pytest.mark.spark
