@@ -40,7 +40,8 @@ class LoaderSettings:
     ``download_threads`` (remote datasets: concurrent range GETs per process; None:
     ``SPARK_DL_DOWNLOAD_THREADS``, else 8).
     PyTorch only: ``num_workers``, ``prefetch_factor``, ``pin_memory``,
-    ``persistent_workers`` (refused: each pass has its own plan), ``multiprocessing_context``,
+    ``persistent_workers`` (default True: DataLoader workers start once per loader and serve
+    every pass; False starts them per pass), ``multiprocessing_context``,
     ``group``, ``progress``. TensorFlow only: ``as_tuple``. Telemetry: ``trace_path``.
     Packing: ``pack`` (a dict or :class:`~spark_dl_core.loaders.packing.PackSpec`): batches of
     fixed-length token rows instead of samples (see :mod:`spark_dl_core.loaders.packing`).
@@ -66,7 +67,7 @@ class LoaderSettings:
     num_workers: int = 0
     prefetch_factor: int | None = 2
     pin_memory: bool = False
-    persistent_workers: bool = False
+    persistent_workers: bool = True
     multiprocessing_context: Any = field(default=None, compare=False)
     group: int | None = None
     progress: bool = False
@@ -82,7 +83,15 @@ class LoaderSettings:
         for name in ("batch_size", "seed", "epoch", "shuffle_window", "num_workers"):
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool), name, "not an int")
-        for name in ("shuffle", "drop_last", "even_batches", "pad_mask", "pin_memory", "progress"):
+        for name in (
+            "shuffle",
+            "drop_last",
+            "even_batches",
+            "pad_mask",
+            "pin_memory",
+            "persistent_workers",
+            "progress",
+        ):
             need(isinstance(getattr(self, name), bool), name, "not a bool")
         need(
             self.verify_hashes is None or isinstance(self.verify_hashes, bool),
@@ -113,12 +122,6 @@ class LoaderSettings:
                 "rank",
                 f"must be in 0..{(self.world_size or 1) - 1}",
             )
-        need(
-            not self.persistent_workers,
-            "persistent_workers",
-            "not supported: every pass (epoch or resume) deals workers a new plan, so "
-            "workers start per pass; leave it False",
-        )
         names = column_names(self.columns, "loader setting columns")
         need(
             names is None or len(names) > 0,

@@ -8,7 +8,8 @@ import functools
 import os
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from ..settings import (
     settings_from,
 )
 from ..telemetry import PassStats, Spans
-from .shared import _in_slab, _Leases, _shared_bytes, _SlabItem, _Slabs
+from .shared import _in_slab, _Leases, _PassControl, _shared_bytes, _SlabItem, _Slabs
 from .tensors import JaggedTensors, _warm_nested, take_rows, to_device, to_tensors
 
 if TYPE_CHECKING:
@@ -97,13 +98,15 @@ class _Batches(IterableDataset):
     With workers, ``group`` consecutive batches travel as one item (decoded as one large
     batch): per-item IPC costs dominate otherwise. Fixed-width columns are decoded into the
     worker's shared-memory slabs (:class:`_Slabs`) when given. The main process splits the
-    group back into batches (views of one copy, no per-batch copies).
+    group back into batches (views of one copy, no per-batch copies). In-process the plan
+    is given; in workers it is the current pass's (:class:`_PassPlans`), so workers that
+    persist across passes serve each pass's plan.
     """
 
     def __init__(
         self,
         dataset: ShardSource,
-        plan: EpochPlan,
+        plan: EpochPlan | _PassPlans,
         read: dict[str, Any],
         group: int,
         slabs: _Slabs | None = None,
@@ -113,21 +116,38 @@ class _Batches(IterableDataset):
         self.dataset, self.plan, self.read, self.group = dataset, plan, read, group
         self.slabs, self.trace, self.leases = slabs, trace, leases
 
-    def __iter__(
-        self,
-    ) -> Iterator[tuple[list[int], Any, tuple[str, Any, Any], tuple[int, list[int]]]]:
+    def __iter__(self) -> Iterator[_Item]:
+        """Called when DataLoader (re)creates a worker's iterator, i.e. as a pass starts: the
+        pass's plan is read now, not at the first batch."""
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if isinstance(self.plan, EpochPlan):
+            return self._run(self.plan, self.read["epoch"], _always, worker, workers)
+        generation, epoch, plan = self.plan.current(self.dataset)
+        if info is not None:  # earlier passes' items the main process never took
+            if self.slabs is not None:
+                self.slabs.reset(worker)
+            if self.leases is not None:
+                self.leases.reclaim(worker)
+        if plan is None:
+            return iter(())
+        live = functools.partial(self.plan.control.live, generation)
+        return self._run(plan, epoch, live, worker, workers)
+
+    def _run(
+        self, plan: EpochPlan, epoch: int, live: Callable[[], bool], worker: int, workers: int
+    ) -> Iterator[_Item]:
+        in_worker = get_worker_info() is not None
         # Groups k = 0, 1, ... of 1, 2, 4, ... up to ``group`` batches go to worker k % workers
         # (the order DataLoader returns them in): small first groups, fast first batches.
-        merged = _Grouped(self.plan, self.group, worker, workers)  # lazy index arrays
-        reader = BatchReader(self.dataset, merged, **self.read)
-        leases = self.leases if info is not None else None
+        merged = _Grouped(plan, self.group, worker, workers)  # lazy index arrays
+        reader = BatchReader(self.dataset, merged, **{**self.read, "epoch": epoch})
+        leases = self.leases if in_worker else None
         if leases is not None:
             reader.ops.alloc = functools.partial(leases.alloc, worker)
-        elif info is not None:
+        elif in_worker:
             reader.ops.alloc = _shared_bytes
-        name = f"worker {worker}" if info is not None else "main"
+        name = f"worker {worker}" if in_worker else "main"
         if self.trace:
             reader.spans = Spans()
 
@@ -135,13 +155,13 @@ class _Batches(IterableDataset):
             """This worker's cumulative stage times (and new trace spans) for telemetry."""
             return name, dict(reader.times), reader.spans.take() if reader.spans else []
 
-        slabs = self.slabs if info is not None else None
+        slabs = self.slabs if in_worker else None
         used: list[int] = []  # slab of the batch being decoded (-1: none)
         if slabs is not None:
             ring = slabs.tensor[worker].numpy()
 
             def out_for(j: int, nbytes: int) -> np.ndarray | None:
-                if nbytes > ring.shape[1] or not slabs.acquire(worker):
+                if nbytes > ring.shape[1] or not slabs.acquire(worker, live):
                     used[:] = [-1]
                     return None
                 used[:] = [j % slabs.depth]
@@ -149,7 +169,9 @@ class _Batches(IterableDataset):
 
             reader.out_for = out_for
         for g, batch in zip(merged.ranges(), reader):
-            sizes = [self.plan.batch_len(j) for j in g]
+            if not live():
+                return  # the consumer left mid-epoch: this pass is over
+            sizes = [plan.batch_len(j) for j in g]
             if slabs is not None and used and used[-1] >= 0:
                 k = used[-1]
                 columns, others = {}, {}
@@ -160,11 +182,50 @@ class _Batches(IterableDataset):
                     else:
                         columns[column] = (offset, value.dtype.str, tuple(value.shape))
                 yield sizes, _SlabItem(worker, k, columns, to_tensors(others)), tag(), (worker, [])
-            elif slabs is not None and slabs.stop.is_set():
-                return  # the consumer left mid-epoch
             else:
                 lent = leases.take_lent() if leases is not None else []
                 yield sizes, to_tensors(batch), tag(), (worker, lent)
+
+
+_Item = tuple[list[int], Any, tuple[str, Any, Any], tuple[int, list[int]]]
+
+
+def _always() -> bool:
+    return True
+
+
+class _PassPlans:
+    """Worker side of the pass position: the plan of the pass :class:`_PassControl` names,
+    built from the loader's settings (plans are pure functions of them)."""
+
+    def __init__(
+        self, control: _PassControl, settings: LoaderSettings, rank: int, world_size: int
+    ) -> None:
+        self.control, self.rank, self.world_size = control, rank, world_size
+        self.settings = settings.replace(multiprocessing_context=None)  # sent to workers
+
+    def current(self, dataset: ShardSource) -> tuple[int, int, EpochPlan | None]:
+        """(generation, epoch, plan) of the running pass; no plan between passes."""
+        generation, epoch, consumed = self.control.read()
+        if generation % 2 == 0:
+            return generation, epoch, None
+        plan = self.settings.epoch_plan(dataset, epoch, consumed, self.rank, self.world_size)
+        return generation, epoch, plan
+
+
+class _Workers:
+    """A DataLoader over :class:`_Batches` and what its workers share with the main process
+    (pass control, slabs, leases), kept across passes when its workers persist."""
+
+    def __init__(
+        self,
+        loader: DataLoader,
+        control: _PassControl,
+        slabs: _Slabs | None,
+        leases: _Leases | None,
+    ) -> None:
+        self.loader, self.control, self.slabs, self.leases = loader, control, slabs, leases
+        self.busy = False  # a pass is iterating it
 
 
 class _Grouped(Sequence[np.ndarray]):
@@ -301,6 +362,7 @@ class TorchLoader:
         self._live: _Pass | None = None  # the latest pass (iterator) and what it delivered
         self._done: _Pass | None = None  # the latest pass, once it has finished
         self._stats: PassStats | None = None
+        self._pool: _Workers | None = None  # persistent DataLoader workers, once started
         self.sampler = EpochHook(self)  # where trainers call set_epoch (as on a sampler)
         self._set_position(settings.epoch, 0)  # validates the order settings eagerly
 
@@ -347,6 +409,35 @@ class TorchLoader:
         depth = (self.loader_kwargs.get("prefetch_factor") or 2) + 3
         return _Leases(self.num_workers, depth)
 
+    def _workers_for_pass(self, read: dict[str, Any]) -> _Workers:
+        """The DataLoader a pass iterates: the loader's persistent one (started on the first
+        pass), or one for this pass alone when ``persistent_workers=False`` or an earlier
+        pass still holds the persistent one (an iterator left open: its workers are busy)."""
+        pool = self._pool
+        if pool is not None and not pool.busy:
+            pool.busy = True
+            return pool
+        persistent = self.settings.persistent_workers and pool is None
+        slabs = self._slabs(self.group)
+        leases = self._leases() if slabs is None else None
+        control = _PassControl()
+        plans = _PassPlans(control, self.settings, self.rank, self.world_size)
+        trace = self.settings.trace_path is not None
+        source = _Batches(self.dataset, plans, read, self.group, slabs, trace, leases)
+        loader = DataLoader(
+            source,
+            batch_size=None,
+            num_workers=self.num_workers,
+            collate_fn=_identity,
+            persistent_workers=persistent,
+            **self.loader_kwargs,
+        )
+        fresh = _Workers(loader, control, slabs, leases)
+        fresh.busy = True
+        if persistent:
+            self._pool = fresh
+        return fresh
+
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` afresh, unless it is already the saved position's epoch."""
         epoch = check_epoch(epoch)
@@ -370,24 +461,25 @@ class TorchLoader:
         live = _Pass(plan, self.epoch)
         self._live = live
         trace_path = self.settings.trace_path
-        stats = self._stats = PassStats(self.epoch, trace=trace_path is not None)
-        group = self.local_group if self.num_workers == 0 else self.group
-        slabs = self._slabs(group) if self.num_workers > 0 else None
-        leases = self._leases() if self.num_workers > 0 and slabs is None else None
+        tracing = trace_path is not None
+        stats = self._stats = PassStats(self.epoch, trace=tracing)
         read = {**self.read, "seed": self.seed, "epoch": self.epoch, "jagged": True}
-        source = _Batches(self.dataset, plan, read, group, slabs, trace_path is not None, leases)
+        pool: _Workers | None = None
+        slabs: _Slabs | None = None
+        leases: _Leases | None = None
         if self.num_workers == 0:
-            items: Any = iter(source)
+            batches = _Batches(self.dataset, plan, read, self.local_group, trace=tracing)
+            items: Any = iter(batches)
         else:
-            items = iter(
-                DataLoader(
-                    source,
-                    batch_size=None,
-                    num_workers=self.num_workers,
-                    collate_fn=_identity,
-                    **self.loader_kwargs,
-                )
-            )
+            pool = self._workers_for_pass(read)
+            slabs, leases = pool.slabs, pool.leases
+            pool.control.start(self.epoch, self._consumed)  # before its workers read it
+            try:
+                items = iter(pool.loader)
+            except BaseException:
+                pool.control.end()
+                pool.busy = False
+                raise
         pin = bool(self.loader_kwargs["pin_memory"]) and torch.cuda.is_available()
         bar = self._bar(len(plan)) if self.progress else None
         shown = 0.0
@@ -422,8 +514,9 @@ class TorchLoader:
                     resumed = time.perf_counter()
         finally:
             stats.finished = time.perf_counter()
-            if slabs is not None:
-                slabs.stop.set()  # wake workers waiting for a slab, then shut them down
+            if pool is not None:
+                pool.control.end()  # workers of this pass stop (those waiting for a slab too)
+                pool.busy = False
             if bar is not None:
                 bar.set_postfix_str(stats.postfix(), refresh=False)
                 bar.close()
@@ -498,7 +591,16 @@ class EpochHook:
     each epoch (PyTorch Lightning does, as for a ``DistributedSampler``)."""
 
     def __init__(self, loader: TorchLoader) -> None:
-        self.loader = loader
+        # A weak reference: a cycle would keep a dropped loader, and its persistent
+        # workers, alive until the garbage collector runs.
+        self._loader = weakref.ref(loader)
+
+    @property
+    def loader(self) -> TorchLoader:
+        loader = self._loader()
+        if loader is None:
+            raise ReferenceError("the loader of this sampler hook was deleted")
+        return loader
 
     @property
     def epoch(self) -> int:

@@ -23,6 +23,7 @@ from ..packing import PackedPlan, packed_plan, packed_state, resume_position
 from ..settings import TORCH_ONLY, LoaderSettings, check_epoch, settings_from
 from ..telemetry import PassStats
 from . import resolve_rank, to_device
+from .shared import _PassControl
 
 if TYPE_CHECKING:
     from ...sources.protocol import ShardSource
@@ -30,16 +31,44 @@ if TYPE_CHECKING:
 
 class _Workers(IterableDataset):
     """What each DataLoader worker runs: its round-robin share of the rank's batches (the
-    order DataLoader hands them back in). Holds settings only: each worker packs anew."""
+    order DataLoader hands them back in). Holds settings only: each worker packs anew, for
+    the pass :class:`_PassControl` names when DataLoader (re)creates its iterator, so
+    workers that persist across passes serve each pass's rows."""
 
-    def __init__(self, dataset: ShardSource, settings: LoaderSettings, where: dict[str, int]):
-        self.dataset, self.settings, self.where = dataset, settings, where
+    def __init__(
+        self,
+        dataset: ShardSource,
+        settings: LoaderSettings,
+        control: _PassControl,
+        rank: int,
+        world_size: int,
+    ):
+        self.dataset, self.control = dataset, control
+        self.settings = settings.replace(multiprocessing_context=None)  # sent to workers
+        self.rank, self.world_size = rank, world_size
 
     def __iter__(self) -> Iterator[tuple[dict[str, Any], int]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        plan = packed_plan(self.dataset, self.settings, **self.where)
+        generation, epoch, rows = self.control.read()
+        if generation % 2 == 0:  # between passes
+            return iter(())
+        plan = packed_plan(
+            self.dataset,
+            self.settings,
+            epoch=epoch,
+            rows=rows,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        return self._run(plan, worker, workers, generation)
+
+    def _run(
+        self, plan: PackedPlan, worker: int, workers: int, generation: int
+    ) -> Iterator[tuple[dict[str, Any], int]]:
         for batch, real in plan.batches(worker, workers):
+            if not self.control.live(generation):
+                return  # the consumer left mid-epoch: this pass is over
             yield _tensors(batch), real
 
 
@@ -73,6 +102,7 @@ class PackedTorchLoader:
         self._done: _Pass | None = None  # the latest pass, once it has finished
         self._stats: PassStats | None = None
         self._fill = (0, 0)  # real tokens, all tokens of the latest pass
+        self._pool: _Pool | None = None  # persistent DataLoader workers, once started
         self._set_position(settings.epoch, 0)
 
     def _plan(self, epoch: int, rows: int) -> PackedPlan:
@@ -93,6 +123,32 @@ class PackedTorchLoader:
         self.epoch, self._rows, self._plan_for = epoch, rows, plan
         self._live, self._done = None, done
 
+    def _pool_for_pass(self) -> _Pool:
+        """The DataLoader a pass iterates: the persistent one (started on the first pass),
+        or one for this pass alone (``persistent_workers=False``, or an earlier iterator
+        still open holds the persistent one)."""
+        pool = self._pool
+        if pool is not None and not pool.busy:
+            pool.busy = True
+            return pool
+        persistent = self.settings.persistent_workers and pool is None
+        control = _PassControl()
+        source = _Workers(self.dataset, self.settings, control, self.rank, self.world_size)
+        loader = DataLoader(
+            source,
+            batch_size=None,
+            num_workers=self.num_workers,
+            collate_fn=_identity,
+            pin_memory=self.settings.pin_memory,
+            multiprocessing_context=self.settings.multiprocessing_context,
+            prefetch_factor=self.settings.prefetch_factor,
+            persistent_workers=persistent,
+        )
+        fresh = _Pool(loader, control)
+        if persistent:
+            self._pool = fresh
+        return fresh
+
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` afresh, unless it is already the saved position's epoch."""
         epoch = check_epoch(epoch)
@@ -111,30 +167,18 @@ class PackedTorchLoader:
         live = _Pass(plan, self.epoch)
         self._live = live
         stats = self._stats = PassStats(self.epoch)
-        where = {
-            "epoch": self.epoch,
-            "rows": self._rows,
-            "rank": self.rank,
-            "world_size": self.world_size,
-        }
-        source = _Workers(self.dataset, self.settings, where)
+        pool: _Pool | None = None
         if self.num_workers == 0:
             items: Any = ((_tensors(b), real) for b, real in plan.batches())
         else:
-            kwargs: dict[str, Any] = {
-                "pin_memory": self.settings.pin_memory,
-                "multiprocessing_context": self.settings.multiprocessing_context,
-                "prefetch_factor": self.settings.prefetch_factor,
-            }
-            items = iter(
-                DataLoader(
-                    source,
-                    batch_size=None,
-                    num_workers=self.num_workers,
-                    collate_fn=_identity,
-                    **kwargs,
-                )
-            )
+            pool = self._pool_for_pass()
+            pool.control.start(self.epoch, self._rows)  # before its workers read it
+            try:
+                items = iter(pool.loader)
+            except BaseException:
+                pool.control.end()
+                pool.busy = False
+                raise
         pin = bool(self.settings.pin_memory) and torch.cuda.is_available()
         real_total = slots = 0
         resumed = time.perf_counter()
@@ -152,6 +196,9 @@ class PackedTorchLoader:
                 resumed = time.perf_counter()
         finally:
             stats.finished = time.perf_counter()
+            if pool is not None:
+                pool.control.end()  # workers of this pass stop
+                pool.busy = False
             del items
         if self._live is live:  # the pass ran to its end: the next epoch from its start
             self._set_position(live.epoch + 1, 0, live)
@@ -188,6 +235,15 @@ class PackedTorchLoader:
             f"seq_len={pack.seq_len} mode={pack.mode} epoch={self.epoch} "
             f"rank={self.rank}/{self.world_size} workers={self.num_workers}>"
         )
+
+
+class _Pool:
+    """A DataLoader over :class:`_Workers` and its pass control, kept across passes when its
+    workers persist."""
+
+    def __init__(self, loader: DataLoader, control: _PassControl) -> None:
+        self.loader, self.control = loader, control
+        self.busy = True  # a pass is iterating it
 
 
 class _Pass:

@@ -1,10 +1,11 @@
-"""Shared memory between DataLoader workers and the main process: segments images are
-decoded into and lent out (:class:`_Leases`), and the ring of reusable output slabs that
-fixed-width batches are decoded into (:class:`_Slabs`)."""
+"""Shared memory between DataLoader workers and the main process: which pass the workers
+serve (:class:`_PassControl`), segments images are decoded into and lent out
+(:class:`_Leases`), and the ring of reusable output slabs that fixed-width batches are
+decoded into (:class:`_Slabs`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,40 @@ def _bytes_over(storage: torch.UntypedStorage, shape: tuple[int, ...]) -> np.nda
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape, strides).numpy()
 
 
+class _PassControl:
+    """The pass persistent DataLoader workers serve: (generation, epoch, consumed) in shared
+    memory, written by the main process before each pass starts.
+
+    Persistent workers keep the dataset object copied when they started, so a new pass's
+    position reaches them here: each worker reads it when DataLoader re-creates its
+    iterator (at a pass's start) and builds that pass's plan itself. The generation is odd
+    while a pass runs and even between passes; a worker whose generation is no longer the
+    current one belongs to a pass that ended (perhaps early) and stops at once.
+    """
+
+    def __init__(self) -> None:
+        self.tensor = torch.zeros(3, dtype=torch.int64).share_memory_()
+
+    def start(self, epoch: int, consumed: int) -> None:
+        """Main process, before a pass's workers begin: its position and a new generation."""
+        values = self.tensor.numpy()
+        values[1], values[2] = epoch, consumed
+        values[0] += 1 if values[0] % 2 == 0 else 2
+
+    def end(self) -> None:
+        """Main process, when a pass ends (fully or early): its workers stop."""
+        self.tensor.numpy()[0] += 1
+
+    def read(self) -> tuple[int, int, int]:
+        """Worker side: (generation, epoch, consumed) of the current pass."""
+        generation, epoch, consumed = (int(v) for v in self.tensor.numpy())
+        return generation, epoch, consumed
+
+    def live(self, generation: int) -> bool:
+        """Whether the pass of ``generation`` is still running."""
+        return generation % 2 == 1 and int(self.tensor.numpy()[0]) == generation
+
+
 class _Leases:
     """Reusable shared-memory buffers that DataLoader workers decode images into, lent to
     the main process and taken back once no tensor over one is left there.
@@ -38,12 +73,14 @@ class _Leases:
     A fresh shared-memory segment per batch costs its pages: allocating, zeroing and
     mapping a batch of full-size pixels took about a third as long as decoding them
     (measured in one process: 530 images/s into fresh segments, 820 into reused ones).
-    Each worker keeps up to ``slots`` segments; ``state[worker, slot]`` is 1 while the main
-    process may hold tensors over segment ``slot``. The main process watches the storages
-    of each item it receives (torch's weak storage references, which every view shares)
-    and sets the item's slots back to 0 once all of them are freed. A batch the user keeps
-    keeps its segment: the worker takes another, or a fresh one when all are lent, so
-    reuse never changes a tensor the user still holds.
+    Each worker keeps up to ``slots`` segments; ``state[worker, slot]`` is 1 once the worker
+    lends segment ``slot`` and 2 once the main process receives it (it may then hold tensors
+    over it). The main process watches the storages of each item it receives (torch's weak
+    storage references, which every view shares) and sets the item's slots back to 0 once
+    all of them are freed. Items of a pass that ended early that never reached the main
+    process stay at 1: a persistent worker takes them back when its next pass starts. A
+    batch the user keeps keeps its segment: the worker takes another, or a fresh one when
+    all are lent, so reuse never changes a tensor the user still holds.
     """
 
     def __init__(self, workers: int, slots: int) -> None:
@@ -85,6 +122,12 @@ class _Leases:
         assert storage is not None
         return _bytes_over(storage, shape)
 
+    def reclaim(self, worker: int) -> None:
+        """At a worker's pass start: segments lent to items the main process never received
+        (a pass that ended early; DataLoader dropped them) are free again."""
+        state = self.state[worker].numpy()
+        state[state == 1] = 0
+
     def take_lent(self) -> list[int]:
         """The slots the item just decoded holds (sent along with it)."""
         lent, self._lent = self._lent, []
@@ -96,6 +139,7 @@ class _Leases:
         """Hand ``slots`` back to ``worker`` once every storage of ``item`` is freed."""
         self.release_freed()
         if slots:
+            self.state.numpy()[worker, slots] = 2
             refs = [StorageWeakRef(t.untyped_storage()) for t in _tensors_of(item)]
             self._watched.append((refs, worker, slots))
 
@@ -136,22 +180,30 @@ class _Slabs:
     fixed-width batches straight into the next slab and sends only (slab, offsets, dtypes).
     The main process copies the batch out (one memcpy: the user may keep batches as long as
     they like) and releases the slab through a per-worker semaphore. Workers wait for a free
-    slab, so at most ``depth`` items per worker are in flight; ``stop`` ends waiting workers
-    when the consumer goes away mid-epoch.
+    slab, so at most ``depth`` items per worker are in flight; a worker waiting for a slab
+    stops when its pass ends (the consumer went away mid-epoch).
     """
 
     def __init__(self, workers: int, depth: int, nbytes: int, context: Any) -> None:
         self.depth = depth
         self.tensor = torch.empty((workers, depth, nbytes), dtype=torch.uint8).share_memory_()
         self.free = [context.Semaphore(depth) for _ in range(workers)]
-        self.stop = context.Event()
 
-    def acquire(self, worker: int) -> bool:
-        """Wait for worker's next slab; False if the consumer stopped meanwhile."""
+    def acquire(self, worker: int, live: Callable[[], bool]) -> bool:
+        """Wait for worker's next slab; False if its pass ended meanwhile."""
         while not self.free[worker].acquire(timeout=0.05):
-            if self.stop.is_set():
+            if not live():
                 return False
         return True
+
+    def reset(self, worker: int) -> None:
+        """At a worker's pass start: every slab free again. Items of an earlier pass that
+        the main process never took (a pass that ended early) will never release theirs."""
+        free = self.free[worker]
+        while free.acquire(block=False):
+            pass
+        for _ in range(self.depth):
+            free.release()
 
 
 class _SlabItem:
