@@ -400,3 +400,41 @@ def test_cache_size_limit_keeps_the_newest(
 def _fill(snap: Any, directory: Path) -> list[Path]:
     snap.dataset(cache_dir=str(directory)).to_arrow()
     return list(directory.glob("*.mds"))
+
+
+def test_row_groups_load_from_several_threads_at_once(tmp_path: Path) -> None:
+    """A reader's prefetch thread and the main thread convert row groups of one file at once:
+    pyarrow misreads (ReadRangeCache errors) or aborts the process when two threads read one
+    open ParquetFile, so each file is read by one thread at a time."""
+    import threading
+
+    path = str(tmp_path / "t")
+    ids = np.arange(8000, dtype=np.int64)
+    table = pa.table(
+        {
+            "id": ids,
+            "x": pa.array(np.ones((8000, 8), np.float32).tolist(), pa.list_(pa.float32(), 8)),
+        }
+    )
+    write_deltalake(path, table, writer_properties=WriterProperties(max_row_group_size=400))
+    ds = open_delta(path).dataset(cache=False)
+    assert ds.num_shards == 20
+    want = [ds.load_shard(i).raw.tobytes() for i in range(ds.num_shards)]
+    errors: list[BaseException] = []
+
+    def load(k: int) -> None:
+        try:
+            for r in range(2):
+                for i in range(ds.num_shards):
+                    shard = (i + 3 * k + r) % ds.num_shards
+                    ds._lru.clear()  # convert again, not from this process's memory
+                    assert ds.load_shard(shard).raw.tobytes() == want[shard]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load, args=(k,)) for k in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]

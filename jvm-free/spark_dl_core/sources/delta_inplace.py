@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -134,14 +135,28 @@ class DeltaDataset(Dataset):
     # -- per-process state (not pickled: a DataLoader worker starts with its own)
 
     def _reset_process_state(self) -> None:
+        self._pid = os.getpid()
         self._lru: OrderedDict[int, ShardData] = OrderedDict()
         self._lock = threading.Lock()
         self._open_files: OrderedDict[int, Any] = OrderedDict()
+        # One reader at a time per open file: pyarrow aborts the process when two threads
+        # (a prefetch thread and the main one) read row groups of one ParquetFile at once.
+        self._file_locks: dict[int, threading.Lock] = {}
         self._disk_checked: set[int] = set()  # cached row groups hashed in this process
+
+    def _own_process(self) -> None:
+        """A forked DataLoader worker inherits open files and locks (perhaps held by a
+        thread that does not exist there): it starts its own."""
+        if getattr(self, "_pid", None) != os.getpid():
+            self._reset_process_state()
+
+    def _file_lock(self, file: int) -> threading.Lock:
+        with self._lock:
+            return self._file_locks.setdefault(file, threading.Lock())
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_lru", "_lock", "_open_files", "_accessed", "_disk_checked"):
+        for key in ("_lru", "_lock", "_open_files", "_file_locks", "_accessed", "_disk_checked"):
             state.pop(key, None)
         return state
 
@@ -342,6 +357,7 @@ class DeltaDataset(Dataset):
         """One row group as an MDS shard: from the per-process LRU, else the disk cache
         (size and hash checked once per process; ``verify_hashes=True``: every load), else
         converted (and written to the disk cache)."""
+        self._own_process()
         with self._lock:
             found = self._lru.get(shard)
             if found is not None:
@@ -446,7 +462,8 @@ class DeltaDataset(Dataset):
         try:
             pf = self._parquet(g.file)
             present = [n for n in stored if n in pf.schema_arrow.names]
-            table = pf.read_row_group(g.group, columns=present)
+            with self._file_lock(g.file):
+                table = pf.read_row_group(g.group, columns=present)
         except Exception as exc:
             raise self._file_error(g.file, g.group, exc) from None
         keep = self._keep_array(g.file)
@@ -459,6 +476,7 @@ class DeltaDataset(Dataset):
         """An open Parquet file of the snapshot (a few kept open per process)."""
         import pyarrow.parquet as pq
 
+        self._own_process()
         if cache:
             with self._lock:
                 found = self._open_files.get(file)
