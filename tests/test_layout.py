@@ -2,7 +2,7 @@
 of the code (function-level imports included), so no room reaches back up.
 
 Ranks, lowest first (a room may import its own modules and any room ranked lower):
-errors, format, the source protocol, order and store, ops, spec, meta, commit and
+errors, format, the source protocol (shard_source), order and store, ops, spec, meta, commit and
 maintenance, writer, sources, then loaders and media side by side (neither imports the
 other: media registers into ops and is found by name), card, the package's face.
 """
@@ -21,7 +21,7 @@ RANKS = {
     "_jpeg": 0,
     "_buffers": 0,
     "format": 1,
-    "sources.protocol": 2,
+    "shard_source": 2,
     "order": 3,
     "store": 3,
     "ops": 4,

@@ -15,9 +15,9 @@ from .errors import (
     UnsafeEncodingError,
 )
 from .loaders.loading import install as _install_loading
-from .loaders.packing import PackSpec
-from .loaders.settings import LoaderSettings
+from .loaders.settings import LoaderSettings, PackSpec
 from .sources.dataset import Dataset, open_dataset
+from .sources.delta_inplace import install as _install_in_place
 from .sources.mixture import Mixture, MixtureSpec, Source, mix, open_mixture
 from .spec import DatasetSpec, parse_size
 from .store.indexing import write_compact_index
@@ -25,6 +25,7 @@ from .writer import ShardWriter, WriteResult, write_mds
 
 _install_loading()  # Dataset.iter_batches / to_torch / to_tf / sample_order / to_arrow
 _install_card()  # Dataset._repr_html_: the dataset card in notebooks
+_install_in_place()  # DeltaSnapshot.dataset(): the snapshot read in place
 
 
 def open_delta(path: str, *, version: int | None = None, **kwargs: Any) -> Any:

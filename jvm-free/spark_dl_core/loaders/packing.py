@@ -41,62 +41,24 @@ import bisect
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import PackError
 from ..format.buffers import copy_pieces
 from ..order import GlobalOrder, LoaderState
 from ..order.dataset_order import _order_of
+from .settings import LoaderSettings, PackSpec
 
 if TYPE_CHECKING:
-    from ..sources.protocol import ShardSource
-    from .settings import LoaderSettings  # it parses pack= with this room's models
+    from ..shard_source import ShardSource
 
 IGNORE_INDEX = -100  # torch's cross_entropy ignore_index default
 BLOCK_DOCS = 1 << 16  # documents per block for orders without shuffle windows (mixtures)
 # Bumped whenever the same settings would pack other rows (a saved row count would mean
 # other tokens); a state of another version is refused.
 PACK_VERSION = 1
-
-
-class PackSpec(BaseModel):
-    """How to pack a token column: ``column``, ``seq_len`` (tokens per row), ``mode``
-    (``"concat"`` or ``"bin"``), ``pad_id`` (None: the column's tokenizer eos id when the
-    dataset's ``tokenize`` op recorded one, else 0) and ``window`` (``bin``: documents per
-    best-fit window)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    column: str
-    seq_len: int = Field(ge=1)
-    mode: Literal["concat", "bin"] = "concat"
-    pad_id: int | None = Field(default=None, ge=0)
-    window: int = Field(default=1024, ge=1)
-
-
-def parse_pack(value: Any) -> PackSpec | None:
-    """A :class:`PackSpec` from a spec, a dict or None; bad fields raise :class:`PackError`
-    naming the field."""
-    if value is None or isinstance(value, PackSpec):
-        return value
-    if isinstance(value, BaseModel):
-        value = value.model_dump()
-    if not isinstance(value, dict):
-        raise PackError(
-            f"pack must be a dict or a PackSpec, got {type(value).__name__}", field="pack"
-        )
-    try:
-        return PackSpec.model_validate(value)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ())) or "pack"
-        message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        raise PackError(
-            f"pack setting {where}={value.get(where, '?')!r}: {message}", field=where
-        ) from None
 
 
 def _tokenize_op(dataset: ShardSource, column: str) -> dict[str, Any] | None:

@@ -24,7 +24,7 @@ from ..ops.read import VIEWED_KINDS, ReadOps
 
 if TYPE_CHECKING:
     from ..format.shard import ShardData
-    from ..sources.protocol import Batch, ShardSource
+    from ..shard_source import Batch, ShardSource
 
 DEFAULT_PREFETCH_BYTES = 256 << 20  # one default window (4 shards of 64 MiB) read ahead
 # How far ahead batches are planned (their shards queued for loading): enough samples to

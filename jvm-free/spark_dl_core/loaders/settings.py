@@ -11,19 +11,57 @@ import difflib
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import PackError, SpecError
 from ..meta import column_names
 from ..order import DEFAULT_WINDOW, EpochPlan
-from .packing import parse_pack
 from .reader import DEFAULT_PREFETCH_BYTES, BatchReader
 
 if TYPE_CHECKING:
-    from ..sources.protocol import ShardSource
+    from ..shard_source import ShardSource
 
 _IMAGES = ("bytes", "pil", "numpy")
 _DEVICES = (None, "cpu", "cuda")
+
+
+class PackSpec(BaseModel):
+    """How to pack a token column: ``column``, ``seq_len`` (tokens per row), ``mode``
+    (``"concat"`` or ``"bin"``), ``pad_id`` (None: the column's tokenizer eos id when the
+    dataset's ``tokenize`` op recorded one, else 0) and ``window`` (``bin``: documents per
+    best-fit window)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    column: str
+    seq_len: int = Field(ge=1)
+    mode: Literal["concat", "bin"] = "concat"
+    pad_id: int | None = Field(default=None, ge=0)
+    window: int = Field(default=1024, ge=1)
+
+
+def parse_pack(value: Any) -> PackSpec | None:
+    """A :class:`PackSpec` from a spec, a dict or None; bad fields raise :class:`PackError`
+    naming the field."""
+    if value is None or isinstance(value, PackSpec):
+        return value
+    if isinstance(value, BaseModel):
+        value = value.model_dump()
+    if not isinstance(value, dict):
+        raise PackError(
+            f"pack must be a dict or a PackSpec, got {type(value).__name__}", field="pack"
+        )
+    try:
+        return PackSpec.model_validate(value)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ())) or "pack"
+        message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        raise PackError(
+            f"pack setting {where}={value.get(where, '?')!r}: {message}", field=where
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -43,7 +81,7 @@ class LoaderSettings:
     ``persistent_workers`` (default True: DataLoader workers start once per loader and serve
     every pass; False starts them per pass), ``multiprocessing_context``,
     ``group``, ``progress``. TensorFlow only: ``as_tuple``. Telemetry: ``trace_path``.
-    Packing: ``pack`` (a dict or :class:`~spark_dl_core.loaders.packing.PackSpec`): batches of
+    Packing: ``pack`` (a dict or :class:`~spark_dl_core.loaders.settings.PackSpec`): batches of
     fixed-length token rows instead of samples (see :mod:`spark_dl_core.loaders.packing`).
     """
 

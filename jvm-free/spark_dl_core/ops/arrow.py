@@ -19,7 +19,7 @@ from ..format.buffers import Jagged
 from ..format.encodings import bytes_from_json_text, is_binary_type, map_key_from_text
 
 if TYPE_CHECKING:
-    from ..sources.protocol import Batch, ShardSource
+    from ..shard_source import Batch, ShardSource
 
 
 def read_transforms(dataset: ShardSource) -> list[Any]:

@@ -17,7 +17,7 @@ from ..errors import ColumnNotFoundError, SpecError
 from ..format.buffers import Jagged
 
 if TYPE_CHECKING:
-    from ..sources.protocol import Batch, ShardSource
+    from ..shard_source import Batch, ShardSource
 
 # Decoded kinds whose pipelines read the shard's memory as it is (views, not copies).
 VIEWED_KINDS = ("audio", "video")

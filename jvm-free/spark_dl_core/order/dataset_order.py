@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import SpecError
 
 if TYPE_CHECKING:
-    from ..sources.protocol import ShardSource
+    from ..shard_source import ShardSource
 
 DEFAULT_WINDOW = 4
 # Up to this many ranks, a rank reads enough of each window that computing the window's

@@ -17,7 +17,7 @@ from .dataset_order import DENSE_WORLD, _Materialized, _Order, _order_of
 from .state import resolve_window
 
 if TYPE_CHECKING:
-    from ..sources.protocol import ShardSource
+    from ..shard_source import ShardSource
 
 
 @dataclass(frozen=True)

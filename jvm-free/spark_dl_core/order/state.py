@@ -14,7 +14,7 @@ from ..errors import PackError, SpecError
 from .dataset_order import DEFAULT_WINDOW, ORDER_VERSION
 
 if TYPE_CHECKING:
-    from ..sources.protocol import ShardSource
+    from ..shard_source import ShardSource
 
 
 @dataclass(frozen=True)

@@ -47,10 +47,10 @@ from ..meta import (
     read_meta,
     stored_layout,
 )
+from ..shard_source import Batch
 from ..store.cache import shard_store
 from ..store.indexing import index_fingerprint
 from ..store.storage import check_path
-from .protocol import Batch
 
 # column -> numpy array, or a Jagged batch (token sequences) inside the loaders
 

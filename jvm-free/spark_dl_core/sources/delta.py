@@ -35,7 +35,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..spec import DatasetSpec
     from ..writer import WriteResult
     from .dataset import Dataset
-    from .delta_inplace import DeltaDataset
 
 # Reader features this module reads correctly. Others (e.g. columnMapping, v2Checkpoint
 # handled by deltalake itself is fine, but unknown row-level features are not) are refused.
@@ -44,6 +43,18 @@ SUPPORTED_READER_FEATURES = frozenset(
 )
 
 Timestamp = _dt.datetime | str | int | float
+
+# The in-place dataset class, installed by sources.delta_inplace (built on this module) when
+# the package is imported, as the loading methods are installed into Dataset: this room
+# reaches no module above it.
+_IN_PLACE: Any = None
+
+
+def install_in_place(dataset_class: Any) -> None:
+    """Make ``dataset_class(snapshot, spec=None, **options)`` what :meth:`DeltaSnapshot.dataset`
+    builds."""
+    global _IN_PLACE
+    _IN_PLACE = dataset_class
 
 
 class DeltaSnapshotError(DatasetError):
@@ -379,22 +390,20 @@ class DeltaSnapshot:
 
     # -- read in place (sources/delta_inplace.py): the snapshot as a dataset, no export
 
-    def dataset(
-        self, spec: DatasetSpec | dict[str, Any] | None = None, **options: Any
-    ) -> DeltaDataset:
+    def dataset(self, spec: DatasetSpec | dict[str, Any] | None = None, **options: Any) -> Dataset:
         """This snapshot as a dataset read in place: shards are its files' row groups.
 
         ``spec`` sets the encodings and transforms, as an export's would; ``options`` are
         :class:`~spark_dl_core.sources.delta_inplace.DeltaDataset`'s. The default one is
         built once and serves ``len(snap)``, ``snap[i]``, ``snap.to_torch(...)``…
         """
-        from .delta_inplace import DeltaDataset
-
+        if _IN_PLACE is None:  # pragma: no cover - the package installs it on import
+            raise RuntimeError("spark_dl_core.sources.delta_inplace was not installed")
         if spec is None and not options:
             if self._inplace is None:
-                self._inplace = DeltaDataset(self)
+                self._inplace = _IN_PLACE(self)
             return self._inplace
-        return DeltaDataset(self, spec, **options)
+        return _IN_PLACE(self, spec, **options)
 
     def __bool__(self) -> bool:
         return True  # a snapshot is a value, even with 0 rows (and len() reads footers)

@@ -37,11 +37,11 @@ from ..ops.transforms import apply_transforms
 from ..spec import MAX_SHARD_SIZE, DatasetSpec
 from ..store.cache import default_cache_dir
 from .dataset import Dataset, _list_depth
+from .delta import DeltaSnapshot, DeltaSnapshotError, _file_key, _first_line, install_in_place
 from .delta_cache import RowGroupCache
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..store.storage import Store
-    from .delta import DeltaSnapshot
 
 INPLACE_VERSION = 1
 CONVERTED_FORMAT = 1  # bump when a converted row group's bytes change for the same inputs
@@ -205,8 +205,6 @@ class DeltaDataset(Dataset):
             raise self._file_error(file, None, exc) from None
 
     def _keep_array(self, file: int) -> np.ndarray | None:
-        from .delta import _file_key
-
         keep = self.snapshot._keep.get(_file_key(self.snapshot.files[file]))
         return None if keep is None else np.asarray(keep, dtype=bool)
 
@@ -494,8 +492,6 @@ class DeltaDataset(Dataset):
         return pf
 
     def _file_error(self, file: int, group: int | None, why: Any) -> Exception:
-        from .delta import DeltaSnapshotError, _first_line
-
         snap = self.snapshot
         where = f"data file {snap.files[file]}"
         if group is not None:
@@ -571,3 +567,9 @@ def _one_width(counts: list[tuple[int, int]]) -> int | None:
             return None
         width = k
     return width
+
+
+def install() -> None:
+    """Make :class:`DeltaDataset` what ``DeltaSnapshot.dataset()`` builds (the package calls
+    it when imported, as it installs Dataset's loading methods)."""
+    install_in_place(DeltaDataset)

@@ -46,7 +46,7 @@ from ..settings import (
 from ..telemetry import PassStats
 
 if TYPE_CHECKING:
-    from ...sources.protocol import ShardSource
+    from ...shard_source import ShardSource
 
 
 def _column_spec(

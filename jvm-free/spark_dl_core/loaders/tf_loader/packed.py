@@ -22,7 +22,7 @@ from ..settings import TF_ONLY, LoaderSettings, check_steps, settings_from
 from ..telemetry import PassStats
 
 if TYPE_CHECKING:
-    from ...sources.protocol import ShardSource
+    from ...shard_source import ShardSource
 
 
 def make_packed_tf_dataset(

@@ -34,7 +34,7 @@ from .shared import _in_slab, _Leases, _PassControl, _shared_bytes, _SlabItem, _
 from .tensors import JaggedTensors, _warm_nested, take_rows, to_device, to_tensors
 
 if TYPE_CHECKING:
-    from ...sources.protocol import ShardSource
+    from ...shard_source import ShardSource
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:

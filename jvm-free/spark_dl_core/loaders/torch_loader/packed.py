@@ -26,7 +26,7 @@ from . import resolve_rank, to_device
 from .shared import _PassControl
 
 if TYPE_CHECKING:
-    from ...sources.protocol import ShardSource
+    from ...shard_source import ShardSource
 
 
 class _Workers(IterableDataset):

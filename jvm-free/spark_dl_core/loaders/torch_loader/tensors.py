@@ -15,7 +15,7 @@ from ...format.buffers import ImageList, Jagged
 from ...ops.read import EncodedImages
 
 if TYPE_CHECKING:
-    from ...sources.protocol import Batch
+    from ...shard_source import Batch
 
 
 def to_tensors(batch: Batch) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..format.encodings import Encoding
-    from ..format.shard import Layout, ShardData
+    from .format.encodings import Encoding
+    from .format.shard import Layout, ShardData
 
 
 # A decoded batch: column name -> numpy array (object arrays for str / bytes / json), or a
