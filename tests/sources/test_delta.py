@@ -256,6 +256,22 @@ def test_deletion_vector_on_escaped_path(tmp_path: Path) -> None:
     assert open_delta(table).to_arrow()["id"].to_pylist() == [1, 2, 4, 5, 6, 7, 8, 9]
 
 
+def test_deletion_vectors_without_the_reader_feature_still_delete(tmp_path: Path) -> None:
+    """A log whose adds carry deletion vectors but whose protocol does not list the feature:
+    delta-rs's SQL path deletes those rows, so the export and the in-place read do too."""
+    from deltalake import QueryBuilder
+
+    table = str(tmp_path / "dv")
+    write_deltalake(table, _data(range(10)))  # no delta.enableDeletionVectors
+    add_deletion_vector(table, [0, 3, 9])
+    sql = QueryBuilder().register("t", DeltaTable(table)).execute("select id from t")
+    want = sorted(pa.table(sql.read_all())["id"].to_pylist())
+    assert want == [1, 2, 4, 5, 6, 7, 8]
+    snap = open_delta(table)
+    assert sorted(snap.to_arrow()["id"].to_pylist()) == want
+    assert sorted(int(i) for b in snap.iter_batches(4, shuffle=True) for i in b["id"]) == want
+
+
 def test_deletion_vectors_are_honoured(tables: dict[str, Any]) -> None:
     before = open_delta(tables["dv"], version=0)
     after = open_delta(tables["dv"], version=1)

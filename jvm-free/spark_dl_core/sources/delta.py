@@ -552,10 +552,12 @@ def open_delta(
         }
     sizes = dict(zip((_file_key(u) for u in uris), actions.column("size_bytes").to_pylist()))
     keep: dict[str, Any] = {}
-    if "deletionVectors" in (table.protocol().reader_features or []):
-        dvs = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all()
-        for fp, sel in zip(dvs.column("filepath").to_pylist(), dvs.column("selection_vector")):
-            keep[_file_key(_decoded(fp))] = sel.as_py()
+    # Every deletion vector the log names is applied, the table's reader features aside: a
+    # log that adds files with deletion vectors but does not list the feature still deletes
+    # those rows for delta-rs's own scan, and serving them would be wrong data.
+    dvs = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all()
+    for fp, sel in zip(dvs.column("filepath").to_pylist(), dvs.column("selection_vector")):
+        keep[_file_key(_decoded(fp))] = sel.as_py()
     order = sorted(range(len(uris)), key=lambda i: rel_paths[i])
     files = [uris[i] for i in order]
     snap = DeltaSnapshot(
