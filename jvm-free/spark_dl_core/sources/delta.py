@@ -160,6 +160,7 @@ class DeltaSnapshot:
     filter: Any = None
     storage_options: dict[str, str] | None = None
     available: tuple[int, int] | None = None
+    since: int | None = None  # only the rows not live at this version (sources/delta_since)
     _partition_values: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     _keep: dict[str, Any] = field(default_factory=dict, repr=False)
     _sizes: dict[str, int] = field(default_factory=dict, repr=False)
@@ -195,6 +196,7 @@ class DeltaSnapshot:
             "columns": list(self.columns) if self.columns is not None else None,
             "filter": None if self.filter is None else str(self.filter),
             "reader": "deltalake",
+            **({"since": self.since} if self.since is not None else {}),
         }
 
     @property
@@ -479,8 +481,12 @@ def open_delta(
     storage_options: dict[str, str] | None = None,
     columns: Sequence[str] | None = None,
     filter: Any = None,
+    since: int | str | None = None,
 ) -> DeltaSnapshot:
     """Pin a Delta table at ``version`` (or the last commit at or before ``timestamp``).
+
+    ``since=M``: only the rows live at that version that were not live at version ``M``
+    (see :mod:`.delta_since`), an ordinary snapshot whose lineage names ``since``.
 
     ``None`` for both pins the latest version *now*: the returned snapshot keeps reading
     that version after new commits land. Raises :class:`DeltaSnapshotError` naming the table,
@@ -576,6 +582,10 @@ def open_delta(
         _sizes=sizes,
     )
     snap.output_schema  # noqa: B018 - validate columns now, not at first read
+    if since is not None:
+        from .delta_since import new_since
+
+        snap = new_since(snap, since, deltalake)
     _check_files_exist(snap, asked)
     return snap
 

@@ -105,6 +105,8 @@ class DeltaDataset(Dataset):
         self.snapshot = snapshot
         self.user_spec = spec if isinstance(spec, DatasetSpec) else DatasetSpec(**(spec or {}))
         self.path = f"{snapshot.table_uri}@v{snapshot.version}"
+        if snapshot.since is not None:  # the rows new since a version (sources/delta_since)
+            self.path = f"{snapshot.table_uri}@v{snapshot.since}..v{snapshot.version}"
         self.shown = self.path
         self.cache_dir = None
         self.allow_unsafe = allow_unsafe
@@ -241,6 +243,8 @@ class DeltaDataset(Dataset):
             "columns": self._columns_identity,
             "spec": self.user_spec.canonical(),
         }
+        if self.snapshot.since is not None:  # new rows since a version: another dataset
+            content["since"] = self.snapshot.since
         return _digest(content)
 
     @cached_property
