@@ -7,8 +7,9 @@ and only uses public DataFrame API, so it behaves the same on both. It sits on t
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from spark_dl_core import DatasetSpec
 from spark_dl_core.meta import column_names
@@ -17,6 +18,7 @@ from .converter import Converter, as_spec, fixed_shapes, make_converter, resolve
 from .datasource import FORMAT, register_source
 
 SpecLike: TypeAlias = DatasetSpec | dict[str, Any] | None
+InPlace: TypeAlias = bool | Literal["auto"]
 
 __all__ = ["DLAccessor", "fixed_shapes", "install_accessor"]
 
@@ -60,6 +62,20 @@ class DLAccessor:
         """The DataFrame materialized once (cached by plan and spec) as an MDS dataset."""
         return make_converter(self._df, as_spec(spec), cache_dir)
 
+    def _loader_source(self, spec: SpecLike, cache_dir: str | None, in_place: InPlace) -> Any:
+        """What the loader reads: the pinned Delta version itself (``in_place``, see
+        :mod:`spark_dl.delta_inplace`), else the converter's cached MDS copy."""
+        if in_place:
+            from .delta_inplace import NotInPlaceError, in_place_snapshot
+
+            try:
+                return in_place_snapshot(self._df).dataset(as_spec(spec))
+            except NotInPlaceError as exc:
+                if in_place is True:
+                    raise
+                warnings.warn(f"{exc} (in_place='auto': copying)", stacklevel=3)
+        return self.converter(spec, cache_dir=cache_dir)
+
     def to_torch(
         self,
         batch_size: int = 256,
@@ -87,6 +103,7 @@ class DLAccessor:
         pin_memory: bool | None = None,
         multiprocessing_context: Any = None,
         progress: bool | None = None,
+        in_place: InPlace = False,
     ) -> Any:
         """A PyTorch loader (``IterableDataset``-style, with ``state_dict``) over the
         DataFrame's cached MDS copy; the parameters are the core ``Dataset.to_torch``'s.
@@ -114,6 +131,11 @@ class DLAccessor:
             verify_hashes: check shard hashes as they are read.
             prefetch_bytes, prefetch_factor, pin_memory, multiprocessing_context,
             progress: loader tuning, as in the core.
+            in_place: read a ``spark_dl.read_delta`` DataFrame (alone, or a select of its
+                columns) from the table's files with no Spark job and no copy, as
+                ``open_delta(uri, version).dataset(spec).to_torch`` does; anything else
+                raises ``NotInPlaceError`` saying why (``"auto"``: warns and copies).
+                ``cache_dir`` is the copy's: unused in place.
         """
         settings = _given(
             rank=rank,
@@ -134,7 +156,7 @@ class DLAccessor:
             multiprocessing_context=multiprocessing_context,
             progress=progress,
         )
-        return self.converter(spec, cache_dir=cache_dir).to_torch(
+        return self._loader_source(spec, cache_dir, in_place).to_torch(
             batch_size=batch_size,
             shuffle=shuffle,
             seed=seed,
@@ -166,11 +188,12 @@ class DLAccessor:
         verify_hashes: bool | None = None,
         prefetch_bytes: int | None = None,
         as_tuple: tuple[list[str], list[str]] | tuple[str, str] | None = None,
+        in_place: InPlace = False,
     ) -> Any:
         """A ``tf.data.Dataset`` of batches over the DataFrame's cached MDS copy; the
         parameters are the core ``Dataset.to_tf``'s (see :meth:`to_torch` for the shared
         ones). ``as_tuple=("x", "y")`` yields ``(features, labels)`` pairs for
-        ``model.fit``."""
+        ``model.fit``; ``in_place`` as in :meth:`to_torch`."""
         settings = _given(
             rank=rank,
             world_size=world_size,
@@ -187,7 +210,7 @@ class DLAccessor:
             prefetch_bytes=prefetch_bytes,
             as_tuple=as_tuple,
         )
-        return self.converter(spec, cache_dir=cache_dir).to_tf(
+        return self._loader_source(spec, cache_dir, in_place).to_tf(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, **settings
         )
 

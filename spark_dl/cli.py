@@ -156,13 +156,17 @@ def _check_delta_log(table: str) -> None:
 # --------------------------------------------------------------------------- inspect
 
 
-def _delta_table(path: str) -> tuple[str, int | None] | None:
-    """``(table, version)`` when ``path`` names a Delta table, ``TABLE@VERSION`` pinning one
-    (``version`` None: the latest); None for anything else."""
+def _delta_table(path: str) -> tuple[str, int | None, int | None] | None:
+    """``(table, version, since)`` when ``path`` names a Delta table, ``TABLE@VERSION``
+    pinning one (``version`` None: the latest), ``TABLE@M..N`` the rows new at ``N`` since
+    ``M``; None for anything else."""
     table, at, version = path.rpartition("@")
+    since, dots, last = version.partition("..")
+    if at and dots and since.isdigit() and last.isdigit() and _is_delta(table):
+        return table, int(last), int(since)
     if at and version.isdigit() and _is_delta(table):
-        return table, int(version)
-    return (path, None) if _is_delta(path) else None
+        return table, int(version), None
+    return (path, None, None) if _is_delta(path) else None
 
 
 def _is_delta(path: str) -> bool:
@@ -177,7 +181,7 @@ def open_any(path: str) -> Any:
 
     delta = _delta_table(path)
     if delta is not None:
-        return open_delta(delta[0], version=delta[1]).dataset()
+        return open_delta(delta[0], version=delta[1], since=delta[2]).dataset()
     return open_mixture(path) if _is_mixture_spec(path) else open_dataset(path)
 
 
@@ -608,7 +612,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "path",
         help="dataset directory or URL, a saved mixture spec (.json), or a Delta table "
-        "(TABLE@VERSION pins a version; read in place, nothing exported)",
+        "(TABLE@VERSION pins a version, TABLE@M..N the rows new since M; read in place, "
+        "nothing exported)",
     )
     p.add_argument("--samples", type=_count(0), default=3, help="sample rows to show (default 3)")
     p.add_argument("--epoch", type=_count(0), default=0, help="mixture specs: the epoch to show")
@@ -619,7 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "path",
         help="dataset directory or URL, a saved mixture spec (.json), or a Delta table "
-        "(TABLE@VERSION pins a version; read in place, nothing exported)",
+        "(TABLE@VERSION pins a version, TABLE@M..N the rows new since M; read in place, "
+        "nothing exported)",
     )
     p.add_argument("--html", metavar="OUT", help="write one self-contained HTML page to OUT")
     p.add_argument(

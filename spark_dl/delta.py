@@ -74,6 +74,8 @@ class PinnedRead:
     schema: pa.Schema | None = None
     # every DataFrame returned for this snapshot (each read has its own column ids)
     frames: tuple[Any, ...] = ()
+    # how the table was opened (a read in place opens it again: delta_inplace)
+    storage_options: dict[str, str] | None = None
 
 
 # Plan nodes (classic analysed plan, Spark Connect client plan) that pass a column through
@@ -153,7 +155,7 @@ def read_delta(
         semantic = int(df.semanticHash())
     earlier = _registry.get(token)
     frames = (*earlier.frames, df) if earlier is not None else (df,)
-    _registry[token] = PinnedRead(lineage, files, semantic, schema, frames)
+    _registry[token] = PinnedRead(lineage, files, semantic, schema, frames, storage_options)
     return df
 
 

@@ -330,3 +330,15 @@ def test_inspect_and_show_read_a_delta_table_in_place(tmp_path: Path) -> None:
     assert sorted(p.name for p in Path(table).rglob("*")) == before  # nothing written there
     err = run("inspect", f"{table}@7", check=1).stderr
     assert "at version 7: no such version (versions available: 0..1)" in err
+
+
+def test_inspect_rows_new_since_a_version(tmp_path: Path) -> None:
+    """``TABLE@M..N``: the rows new at N since M, read in place; a bad range names both."""
+    table = str(tmp_path / "events")
+    write_deltalake(table, pa.table({"id": list(range(10))}))
+    write_deltalake(table, pa.table({"id": [10, 11, 12]}), mode="append")
+    new = json.loads(run("inspect", f"{table}@0..1", "--json").stdout)
+    assert new["samples"] == 3 and new["path"].endswith("@v0..v1")
+    assert new["lineage"]["since"] == 0 and new["lineage"]["version"] == 1
+    err = run("inspect", f"{table}@1..0", check=1).stderr
+    assert "since=1 is after version=0" in err and table in err
