@@ -93,6 +93,7 @@ def test_mixture_upweights_new_rows(growing: str) -> None:
     again = [int(i) for b in mixed.iter_batches(50, shuffle=True, seed=1) for i in b["id"]]
     assert ids == again and len(ids) == 100
     assert sum(i >= 30 for i in ids) >= 20  # the new rows' share, plus their share of all
+    assert Source(new).label(1).endswith("@v3..v5") and Source(everything).label(0)[-3:] == "@v5"
 
 
 def test_overwrite_and_update(tmp_path: Path) -> None:

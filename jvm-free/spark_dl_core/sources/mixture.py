@@ -95,7 +95,9 @@ class Source:
         if isinstance(self.dataset, (str, os.PathLike)):
             return str(self.dataset)
         if isinstance(self.dataset, DeltaSnapshot):
-            return f"{self.dataset.table_uri}@v{self.dataset.version}"
+            since = self.dataset.since
+            at = f"v{since}..v" if since is not None else "v"  # rows new since a version
+            return f"{self.dataset.table_uri}@{at}{self.dataset.version}"
         return f"source {index}"
 
 
