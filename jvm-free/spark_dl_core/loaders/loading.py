@@ -47,6 +47,7 @@ def iter_batches(
     state: dict[str, Any] | None = None,
     start_batch: int = 0,
     consumed: int = 0,
+    strict: bool = True,
     **kwargs: Any,
 ) -> Iterator[Batch]:
     """Batches (dicts of numpy arrays) of this rank's share of one epoch.
@@ -56,7 +57,8 @@ def iter_batches(
     ``verify_hashes``, ``shuffle_window``, ``prefetch_bytes``...) are those of
     :class:`~spark_dl_core.loaders.settings.LoaderSettings`. ``state`` (a loader's
     ``state_dict()``) continues after the samples it records as consumed (elastic
-    resume); ``consumed=`` / ``start_batch=`` are deprecated spellings of it.
+    resume); ``consumed=`` / ``start_batch=`` are deprecated spellings of it. ``strict=False``
+    lets a changed mixture carry on from another one's state (docs/mixtures.md).
     Shards are loaded ahead by a thread within ``prefetch_bytes`` of decompressed data.
     ``transforms`` are read-time ops (image pipeline, normalize…), after the spec's own.
     """
@@ -73,19 +75,20 @@ def iter_batches(
     chosen = settings_from(settings, kwargs)
     chosen.only("numpy iteration", frozenset())
     if chosen.pack is not None:  # packed token rows (spark_dl_core.loaders.packing)
-        return iter_packed(ds, chosen, state)
+        return iter_packed(ds, chosen, state, strict)
     check_pad_mask(chosen, ds.layout.names)
     epoch = chosen.epoch
     if state is not None:
         loaded = LoaderState.from_dict(state)
-        loaded.check(
+        resumed, epoch, consumed = loaded.resume(
             ds,
+            strict,
             seed=chosen.seed,
             shuffle=chosen.shuffle,
             shuffle_window=chosen.shuffle_window,
             batch_size=chosen.batch_size,
         )
-        epoch, consumed = loaded.epoch, loaded.consumed
+        ds = resumed  # type: ignore[assignment]  # a dataset's carried-on variant is one
     elif consumed or start_batch:
         warnings.warn(
             "iter_batches(consumed=, start_batch=) is deprecated: pass state= "
@@ -205,7 +208,9 @@ def to_framework(
     extra: dict[str, Any] = {}
     if framework == "tf":
         extra = {
-            k: kwargs.pop(k) for k in ("resume", "start_batch", "input_context") if k in kwargs
+            k: kwargs.pop(k)
+            for k in ("resume", "start_batch", "input_context", "strict")
+            if k in kwargs
         }
         extra["state"] = state
     elif state is not None:

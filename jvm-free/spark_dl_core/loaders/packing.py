@@ -47,7 +47,7 @@ import numpy as np
 
 from ..errors import PackError
 from ..format.buffers import copy_pieces
-from ..order import GlobalOrder, LoaderState
+from ..order import GlobalOrder, LoaderState, position_record
 from ..order.dataset_order import _order_of
 from .settings import LoaderSettings, PackSpec
 
@@ -723,30 +723,39 @@ def packed_plan(
 
 
 def resume_position(
-    dataset: ShardSource, settings: LoaderSettings, state: dict[str, Any] | None
-) -> tuple[int, int]:
-    """(epoch, rows consumed) of a packed loader: from ``state`` (checked against dataset,
-    order and pack settings), else the settings' epoch from its start."""
+    dataset: ShardSource,
+    settings: LoaderSettings,
+    state: dict[str, Any] | None,
+    strict: bool = True,
+) -> tuple[ShardSource, int, int]:
+    """(the dataset to read, epoch, rows consumed) of a packed loader: from ``state``
+    (checked against dataset, order and pack settings; ``strict=False`` lets the dataset
+    take a state of another version of it, if it can), else the settings' epoch from its
+    start."""
     if state is None:
-        return settings.epoch, 0
+        return dataset, settings.epoch, 0
     loaded = LoaderState.from_dict(state)
     pack = check_pack(dataset, settings.pack)
-    loaded.check(
+    dataset, _, _ = loaded.resume(
         dataset,
+        strict,
         seed=settings.seed,
         shuffle=settings.shuffle,
         shuffle_window=settings.shuffle_window,
         pack=pack_key(pack),
     )
-    return loaded.epoch, state_rows(state, pack)
+    return dataset, loaded.epoch, state_rows(state, pack)
 
 
 def iter_packed(
-    dataset: ShardSource, settings: LoaderSettings, state: dict[str, Any] | None = None
+    dataset: ShardSource,
+    settings: LoaderSettings,
+    state: dict[str, Any] | None = None,
+    strict: bool = True,
 ) -> Iterator[dict[str, Any]]:
     """numpy batches of packed rows for ``Dataset.iter_batches(pack=...)``; the settings
     and ``state`` are checked now, before the first batch."""
-    epoch, rows = resume_position(dataset, settings, state)
+    dataset, epoch, rows = resume_position(dataset, settings, state, strict)
     rank = 0 if settings.rank is None else settings.rank
     world = 1 if settings.world_size is None else settings.world_size
     plan = packed_plan(dataset, settings, epoch=epoch, rows=rows, rank=rank, world_size=world)
@@ -768,4 +777,5 @@ def packed_state(
         drop_last=settings.drop_last,
         consumed=0,
         pack=pack_state(pack, rows),
+        source=position_record(dataset, epoch, 0) if rows == 0 else None,
     ).to_dict()

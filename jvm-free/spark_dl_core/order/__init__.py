@@ -28,7 +28,13 @@ from .mixture_order import (
 )
 from .plans import EpochPlan
 from .quality import shuffle_quality
-from .state import LoaderState, epoch_position, plan_position, resolve_window
+from .state import (
+    LoaderState,
+    epoch_position,
+    plan_position,
+    position_record,
+    resolve_window,
+)
 
 __all__ = [
     "BATCHING",
@@ -47,6 +53,7 @@ __all__ = [
     "merged_counts",
     "merged_counts_at",
     "plan_position",
+    "position_record",
     "proportional_counts",
     "resolve_window",
     "schedule_parts",

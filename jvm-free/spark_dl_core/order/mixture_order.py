@@ -487,10 +487,15 @@ class ScheduledOrder:
         epoch: int,
         shuffle: bool,
         window: int = DEFAULT_WINDOW,
+        *,
+        parts: Sequence[SchedulePart] | None = None,
+        batch_size: int = 0,
     ) -> None:
-        if plan.batching != "random":
+        """``parts``: the epoch's parts when given (a mixture carried on from another one's
+        position, :meth:`~spark_dl_core.Mixture.carry_on`), else the schedule's."""
+        if parts is None and plan.batching != "random":
             raise SpecError(f"a schedule takes batching='random', not {plan.batching!r}")
-        self.parts = schedule_parts(stages, epoch_size, epoch)
+        self.parts = list(parts) if parts is not None else schedule_parts(stages, epoch_size, epoch)
         self.total = int(epoch_size)
         self.offsets = np.array([p.offset for p in self.parts] + [self.total], dtype=np.int64)
         self.orders = [
@@ -505,6 +510,7 @@ class ScheduledOrder:
                 epoch,
                 shuffle,
                 window,
+                batch_size,
             )
             for p in self.parts
         ]

@@ -37,18 +37,23 @@ class LoaderState:
     # Packed loaders: {"settings": pack settings, "rows": global rows consumed, "version"}
     # (see spark_dl_core.loaders.packing); ``consumed`` is then 0.
     pack: dict[str, Any] | None = None
+    # What the source records about the position (``ShardSource.position_record``): a
+    # mixture, each source's stream position, so a changed mixture can carry on.
+    source: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        if self.pack is None:
-            del out["pack"]
+        for optional in ("pack", "source"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> LoaderState:
         if not isinstance(state, dict):
             raise SpecError(f"loader state must be a dict, got {type(state).__name__}")
-        missing = {f for f in cls.__dataclass_fields__ if f not in ("version", "pack")} - set(state)
+        optional = ("version", "pack", "source")
+        missing = {f for f in cls.__dataclass_fields__ if f not in optional} - set(state)
         if missing:
             raise SpecError(f"loader state lacks {sorted(missing)}; was it made by spark-dl?")
         version = state.get("version", 1)
@@ -73,9 +78,29 @@ class LoaderState:
             consumed = total
         return epoch_position(self.epoch, consumed, total)
 
-    def check(self, dataset: ShardSource, **settings: Any) -> None:
+    def resume(
+        self, dataset: ShardSource, strict: bool = True, **settings: Any
+    ) -> tuple[ShardSource, int, int]:
+        """(the dataset to read, epoch, consumed) to resume this state in a loader over
+        ``dataset`` with ``settings`` (those :meth:`check` compares).
+
+        The dataset decides what a state saved for another version of it means
+        (``carry_on(state, strict)``, e.g. a mixture whose weights changed): it returns
+        itself, or the variant of itself that continues the run (then the fingerprint is
+        not compared), or raises. ``strict`` (the default) refuses any other fingerprint.
+        """
+        carry_on = getattr(dataset, "carry_on", None)
+        if carry_on is None or self.fingerprint == dataset.fingerprint:
+            self.check(dataset, **settings)
+            return (dataset, *self.position(len(dataset)))
+        carried, epoch, consumed = carry_on(self, strict)
+        self.check(carried, fingerprint=False, **settings)
+        return carried, epoch, consumed
+
+    def check(self, dataset: ShardSource, fingerprint: bool = True, **settings: Any) -> None:
         """Raise if this state belongs to another dataset or other order settings. A packed
-        position is refused unless ``pack`` (the loader's pack settings) is given."""
+        position is refused unless ``pack`` (the loader's pack settings) is given.
+        ``fingerprint=False``: the dataset already took the state as its own (carried on)."""
         if self.pack is not None and settings.pop("pack", None) is None:
             raise PackError(
                 "loader state is a position in packed rows (saved with pack=); pass the same "
@@ -83,7 +108,7 @@ class LoaderState:
                 field="pack",
             )
         settings.pop("pack", None)
-        if self.fingerprint != dataset.fingerprint:
+        if fingerprint and self.fingerprint != dataset.fingerprint:
             raise SpecError(
                 f"loader state is for dataset {self.fingerprint[:16]}…, but {dataset.path} has "
                 f"fingerprint {dataset.fingerprint[:16]}…: resuming would mix up samples"
@@ -96,8 +121,15 @@ class LoaderState:
                     f"loader state was saved with {name}={getattr(self, name)!r}, the loader "
                     f"has {name}={value!r}; pass the same value to resume exactly"
                 )
-        if not 0 <= self.consumed <= len(dataset):
+        if fingerprint and not 0 <= self.consumed <= len(dataset):
             raise SpecError(f"loader state consumed={self.consumed} is outside 0..{len(dataset)}")
+
+
+def position_record(dataset: ShardSource, epoch: int, consumed: int) -> dict[str, Any] | None:
+    """What ``dataset`` records about a position in the states loaders save (None for a
+    plain dataset; a mixture, each source's stream position)."""
+    record = getattr(dataset, "position_record", None)
+    return None if record is None else record(epoch, consumed)
 
 
 def resolve_window(window: int | None) -> int:

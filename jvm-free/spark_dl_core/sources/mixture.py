@@ -14,6 +14,7 @@ rule): per source at most one of ``proportion`` (relative, normalized over the s
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -39,9 +40,12 @@ from ..order import (
     MixtureOrder,
     MixturePlan,
     ScheduledOrder,
+    SchedulePart,
     proportional_counts,
     schedule_parts,
 )
+from ..order.state import LoaderState
+from .carry import Carry, carried_parts, carry_from, differences, served_at
 from .dataset import Dataset, open_dataset
 from .delta import DeltaSnapshot
 
@@ -325,6 +329,7 @@ class Mixture(Dataset):
         self.sources = datasets
         self.converters: list[Any] = []  # Spark side: cached copies of DataFrame sources
         self.stages = schedule_stages(spec)
+        self.carry: Carry | None = None  # set on a copy by carry_on (a changed mixture)
         if self.stages is None:
             self.counts = epoch_counts(spec.sources, spec.epoch_size)
         else:
@@ -461,6 +466,8 @@ class Mixture(Dataset):
         }
         if self.stages is not None:  # absent without one: unscheduled fingerprints hold
             content["schedule"] = [[start, list(w)] for start, w in self.stages]
+        if self.carry is not None:
+            content["carry"] = self.carry.to_dict()
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
     @property
@@ -478,26 +485,131 @@ class Mixture(Dataset):
             source_fingerprints=tuple(str(s.fingerprint) for s in self.mixture.sources),
             batching=self.mixture.batching,
         )
+        if self.carry is not None:
+            parts = self.epoch_parts(epoch)
+            return ScheduledOrder(
+                plan,
+                [],
+                len(self),
+                seed,
+                epoch,
+                shuffle,
+                window,
+                parts=parts,
+                batch_size=batch_size,
+            )
         if self.stages is not None:
             size = int(self.mixture.epoch_size or 0)
             return ScheduledOrder(plan, self.stages, size, seed, epoch, shuffle, window)
         return MixtureOrder(plan, seed, epoch, shuffle, window, batch_size)
 
+    def _natural_parts(self, epoch: int) -> list[SchedulePart]:
+        """The epoch's parts of this mixture's own order (one part without a schedule)."""
+        if self.stages is not None:
+            return schedule_parts(self.stages, int(self.mixture.epoch_size or 0), epoch)
+        starts = tuple(epoch * c for c in self.counts)
+        return [SchedulePart(0, len(self), 0, tuple(self.counts), starts)]
+
+    def epoch_parts(self, epoch: int) -> list[SchedulePart]:
+        """The epoch's parts (where each starts, its stage, per-source counts and stream
+        starts), after the carry point too when this mixture carries a run on."""
+        if self.carry is None:
+            return self._natural_parts(epoch)
+        return carried_parts(self._natural_parts, len(self), self.carry, epoch)
+
+    # -- resume: the state a loader saves, and carrying on from another mixture's
+
+    def position_record(self, epoch: int, consumed: int) -> dict[str, Any]:
+        """What a loader state records of a position (``LoaderState.source``): the epoch
+        size, the stage, each source's served stream position (docs/mixtures.md), and the
+        carry this order continues, if any."""
+        served, stage = served_at(self.epoch_parts(epoch), consumed)
+        record: dict[str, Any] = {
+            "total": len(self),
+            "stage": stage,
+            "sources": [
+                {"name": self._label(i), "fingerprint": s.fingerprint, "served": int(q)}
+                for i, (s, q) in enumerate(zip(self.mixture.sources, served))
+            ],
+        }
+        if self.carry is not None:
+            record["carry"] = self.carry.to_dict()
+        return record
+
+    def carried(self, carry: Carry) -> Mixture:
+        """This mixture continuing a run from ``carry`` (a copy: its own fingerprint)."""
+        out = copy.copy(self)
+        out.carry = carry
+        out.__dict__.pop("fingerprint", None)
+        return out
+
+    def carry_on(self, state: LoaderState, strict: bool) -> tuple[Mixture, int, int]:
+        """(the mixture to read, epoch, consumed) for a state saved under another mixture's
+        fingerprint: this mixture's own carried-on run resumes as it is; with ``strict``
+        anything else is refused naming what differs; else the run carries on by the rule
+        of docs/mixtures.md, or a :class:`MixtureError` names why it cannot."""
+        record = state.source or {}
+        if record.get("carry") is not None:
+            same = self.carried(Carry.from_dict(record["carry"]))
+            if same.fingerprint == state.fingerprint:
+                return (same, *state.position(len(same)))
+        names = [self._label(i) for i in range(len(self.sources))]
+        fingerprints = [s.fingerprint for s in self.mixture.sources]
+        if strict:
+            raise MixtureError(
+                f"loader state is for dataset {state.fingerprint[:16]}…, but {self.path} has "
+                f"fingerprint {self.fingerprint[:16]}…: resuming would mix up samples "
+                f"({differences(record, names, fingerprints)}); a changed mixture carries "
+                "the run on with load_state_dict(state, strict=False)"
+            )
+        return self._carry_from(state, record, names, fingerprints)
+
+    def _carry_from(
+        self,
+        state: LoaderState,
+        record: dict[str, Any],
+        names: list[str],
+        fingerprints: list[str | None],
+    ) -> tuple[Mixture, int, int]:
+        if not record.get("sources"):
+            raise MixtureError(
+                "loader state records no per-source positions (field source): it was saved "
+                "over a plain dataset or by an older spark-dl, so a mixture cannot tell which "
+                "samples it served"
+            )
+        if state.pack is not None and int(state.pack.get("rows", 0)):
+            raise MixtureError(
+                "loader state is a packed position inside an epoch (field pack): a changed "
+                "mixture packs other documents, so a packed run carries on only from an "
+                "epoch's start (not supported yet inside one)"
+            )
+        total = int(record.get("total", 0))
+        epoch, consumed = state.position(total)
+        if total != len(self) and (self.stages is not None or consumed > len(self)):
+            stage = f"stage {record.get('stage', 0)}: " if self.stages is not None else ""
+            where = "lies past this epoch" if consumed > len(self) else "means another run position"
+            raise MixtureError(
+                f"{stage}the state's epoch has {total} samples and this mixture's "
+                f"{len(self)} (field epoch_size): its position (epoch {epoch}, consumed "
+                f"{consumed}) {where}; keep epoch_size to carry the run on"
+            )
+        carry = carry_from(record, names, fingerprints, epoch, consumed)
+        return self.carried(carry), epoch, consumed
+
     def epoch_source_counts(self, epoch: int) -> list[int]:
         """Samples each source gives in ``epoch`` (with a schedule, the sum over the
         epoch's parts; without one, ``counts``, the same every epoch)."""
-        if self.stages is None:
+        if self.stages is None and self.carry is None:
             return list(self.counts)
-        parts = schedule_parts(self.stages, int(self.mixture.epoch_size or 0), epoch)
+        parts = self.epoch_parts(epoch)
         return [int(sum(p.counts[s] for p in parts)) for s in range(len(self.sources))]
 
     def epoch_stream_starts(self, epoch: int) -> list[int]:
         """Where each source's stream (its passes back to back) stands at ``epoch``'s start:
         how many of its samples the run delivered before it."""
-        if self.stages is None:
+        if self.stages is None and self.carry is None:
             return [epoch * c for c in self.counts]
-        size = int(self.mixture.epoch_size or 0)
-        return list(schedule_parts(self.stages, size, epoch)[0].stream_starts)
+        return list(self.epoch_parts(epoch)[0].stream_starts)
 
     @property
     def plans(self) -> list[ColumnPlan] | None:

@@ -30,7 +30,14 @@ import numpy as np
 
 from ...errors import SpecError
 from ...format.buffers import Jagged
-from ...order import EpochPlan, LoaderState, epoch_position, plan_position, resolve_window
+from ...order import (
+    EpochPlan,
+    LoaderState,
+    epoch_position,
+    plan_position,
+    position_record,
+    resolve_window,
+)
 from ..frameworks import register_framework
 from ..reader import BatchReader
 from ..settings import (
@@ -162,6 +169,7 @@ def tf_state(
         batch_size=batch_size,
         drop_last=drop_last,
         consumed=int(min(consumed, len(dataset))),
+        source=position_record(dataset, epoch, int(min(consumed, len(dataset)))),
     ).to_dict()
 
 
@@ -173,6 +181,7 @@ def make_tf_dataset(
     resume: dict[str, Any] | None = None,
     start_batch: int = 0,
     input_context: Any = None,
+    strict: bool = True,
     **kwargs: Any,
 ) -> Any:
     """A ``tf.data.Dataset`` of this rank's batches (dicts of tensors), prefetched.
@@ -213,14 +222,14 @@ def make_tf_dataset(
     epoch, consumed = settings.epoch, 0
     if state is not None:
         loaded = LoaderState.from_dict(state)
-        loaded.check(
+        dataset, epoch, consumed = loaded.resume(
             dataset,
+            strict,
             seed=settings.seed,
             shuffle=settings.shuffle,
             shuffle_window=window,
             batch_size=settings.batch_size,
         )
-        epoch, consumed = loaded.position(len(dataset))
 
     def plan_for(epoch: int, consumed: int) -> EpochPlan:
         return settings.epoch_plan(dataset, epoch, consumed, rank, world_size)
@@ -333,6 +342,7 @@ def make_tf_dataset(
             batch_size=settings.batch_size,
             drop_last=settings.drop_last,
             consumed=consumed,
+            source=position_record(dataset, at_epoch, consumed),
         ).to_dict()
 
     def stats() -> dict[str, Any]:

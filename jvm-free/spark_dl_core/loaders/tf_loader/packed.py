@@ -30,16 +30,18 @@ def make_packed_tf_dataset(
     settings: LoaderSettings | None = None,
     *,
     state: dict[str, Any] | None = None,
+    strict: bool = True,
     **kwargs: Any,
 ) -> Any:
-    """A ``tf.data.Dataset`` of this rank's packed batches, prefetched."""
+    """A ``tf.data.Dataset`` of this rank's packed batches, prefetched (``strict``: as
+    :func:`~spark_dl_core.loaders.packing.resume_position`)."""
     import tensorflow as tf
 
     settings = settings_from(settings, kwargs)
     settings.only("TensorFlow", TF_ONLY - {"as_tuple"})
     rank = 0 if settings.rank is None else settings.rank
     world = 1 if settings.world_size is None else settings.world_size
-    epoch, rows = resume_position(dataset, settings, state)
+    dataset, epoch, rows = resume_position(dataset, settings, state, strict)
 
     def plan_for(epoch: int, rows: int) -> PackedPlan:
         return packed_plan(dataset, settings, epoch=epoch, rows=rows, rank=rank, world_size=world)

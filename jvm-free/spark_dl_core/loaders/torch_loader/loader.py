@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ...errors import SpecError, optional_import
 from ...ops.read import ReadOps
-from ...order import EpochPlan, LoaderState, epoch_position, plan_position
+from ...order import EpochPlan, LoaderState, epoch_position, plan_position, position_record
 from ..reader import BatchReader
 from ..settings import (
     PAD_MASK,
@@ -561,22 +561,29 @@ class TorchLoader:
             batch_size=self.batch_size,
             drop_last=self.drop_last,
             consumed=consumed,
+            source=position_record(self.dataset, epoch, consumed),
         ).to_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
         """Make ``state`` the saved position; raises if it is for another dataset or order.
 
         The batch size and ``drop_last`` may change: the position is counted in samples.
+        ``strict=False``: a state of another version of the dataset (a mixture whose weights,
+        sources or schedule changed) carries the run on if the dataset can honour it
+        (docs/mixtures.md), else it raises naming why.
         """
         loaded = LoaderState.from_dict(state)
-        loaded.check(
+        dataset, epoch, consumed = loaded.resume(
             self.dataset,
+            strict,
             seed=self.seed,
             shuffle=self.shuffle,
             shuffle_window=self.shuffle_window,
             batch_size=self.batch_size,
         )
-        self._set_position(*loaded.position(len(self.dataset)))
+        if dataset is not self.dataset:  # carried on: workers must read the new order
+            self.dataset, self._pool = dataset, None
+        self._set_position(epoch, consumed)
 
     def __repr__(self) -> str:
         return (

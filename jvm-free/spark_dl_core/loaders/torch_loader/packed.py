@@ -222,10 +222,13 @@ class PackedTorchLoader:
             epoch, rows = self.epoch, self._rows
         return packed_state(self.dataset, self.settings, epoch, rows)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
         """Make ``state`` the saved position; raises if it is for another dataset, order
-        or pack settings (the batch size and ``drop_last`` may change)."""
-        epoch, rows = resume_position(self.dataset, self.settings, state)
+        or pack settings (the batch size and ``drop_last`` may change). ``strict=False``:
+        as :meth:`TorchLoader.load_state_dict`."""
+        dataset, epoch, rows = resume_position(self.dataset, self.settings, state, strict)
+        if dataset is not self.dataset:  # carried on: workers must read the new order
+            self.dataset, self._pool = dataset, None
         self._set_position(epoch, rows)
 
     def __repr__(self) -> str:
