@@ -35,6 +35,7 @@ import json
 import os
 import re
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -47,6 +48,7 @@ from spark_dl_core.sources.delta import (
     UnsupportedDeltaFeatureError,
     open_delta,
 )
+from spark_dl_core.sources.delta_columns import names_agree
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -362,20 +364,21 @@ def _read_with_deltalake(spark: SparkSession, snapshot: DeltaSnapshot) -> tuple[
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    names = snapshot.schema.names
     deleted = snapshot.deleted_rows()
     unique = len(set(snapshot.file_names)) == len(snapshot.files)
     too_many = sum(len(rows) for rows in deleted.values()) > DV_FILTER_MAX_ROWS
     keys = _relative_paths(snapshot) if snapshot.partition_columns else None
     unkeyed = bool(snapshot.partition_columns) and keys is None
-    if not snapshot.files or (deleted and (too_many or not unique)) or unkeyed:
+    by_name = _readable_by_name(snapshot)
+    if not snapshot.files or (deleted and (too_many or not unique)) or unkeyed or not by_name:
         table = snapshot.to_arrow()
         if table.num_rows > ARROW_FALLBACK_WARN_ROWS:
             warnings.warn(
                 f"{snapshot.table_uri}@{snapshot.version}: its {table.num_rows} rows go "
-                "through driver memory (many deleted rows, repeated data file names, or "
-                "data files outside the table's directory). Configure delta-spark or purge "
-                "the deletion vectors for large tables.",
+                "through driver memory (many deleted rows, repeated data file names, data "
+                "files outside the table's directory, or column ids that name other columns "
+                "than their physical names). Configure delta-spark or purge the deletion "
+                "vectors for large tables.",
                 stacklevel=3,
             )
         if table.num_rows == 0:
@@ -383,9 +386,12 @@ def _read_with_deltalake(spark: SparkSession, snapshot: DeltaSnapshot) -> tuple[
             return empty, "spark-arrow"
         return spark.createDataFrame(table), "spark-arrow"
     data_fields = [f for f in snapshot.schema if f.name not in snapshot.partition_columns]
+    read_schema = pa.schema(data_fields)
+    if snapshot.column_mapping is not None:  # the files' physical names, renamed at the end
+        read_schema = snapshot.column_mapping.physical_schema(read_schema.names)
     # Leaf files, no basePath: Spark infers no partition columns from directory names
     # (which it would unescape its own way and parse in the session time zone).
-    df = spark.read.schema(from_arrow_schema(pa.schema(data_fields))).parquet(*snapshot.files)
+    df = spark.read.schema(from_arrow_schema(read_schema)).parquet(*snapshot.files)
     if deleted:  # deletion vectors as a filter on each row's (file, row index)
         gone = None
         for name, rows in deleted.items():
@@ -395,7 +401,50 @@ def _read_with_deltalake(spark: SparkSession, snapshot: DeltaSnapshot) -> tuple[
         df = df.filter(~gone)
     if keys is not None:
         df = _with_partition_values(df, snapshot, keys)
-    return df.select(*names), "spark-parquet"
+    return df.select(*_logical_columns(snapshot)), "spark-parquet"
+
+
+def _readable_by_name(snapshot: DeltaSnapshot) -> bool:
+    """Whether Spark, which resolves Parquet columns by name, reads the snapshot's files
+    right: always without column mapping; under it, each file's footer is checked (a file
+    lacking a column it should hold raises the core's error naming it)."""
+    mapping = snapshot.column_mapping
+    if mapping is None or not snapshot.files:
+        return True
+    import pyarrow.parquet as pq
+
+    filesystem, prefix = snapshot._filesystem()
+    names = [n for n in snapshot.schema.names if n not in snapshot.partition_columns]
+
+    def agrees(uri: str) -> bool:
+        try:
+            schema = pq.read_schema(snapshot._fs_path(uri, prefix), filesystem=filesystem)
+        except (OSError, pa.ArrowException):
+            return False  # the Arrow path reads it and names what is wrong
+        snapshot.file_columns(schema, names, uri)
+        return names_agree(mapping, schema)
+
+    with ThreadPoolExecutor(max_workers=min(16, len(snapshot.files))) as pool:
+        return all(pool.map(agrees, snapshot.files))
+
+
+def _logical_columns(snapshot: DeltaSnapshot) -> list[Any]:
+    """The snapshot's columns under their logical names: physical columns renamed (nested
+    structs cast, which Spark does field by field in order) under column mapping."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    mapping = snapshot.column_mapping
+    if mapping is None:
+        return list(snapshot.schema.names)
+    out = []
+    for f in snapshot.schema:
+        if f.name in snapshot.partition_columns:
+            out.append(F.col(f.name))
+        else:
+            physical = F.col(f"`{mapping.physical_name(f.name)}`")
+            out.append(physical.cast(from_arrow_type(f.type)).alias(f.name))
+    return out
 
 
 def _relative_paths(snapshot: DeltaSnapshot) -> list[str] | None:

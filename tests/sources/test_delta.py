@@ -330,13 +330,17 @@ def test_vacuumed_snapshot_and_missing_table(tables: dict[str, Any], tmp_path: P
         open_delta(str(tmp_path / "nope"))
 
 
-def test_column_mapping_refused_clearly(tmp_path: Path) -> None:
+def test_unknown_column_mapping_mode_refused_clearly(tmp_path: Path) -> None:
+    """Column mapping ``name``/``id`` is read (tests/sources/test_delta_column_mapping.py);
+    a mode the protocol does not define is refused, not guessed."""
     table = str(tmp_path / "cm")
     write_deltalake(table, _data(range(2)), configuration={"delta.columnMapping.mode": "name"})
+    log = Path(table, "_delta_log", f"{0:020}.json")
+    log.write_text(log.read_text().replace('Mapping.mode":"name"', 'Mapping.mode":"bogus"'))
     from spark_dl_core.sources.delta import UnsupportedDeltaFeatureError
 
     # a typed error (what read_delta's delta-spark path lets through), not a message match
-    with pytest.raises(UnsupportedDeltaFeatureError, match="column mapping"):
+    with pytest.raises(UnsupportedDeltaFeatureError, match="column mapping mode 'bogus'"):
         open_delta(table)
 
 

@@ -11,8 +11,8 @@ What the reader does per data file: reads the Parquet file with pyarrow, drops t
 deletion vector marks deleted (the keep-masks come from ``DeltaTable.deletion_vectors()``),
 adds the partition columns from the add action, and casts to the table schema (columns
 added later by schema evolution read as nulls). Tables with column mapping (``name``/``id``)
-are refused with a clear error: their Parquet column names are physical ids, and a reader
-that got them wrong would return wrong tensors silently.
+have their files' physical columns mapped back to the logical schema by
+:mod:`.delta_columns`.
 """
 
 from __future__ import annotations
@@ -30,16 +30,24 @@ import pyarrow.compute as pc
 
 from ..errors import DatasetError, SpecError, optional_import
 from ..meta import column_names
+from .delta_columns import ColumnMapping, FileColumns, file_columns, mapping_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..spec import DatasetSpec
     from ..writer import WriteResult
     from .dataset import Dataset
 
-# Reader features this module reads correctly. Others (e.g. columnMapping, v2Checkpoint
-# handled by deltalake itself is fine, but unknown row-level features are not) are refused.
+# Reader features this module reads correctly. Others (v2Checkpoint handled by deltalake
+# itself is fine, but unknown row-level features are not) are refused.
 SUPPORTED_READER_FEATURES = frozenset(
-    {"deletionVectors", "timestampNtz", "v2Checkpoint", "vacuumProtocolCheck", "variantType"}
+    {
+        "columnMapping",
+        "deletionVectors",
+        "timestampNtz",
+        "v2Checkpoint",
+        "vacuumProtocolCheck",
+        "variantType",
+    }
 )
 
 Timestamp = _dt.datetime | str | int | float
@@ -161,6 +169,7 @@ class DeltaSnapshot:
     storage_options: dict[str, str] | None = None
     available: tuple[int, int] | None = None
     since: int | None = None  # only the rows not live at this version (sources/delta_since)
+    column_mapping: ColumnMapping | None = None  # physical columns -> logical (name/id mode)
     _partition_values: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     _keep: dict[str, Any] = field(default_factory=dict, repr=False)
     _sizes: dict[str, int] = field(default_factory=dict, repr=False)
@@ -278,12 +287,12 @@ class DeltaSnapshot:
                     asked=f"version {self.version}",
                     available=self.available,
                 ) from None
-            present = [n for n in stored if n in pf.schema_arrow.names]
+            columns = self.file_columns(pf.schema_arrow, stored, uri)
             keep = self._keep.get(_file_key(uri))
             start = 0
-            for batch in self._read_batches(pf, present, uri):
+            for batch in self._read_batches(pf, columns.read, uri):
                 n = batch.num_rows
-                table = pa.Table.from_batches([batch])
+                table = columns.logical(pa.Table.from_batches([batch]))
                 if keep is not None:
                     mask = keep[start : start + n]
                     if len(mask) < n:  # rows past the vector's end are kept
@@ -293,6 +302,14 @@ class DeltaSnapshot:
                 yield from self._finish(table, uri, out_schema)
             if boundaries:
                 yield source_boundary(out_schema)
+
+    def file_columns(self, file_schema: pa.Schema, names: list[str], uri: str) -> FileColumns:
+        """Which columns of the data file ``uri`` hold the logical columns ``names`` and how
+        they read back under logical names (column mapping); a column the file should hold
+        but lacks is an error naming table, version, file and column."""
+        return file_columns(
+            self.column_mapping, file_schema, names, lambda why: self._file_error(uri, why)
+        )
 
     def _read_batches(self, pf: Any, columns: list[str], uri: str) -> Iterator[pa.RecordBatch]:
         """``pf``'s batches; a file pyarrow cannot decode is an error naming it."""
@@ -544,6 +561,8 @@ def open_delta(
     _check_features(table, uri, asked, available)
     when = dict(history).get(pinned)
     schema = pa.schema(table.schema().to_arrow())
+    mapping = _column_mapping(table, schema, uri, asked, available)
+    schema = mapping.logical if mapping is not None else schema
     actions = pa.table(table.get_add_actions(flatten=True))
     partition_columns = list(table.metadata().partition_columns)
     base = table.table_uri.rstrip("/")
@@ -577,6 +596,7 @@ def open_delta(
         filter=_as_expression(filter),
         storage_options=storage_options,
         available=available,
+        column_mapping=mapping,
         _partition_values=part_values,
         _keep=keep,
         _sizes=sizes,
@@ -625,18 +645,26 @@ def _joined(base: str, path: str) -> str:
     return f"{base}/{path}"
 
 
+def _column_mapping(
+    table: Any, schema: pa.Schema, uri: str, asked: str, available: tuple[int, int]
+) -> ColumnMapping | None:
+    """The table's column mapping, honoured where the protocol supports it (reader version
+    2, or 3 with the ``columnMapping`` feature), as PROTOCOL.md says."""
+    protocol = table.protocol()
+    version = protocol.min_reader_version
+    if version < 2 or (version >= 3 and "columnMapping" not in (protocol.reader_features or [])):
+        return None
+
+    def refuse(why: str) -> Exception:
+        return UnsupportedDeltaFeatureError(uri, why, asked=asked, available=available)
+
+    mode = table.metadata().configuration.get("delta.columnMapping.mode")
+    return mapping_of(mode, schema, refuse)
+
+
 def _check_features(table: Any, uri: str, asked: str, available: tuple[int, int]) -> None:
     protocol = table.protocol()
     features = set(protocol.reader_features or [])
-    mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
-    if mode != "none" or "columnMapping" in features:
-        raise UnsupportedDeltaFeatureError(
-            uri,
-            f"uses column mapping (mode {mode!r}), which the JVM-free reader refuses rather "
-            "than risk reading the wrong columns; read it with Spark (delta-spark) instead",
-            asked=asked,
-            available=available,
-        )
     unsupported = sorted(features - SUPPORTED_READER_FEATURES)
     if unsupported or protocol.min_reader_version > 3:
         raise UnsupportedDeltaFeatureError(

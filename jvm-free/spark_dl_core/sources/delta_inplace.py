@@ -187,7 +187,7 @@ class DeltaDataset(Dataset):
         for i, meta in enumerate(metas):
             keep = self._keep_array(i)
             start = 0
-            paths = _leaf_paths(meta)
+            paths = self._leaf_paths(i, meta, lists)
             for g in range(meta.num_row_groups):
                 rg = meta.row_group(g)
                 rows = rg.num_rows
@@ -199,6 +199,16 @@ class DeltaDataset(Dataset):
                     groups.append(_RowGroup(i, g, start, rows, live, rg.total_byte_size, stored))
                 start += rows
         return groups, leaves
+
+    def _leaf_paths(self, file: int, meta: Any, lists: list[str]) -> dict[str, int]:
+        """Logical list column -> its leaf column's index in the file (physical names under
+        column mapping: a column the file should hold but lacks is refused here, at open)."""
+        snap = self.snapshot
+        stored = [n for n in snap.output_schema.names if n not in snap.partition_columns]
+        columns = snap.file_columns(meta.schema.to_arrow_schema(), stored, snap.files[file])
+        by_file = _leaf_paths(meta)
+        found = dict(zip(columns.names, columns.read))
+        return {name: by_file[found[name]] for name in lists if found.get(name) in by_file}
 
     def _footer(self, file: int) -> Any:
         try:
@@ -463,9 +473,11 @@ class DeltaDataset(Dataset):
         stored = [n for n in out_schema.names if n not in snap.partition_columns]
         try:
             pf = self._parquet(g.file)
-            present = [n for n in stored if n in pf.schema_arrow.names]
+            columns = snap.file_columns(pf.schema_arrow, stored, snap.files[g.file])
             with self._file_lock(g.file):
-                table = pf.read_row_group(g.group, columns=present)
+                table = columns.logical(pf.read_row_group(g.group, columns=columns.read))
+        except DeltaSnapshotError:
+            raise
         except Exception as exc:
             raise self._file_error(g.file, g.group, exc) from None
         keep = self._keep_array(g.file)
