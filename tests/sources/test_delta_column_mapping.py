@@ -289,6 +289,32 @@ def test_id_mode_resolves_by_field_id_not_by_name(tmp_path: Path) -> None:
         open_delta(path).to_arrow()
 
 
+def test_a_dropped_then_readded_column_is_not_served_from_the_cache(tmp_path: Path) -> None:
+    """'x' dropped and added again under the same name and type is a new column (a new
+    physical name): older files read it as nulls. The converted-row-group cache and the
+    fingerprint key on the mapping, so the old version's cached 'x' is not served."""
+    path = str(tmp_path / "t")
+    _simple(path, "name")
+    cache = str(tmp_path / "cache")
+    spec = {"nulls": "mask"}
+    before = open_delta(path, version=0)
+    assert [float(r["x"]) for r in _in_place(before, cache_dir=cache)] == [0.5, 1.5]
+
+    def drop(fields: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+        fields.remove(_field(fields, "x"))
+
+    def add(fields: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+        fields.insert(1, new_column(meta, "x", "double"))
+
+    change_schema(path, drop, "DROP COLUMNS")
+    change_schema(path, add, "ADD COLUMNS")
+    after = open_delta(path)
+    assert reference(path)[0]["x"] is None
+    assert after.to_arrow().column("x").null_count == 2
+    assert [bool(r["x__isnull"]) for r in _in_place(after, cache_dir=cache)] == [True, True]
+    assert after.dataset(spec).fingerprint != before.dataset(spec).fingerprint
+
+
 def _spark_rows(df: Any) -> list[dict[str, Any]]:
     rows = (r.asDict(recursive=True) for r in df.collect())
     return sorted(rows, key=lambda r: r["id"])

@@ -252,6 +252,7 @@ class DeltaDataset(Dataset):
             "row_groups": [[g.file, g.group, g.live] for g in self._groups],
             "columns": self._columns_identity,
             "spec": self.user_spec.canonical(),
+            **self._mapping_identity,
         }
         if self.snapshot.since is not None:  # new rows since a version: another dataset
             content["since"] = self.snapshot.since
@@ -277,6 +278,15 @@ class DeltaDataset(Dataset):
         return [[p.name, str(p.arrow_type), p.encoding, p.null_mask] for p in self._plans]
 
     @cached_property
+    def _mapping_identity(self) -> dict[str, Any]:
+        """Under column mapping, which stored column each logical one reads (absent without
+        it, so those fingerprints stay as they were)."""
+        snap = self.snapshot
+        if snap.column_mapping is None:
+            return {}
+        return {"mapping": snap.column_mapping.identity(snap.output_schema.names)}
+
+    @cached_property
     def _convert_identity(self) -> dict[str, Any]:
         """What decides a row group's converted bytes besides its file and index."""
         return {
@@ -285,6 +295,7 @@ class DeltaDataset(Dataset):
             "forms": sorted([k, v[0], list(v[1] or [])] for k, v in self.forms.items()),
             "asked": sorted(self._asked_forms),
             "spec": self.user_spec.canonical(),
+            **self._mapping_identity,
         }
 
     def _cache_key(self, shard: int) -> str:
