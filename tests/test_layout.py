@@ -2,9 +2,10 @@
 of the code (function-level imports included), so no room reaches back up.
 
 Ranks, lowest first (a room may import its own modules and any room ranked lower):
-errors, format, the source protocol (shard_source), order and store, ops, spec, meta, commit and
-maintenance, writer, sources, then loaders and media side by side (neither imports the
-other: media registers into ops and is found by name), card, the package's face.
+errors, format, the source protocol (shard_source), order and store, ops, spec, meta, the
+versions a followed table's dataset holds (versions), commit and maintenance, writer,
+sources, then loaders and media side by side (neither imports the other: media registers
+into ops and is found by name), card, the package's face.
 """
 
 from __future__ import annotations
@@ -27,14 +28,15 @@ RANKS = {
     "ops": 4,
     "spec": 5,
     "meta": 6,
-    "commit": 7,
-    "maintenance": 7,
-    "writer": 8,
-    "sources": 9,
-    "loaders": 10,
-    "media": 10,
-    "card": 11,
-    "__init__": 12,
+    "versions": 7,
+    "commit": 8,
+    "maintenance": 8,
+    "writer": 9,
+    "sources": 10,
+    "loaders": 11,
+    "media": 11,
+    "card": 12,
+    "__init__": 13,
 }
 
 

@@ -21,7 +21,13 @@ from typing import Any, Literal, cast
 
 import pyarrow as pa
 
-from .errors import DatasetExistsError, NotOurDatasetError, SchemaDriftError, SpecError
+from .errors import (
+    DatasetExistsError,
+    FollowError,
+    NotOurDatasetError,
+    SchemaDriftError,
+    SpecError,
+)
 from .format.index import META_FILE, PREVIOUS_META_FILE, index_text
 from .meta import (
     ColumnPlan,
@@ -37,6 +43,7 @@ from .ops.transforms import apply_transforms
 from .spec import DatasetSpec, planned_spec
 from .store.indexing import commit_index
 from .store.storage import Store
+from .versions import held_versions
 
 WriteMode = Literal["error", "overwrite", "append", "ignore"]
 WRITE_MODES: tuple[WriteMode, ...] = ("error", "overwrite", "append", "ignore")
@@ -184,6 +191,15 @@ def plan_write(
         )
     if schema is not None:
         check_unique_columns(schema.names, f"the data written to {shown}")
+    held = held_versions(store)
+    if held:  # its root index may be absent or older than what open_dataset reads
+        raise FollowError(
+            f"{shown} follows a Delta table (it holds versions {held}): a {chosen!r} write "
+            "would not be what open_dataset reads there; update it with mode='update' from "
+            "the table, or write to another path",
+            path=shown,
+            held=held,
+        )
     existing = read_meta(store)
     given = spec if spec is not None else DatasetSpec()
     if existing is not None and chosen == "error":

@@ -116,6 +116,28 @@ class DatasetExistsError(DatasetError):
     """A write with save mode ``error`` found a dataset already committed at its path."""
 
 
+class FollowError(DatasetError):
+    """An update of a dataset that follows a Delta table which cannot be made (backwards,
+    another table, a history that no longer reaches the version held, a version the
+    dataset does not hold, a race lost to another updater): names the table, the versions
+    and the dataset path. Nothing was written."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        table: str | None = None,
+        path: str | None = None,
+        held: list[int] | None = None,
+        asked: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.table = table
+        self.path = path
+        self.held = list(held or [])
+        self.asked = asked
+
+
 class NotOurDatasetError(DatasetError):
     """An operation needs spark-dl's metadata (``spark_dl.json``) and the dataset has none."""
 

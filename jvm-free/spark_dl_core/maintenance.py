@@ -34,6 +34,7 @@ from .errors import DatasetError, SpecError
 from .format.index import INDEX_FILE, META_FILE, PREVIOUS_META_FILE, parse_index
 from .meta import read_meta
 from .store.storage import Store
+from .versions import drop_version, held_versions, physical_names, read_version
 
 DEFAULT_RETENTION_SECONDS = 3600.0
 _OURS = re.compile(r"\.mds(\.[A-Za-z0-9]+)?$|\.tmp-[0-9a-f]+$")
@@ -51,6 +52,7 @@ class VacuumReport:
     bytes_removed: int = 0
     kept: list[str] = field(default_factory=list)  # referenced, metadata, or not ours
     too_new: list[str] = field(default_factory=list)  # unreferenced but within retention
+    dropped_versions: list[int] = field(default_factory=list)  # a followed table's, by the rule
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,8 +118,57 @@ def referenced(store: Store) -> set[str] | None:
     return names
 
 
+def _drop_versions(
+    store: Store, keep_versions: int | None, keep_seconds: float | None, dry_run: bool
+) -> list[int]:
+    """The held versions of a followed table that the rule lets go (their manifests deleted
+    unless ``dry_run``): a version stays if it is one of the ``keep_versions`` newest or
+    was committed less than ``keep_seconds`` ago; the latest always stays; no rule, all stay."""
+    held = held_versions(store)
+    if not held or (keep_versions is None and keep_seconds is None):
+        return []
+    if keep_versions is not None and keep_versions < 1:
+        raise SpecError(f"vacuum {store.display()}: keep_versions must be >= 1")
+    now = time.time()
+    newest = set(held[-keep_versions:]) if keep_versions is not None else set()
+    dropped = []
+    for version in held[:-1]:
+        if version in newest:
+            continue
+        if keep_seconds is not None:
+            created = read_version(store, version)
+            assert created is not None
+            if now - float(created.manifest.get("created", 0)) < keep_seconds:
+                continue
+        dropped.append(version)
+    if not dry_run:
+        for version in dropped:
+            drop_version(store, version)
+    return dropped
+
+
+def _kept_names(store: Store, dropped: list[int], dry_run: bool) -> set[str] | None:
+    """What the root index and every held version (less those dropped) name; None when
+    there is neither."""
+    keep = referenced(store)
+    held = [v for v in held_versions(store) if v not in dropped]
+    if not held:
+        return keep
+    names = set(keep or ())
+    for version in held:
+        found = read_version(store, version)
+        assert found is not None
+        names |= physical_names(found.manifest)
+    return names
+
+
 def vacuum_store(
-    store: Store, *, retention_seconds: float = DEFAULT_RETENTION_SECONDS, dry_run: bool = False
+    store: Store,
+    *,
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+    dry_run: bool = False,
+    keep_versions: int | None = None,
+    keep_seconds: float | None = None,
 ) -> VacuumReport:
     """:func:`vacuum` on an open :class:`Store` (what a Spark commit calls after its index)."""
     if retention_seconds < 0:
@@ -125,10 +176,12 @@ def vacuum_store(
     if not store.exists():
         raise DatasetError(f"vacuum: {store.display()} does not exist")
     entries = _entries(store)  # list first: a commit landing after this only adds names
-    keep = referenced(store)
+    dropped = _drop_versions(store, keep_versions, keep_seconds, dry_run)
+    keep = _kept_names(store, dropped, dry_run)
     if keep is None:
         _check_is_dataset(store, entries)
     report = VacuumReport(store.display(), dry_run, retention_seconds, keep is not None)
+    report.dropped_versions = dropped
     now = time.time()
     for entry in entries:
         name = entry.name
@@ -146,7 +199,7 @@ def vacuum_store(
             _settle_metadata(store)
     if not dry_run and report.removed:
         # check again right before deleting: a commit since our first read may name them now
-        again = referenced(store) or set()
+        again = _kept_names(store, dropped, dry_run) or set()
         for name in [n for n in report.removed if n in again]:
             report.removed.remove(name)
             report.kept.append(name)
@@ -192,12 +245,21 @@ def vacuum(
     retention_seconds: float = DEFAULT_RETENTION_SECONDS,
     dry_run: bool = False,
     storage_options: dict[str, Any] | None = None,
+    keep_versions: int | None = None,
+    keep_seconds: float | None = None,
 ) -> VacuumReport:
     """Delete files at ``path`` that the committed ``index.json`` does not reference.
 
     Only files older than ``retention_seconds`` go: a younger one may belong to a write in
     flight. ``dry_run`` reports without deleting. See the module docstring for what counts.
+    A dataset that follows a Delta table keeps every version it holds unless a rule lets
+    some go: ``keep_versions`` (the newest N) and/or ``keep_seconds`` (committed within);
+    a version either rule keeps stays, the latest always; files a kept version needs stay.
     """
     return vacuum_store(
-        Store(path, storage_options), retention_seconds=retention_seconds, dry_run=dry_run
+        Store(path, storage_options),
+        retention_seconds=retention_seconds,
+        dry_run=dry_run,
+        keep_versions=keep_versions,
+        keep_seconds=keep_seconds,
     )

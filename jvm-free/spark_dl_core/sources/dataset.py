@@ -51,6 +51,7 @@ from ..shard_source import Batch
 from ..store.cache import shard_store
 from ..store.indexing import index_fingerprint
 from ..store.storage import check_path
+from ..versions import Piece, assemble, read_version
 
 # column -> numpy array, or a Jagged batch (token sequences) inside the loaders
 
@@ -68,6 +69,7 @@ class Dataset:
         cache_dir: str | None = None,
         allow_unsafe: bool = False,
         storage_options: dict[str, Any] | None = None,
+        version: int | None = None,
     ) -> None:
         check_path(path)
         self.path = str(path)
@@ -77,7 +79,11 @@ class Dataset:
         self.cache_dir = cache_dir
         self.allow_unsafe = allow_unsafe
         self._compact: CompactIndex | None = None
-        self.shards, self.meta, self._index_text = self._load()
+        # a dataset that follows a Delta table: the table version opened and the shards
+        # assembled from others (see spark_dl_core.versions); None / {} otherwise
+        self.version: int | None = None
+        self._virtual: dict[str, list[Piece]] = {}
+        self.shards, self.meta, self._index_text = self._load(version)
         self.layout = self._layout()
         self.shard_offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
         np.cumsum(self.shards.samples, out=self.shard_offsets[1:])
@@ -87,7 +93,11 @@ class Dataset:
 
     # -- opening
 
-    def _load(self) -> tuple[ShardTable, dict[str, Any] | None, bytes | None]:
+    def _load(self, version: int | None) -> tuple[ShardTable, dict[str, Any] | None, bytes | None]:
+        held = read_version(self.store, version)  # a followed table's dataset: its manifest
+        if held is not None:
+            self.version, self._virtual = held.version, held.virtual
+            return ShardTable.from_infos(held.shards), held.meta, held.index_text
         # The compact index when present: per-shard JSON is never parsed on open.
         committed = read_meta(self.store, compact=True, cache_dir=self.cache_dir)
         if committed is None:
@@ -348,6 +358,8 @@ class Dataset:
         info = self.shards[shard]
         stored = info.stored
         where = self.store.display(stored.basename)
+        if stored.basename in self._virtual:
+            return self._load_virtual(shard, where)
         started = time.perf_counter()
         check = shard not in self._verified if verify_hashes is None else verify_hashes
         record = None
@@ -393,6 +405,28 @@ class Dataset:
             _remember_verified(record)
         if timings is not None and started >= 0:
             timings["read"] += time.perf_counter() - started
+        return ShardData(raw, where, self.layout, info.samples)
+
+    def _load_virtual(self, shard: int, where: str) -> ShardData:
+        """A shard of a followed table's version whose file lost rows to a deletion vector:
+        the live samples of shards on disk under one header, as a fresh export wrote them,
+        checked against the content hash the version records."""
+        codec = parse_compression(self.meta["spec"].get("compression") if self.meta else None)
+
+        def raw_of(name: str, stored_bytes: int, raw_bytes: int) -> np.ndarray:
+            data = self.store.read_shard(name, stored_bytes, None)
+            if codec is None:
+                return data
+            try:
+                return np.frombuffer(codec.decompress(data, raw_bytes), dtype=np.uint8)
+            except DecompressionError as exc:
+                raise ShardError(self.store.display(name), str(exc)) from None
+
+        info = self.shards[shard]
+        raw = assemble(self._virtual[info.stored.basename], raw_of)
+        if shard not in self._verified:
+            self._verify_content(shard, where, raw)
+            self._verified.add(shard)
         return ShardData(raw, where, self.layout, info.samples)
 
     def _verify_stored(self, shard: int, where: str, data: np.ndarray, full: bool) -> bool:
@@ -962,8 +996,12 @@ def open_dataset(
     cache_dir: str | None = None,
     allow_unsafe: bool = False,
     storage_options: dict[str, Any] | None = None,
+    version: int | None = None,
 ) -> Dataset:
     """Open an MDS dataset (ours or Mosaic's) at a local path or fsspec URL.
+
+    A dataset that follows a Delta table (``write_mds(..., mode="update")``) opens at the
+    latest table version it holds; ``version`` opens another version it still holds.
 
     Everything after the path is keyword-only, so ``open_dataset(a, b)`` is a
     ``TypeError`` rather than ``b`` silently taken as the cache directory.
@@ -975,4 +1013,5 @@ def open_dataset(
         cache_dir=cache_dir,
         allow_unsafe=allow_unsafe,
         storage_options=storage_options,
+        version=version,
     )

@@ -170,6 +170,7 @@ class DeltaSnapshot:
     available: tuple[int, int] | None = None
     since: int | None = None  # only the rows not live at this version (sources/delta_since)
     column_mapping: ColumnMapping | None = None  # physical columns -> logical (name/id mode)
+    table_id: str | None = None  # the log's metaData id (another table: another id)
     _partition_values: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     _keep: dict[str, Any] = field(default_factory=dict, repr=False)
     _sizes: dict[str, int] = field(default_factory=dict, repr=False)
@@ -371,8 +372,17 @@ class DeltaSnapshot:
         progress: bool = False,
         storage_options: dict[str, Any] | None = None,
     ) -> WriteResult:
-        """Write this snapshot as an MDS dataset whose spark_dl.json names table and version."""
+        """Write this snapshot as an MDS dataset whose spark_dl.json names table and version.
+
+        ``mode="update"`` makes ``out_path`` follow the table: only the files added since the
+        version it holds are converted (see :mod:`spark_dl_core.sources.delta_follow`).
+        """
         from ..writer import write_mds
+
+        if str(mode).strip().lower() == "update":
+            from .delta_follow import update_mds
+
+            return update_mds(self, out_path, spec, storage_options=storage_options)
 
         return write_mds(
             self.export_batches(),  # carries the schema: a filter matching nothing writes 0 rows
@@ -597,6 +607,7 @@ def open_delta(
         storage_options=storage_options,
         available=available,
         column_mapping=mapping,
+        table_id=table.metadata().id,
         _partition_values=part_values,
         _keep=keep,
         _sizes=sizes,

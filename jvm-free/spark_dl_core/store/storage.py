@@ -207,6 +207,33 @@ class Store:
             os.fsync(f.fileno())
         os.replace(temp, path)
 
+    def create_new(self, name: str, data: bytes) -> bool:
+        """Write ``name`` only if no file has that name: False when one is there already.
+
+        Locally atomic (a complete temporary file hard-linked into place, which fails on an
+        existing name), so two writers racing for one name cannot both succeed. Object
+        stores have no such primitive here: there it is a check, then a write.
+        """
+        if self.remote:
+            if self.exists(name):
+                return False
+            self.fs.pipe_file(self.path(name), data)
+            return True
+        path = self.path(name)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        temp = f"{path}.tmp-{uuid.uuid4().hex}"
+        with open(temp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(temp, path)
+        except FileExistsError:
+            return False
+        finally:
+            os.remove(temp)
+        return True
+
     def delete(self, name: str) -> None:
         try:
             if self.remote:
