@@ -85,9 +85,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         snapshot = open_delta(
             args.table, version=args.version, timestamp=args.timestamp, columns=columns
         )
+        if args.mode == "update":  # the files added since the version --out holds
+            given = spec if (args.spec or args.nulls is not None) else None
+            return _print_export(args, snapshot.write_mds(args.out, given, mode="update"), {})
         data: Any = snapshot.export_batches()  # the layout a Spark write reproduces
         source = snapshot.lineage()
     else:
+        if args.mode == "update":
+            raise CommandError("--mode update follows a Delta table, not Parquet files")
         if args.version is not None or args.timestamp is not None:
             raise CommandError("--version/--timestamp apply to Delta tables, not Parquet")
         import pyarrow.dataset as pads
@@ -113,12 +118,16 @@ def cmd_export(args: argparse.Namespace) -> int:
         if spec.nulls == "error" and "nulls='mask'" in str(exc):  # say it in this CLI's words
             raise CommandError(f"{exc} (here: --nulls mask)") from None
         raise
+    return _print_export(args, result, source)
+
+
+def _print_export(args: argparse.Namespace, result: Any, source: dict[str, Any]) -> int:
     summary = {
         "path": result.path,
         "samples": result.num_samples,
         "shards": result.shards,
         "fingerprint": result.fingerprint,
-        "source": source,
+        "source": source or (result.meta or {}).get("source"),
     }
     if result.skipped:  # --mode ignore found a dataset: report it, not the table not written
         summary["skipped"] = True
@@ -128,7 +137,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     elif result.skipped:
         print(
             f"skipped: {result.path} already holds a dataset ({result.num_samples} samples in "
-            f"{result.shards} shard(s)); --mode ignore leaves it as it is\n"
+            f"{result.shards} shard(s)); --mode {args.mode} leaves it as it is\n"
             f"fingerprint {result.fingerprint}"
         )
     else:
@@ -182,6 +191,9 @@ def open_any(path: str) -> Any:
     delta = _delta_table(path)
     if delta is not None:
         return open_delta(delta[0], version=delta[1], since=delta[2]).dataset()
+    base, at, version = path.rpartition("@")
+    if at and version.isdigit() and os.path.isdir(os.path.join(base, "_follow")):
+        return open_dataset(base, version=int(version))  # PATH@M: a version it holds
     return open_mixture(path) if _is_mixture_spec(path) else open_dataset(path)
 
 
@@ -412,13 +424,23 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
     """Delete files the committed index does not reference, older than the retention."""
     from spark_dl_core.maintenance import vacuum
 
-    report = vacuum(args.path, retention_seconds=args.retention, dry_run=args.dry_run)
+    report = vacuum(
+        args.path,
+        retention_seconds=args.retention,
+        dry_run=args.dry_run,
+        keep_versions=args.keep_versions,
+        keep_seconds=args.keep_seconds,
+    )
     if args.json:
         _print_json(report.to_dict())
         return EXIT_OK
     verb = "would remove" if args.dry_run else "removed"
     for name in report.removed:
         print(f"{verb} {name}")
+    if report.dropped_versions:
+        print(
+            f"{'would let' if args.dry_run else 'let'} go table versions {report.dropped_versions}"
+        )
     if not report.committed:
         print(
             f"{report.path}: no index.json: every shard here is left over by a write that never "
@@ -592,10 +614,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--columns", help="comma-separated columns to export (default: all)")
     p.add_argument(
         "--mode",
-        choices=["error", "overwrite", "append", "ignore"],
+        choices=["error", "overwrite", "append", "ignore", "update"],
         default="error",
         help="if a dataset exists at --out: refuse (error, the default, as Spark), replace "
-        "it (overwrite), append to it, or leave it (ignore)",
+        "it (overwrite), append to it, or leave it (ignore); update: make --out follow the "
+        "Delta table, converting only the files added since the version it holds",
     )
     p.add_argument(
         "--nulls",
@@ -648,6 +671,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep unreferenced files younger than this: a write may be in flight (default 3600)",
     )
     p.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+    p.add_argument(
+        "--keep-versions",
+        type=_count(1),
+        metavar="N",
+        help="a dataset following a Delta table: keep its N newest versions (default: all)",
+    )
+    p.add_argument(
+        "--keep-seconds",
+        type=_seconds,
+        metavar="SECONDS",
+        help="... and the versions committed within this many seconds (either rule keeps)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_quiet_on_broken_pipe(cmd_vacuum))
 

@@ -208,9 +208,12 @@ def assemble(pieces: list[Piece], raw_of: Callable[[str, int, int], np.ndarray])
     data: list[np.ndarray] = []
     lengths: list[np.ndarray] = []
     config = b""
+    spans: dict[str, tuple[np.ndarray, bytes]] = {}
     for name, stored_bytes, raw_bytes, start, stop in pieces:
         raw = raw_of(name, stored_bytes, raw_bytes)
-        offsets, config = sample_spans(raw, name)
+        if name not in spans:  # one parse per shard on disk, however many runs it gives
+            spans[name] = sample_spans(raw, name)
+        offsets, config = spans[name]
         if stop > len(offsets) - 1:
             raise DatasetError(f"{name}: a virtual shard needs samples {start}..{stop}")
         data.append(raw[int(offsets[start]) : int(offsets[stop])])

@@ -342,3 +342,21 @@ def test_inspect_rows_new_since_a_version(tmp_path: Path) -> None:
     assert new["lineage"]["since"] == 0 and new["lineage"]["version"] == 1
     err = run("inspect", f"{table}@1..0", check=1).stderr
     assert "since=1 is after version=0" in err and table in err
+
+def test_export_mode_update_follows_the_table(tmp_path: Path) -> None:
+    table = str(tmp_path / "t")
+    write_deltalake(table, pa.table({"id": pa.array(range(50), pa.int64())}))
+    write_deltalake(table, pa.table({"id": pa.array(range(50, 80), pa.int64())}), mode="append")
+    out = str(tmp_path / "followed")
+    args = ("--out", out, "--mode", "update", "--json", "--no-progress")
+    first = json.loads(run("export", table, "--version", "0", *args).stdout)
+    second = json.loads(run("export", table, "--version", "1", *args).stdout)
+    assert (first["samples"], second["samples"]) == (50, 80)
+    assert second["source"]["version"] == 1
+    fresh = str(tmp_path / "fresh")
+    full = json.loads(run("export", table, "--out", fresh, "--json", "--no-progress").stdout)
+    assert full["fingerprint"] == second["fingerprint"]
+    held = json.loads(run("inspect", f"{out}@0", "--json").stdout)
+    assert held["samples"] == 50
+    proc = run("export", table, "--version", "0", *args, check=1)
+    assert "backwards" in proc.stderr and out in proc.stderr and "Traceback" not in proc.stderr

@@ -298,8 +298,12 @@ def _masked(
     lengths_all = np.concatenate(lengths)
     where_all = np.concatenate(where)
     # physical sample g is the g-th row the base kept; rows deleted since map onto those
-    kept_rows = np.setdiff1d(np.arange(len(lengths_all) + len(base)), base)[: len(lengths_all)]
-    live = ~np.isin(kept_rows, extra)
+    total = len(lengths_all) + len(base)
+    kept = np.ones(total, dtype=bool)
+    kept[base] = False
+    dead = np.zeros(max(total, int(extra.max(initial=-1)) + 1), dtype=bool)
+    dead[extra] = True
+    live = ~dead[np.flatnonzero(kept)]
     live_where = where_all[live]
     shapes_of = dict(zip(names, entry["shapes"]))
     config_of = json.loads(config)
@@ -382,8 +386,10 @@ def _held(store: Store, snap: DeltaSnapshot, given: DatasetSpec | None) -> _Held
         files={e["path"]: e for e in version.files},
         virtual=version.virtual,
     )
-    if given is not None and given.canonical() != held.spec.canonical():
-        raise _error(store, snap, held, "the spec given differs from the one the dataset has")
+    for key in sorted(given.model_fields_set if given is not None else ()):
+        if getattr(given, key) != getattr(held.spec, key):
+            why = f"spec {key}={getattr(given, key)!r} differs from the dataset's"
+            raise _error(store, snap, held, why)
     return held
 
 
