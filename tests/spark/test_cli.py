@@ -343,6 +343,7 @@ def test_inspect_rows_new_since_a_version(tmp_path: Path) -> None:
     err = run("inspect", f"{table}@1..0", check=1).stderr
     assert "since=1 is after version=0" in err and table in err
 
+
 def test_export_mode_update_follows_the_table(tmp_path: Path) -> None:
     table = str(tmp_path / "t")
     write_deltalake(table, pa.table({"id": pa.array(range(50), pa.int64())}))
