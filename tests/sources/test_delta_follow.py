@@ -360,3 +360,20 @@ def test_vacuum_keeps_the_shards_of_a_masked_latest(tmp_path: Path) -> None:
     report = vacuum(out, retention_seconds=0, keep_versions=1)
     assert report.dropped_versions == [0] and report.removed == []
     _same(open_dataset(out), _fresh(table, 1, tmp_path))
+
+
+def test_rows_new_since_a_version_cannot_follow(tmp_path: Path) -> None:
+    """A ``since=`` snapshot is not a version of the table: following it (or adopting its
+    export) would make the next update's dataset miss every row older than ``since``."""
+    table = str(tmp_path / "t")
+    write_deltalake(table, _rows(0, 10))
+    write_deltalake(table, _rows(10, 5), mode="append")
+    out = tmp_path / "new"
+    with pytest.raises(FollowError, match="since=0") as err:
+        open_delta(table, version=1, since=0).write_mds(str(out), mode="update")
+    assert err.value.table == table and not out.exists()
+    open_delta(table, version=1, since=0).write_mds(str(out))  # a plain export is fine
+    before = sorted(os.listdir(out))
+    with pytest.raises(FollowError, match="since= export cannot be adopted"):
+        open_delta(table, version=1).write_mds(str(out), mode="update")
+    assert sorted(os.listdir(out)) == before

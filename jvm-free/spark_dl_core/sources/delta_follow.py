@@ -134,6 +134,15 @@ def update_mds(
     version held.
     """
     store = Store(out_path, storage_options)
+    if snap.since is not None:  # its rows are not a version's: an update would mix the two
+        raise FollowError(
+            f"open_delta(..., since={snap.since}) is the rows new since a version, not a "
+            f"version of the table: it cannot follow {snap.table_uri!r} into {store.display()}"
+            "; export it without mode='update', or follow the whole version",
+            table=snap.table_uri,
+            path=store.display(),
+            asked=snap.version,
+        )
     given = spec_for(spec)
     held = _held(store, snap, given)
     if held is not None:
@@ -410,8 +419,9 @@ def _adopt(store: Store, snap: DeltaSnapshot, committed: Any) -> _Held:
     old_version = int(source["version"])
     held_stub = _Held(old_version, snap.table_uri, None, source.get("timestamp"), source,
                       DatasetSpec(), [], ShardRecords.empty(), {})  # fmt: skip
-    if source.get("filter") is not None:
-        raise _error(store, snap, held_stub, "a filtered export cannot be adopted")
+    if source.get("filter") is not None or source.get("since") is not None:
+        why = "since=" if source.get("since") is not None else "filtered"
+        raise _error(store, snap, held_stub, f"a {why} export cannot be adopted")
     if old_version > snap.version:
         raise _error(store, snap, held_stub, "the update would move backwards")
     try:
