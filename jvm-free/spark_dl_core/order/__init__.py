@@ -31,6 +31,7 @@ from .quality import shuffle_quality
 from .state import (
     LoaderState,
     epoch_position,
+    epoch_total,
     plan_position,
     position_record,
     resolve_window,
@@ -49,6 +50,7 @@ __all__ = [
     "SchedulePart",
     "ScheduledOrder",
     "epoch_position",
+    "epoch_total",
     "global_order",
     "merged_counts",
     "merged_counts_at",

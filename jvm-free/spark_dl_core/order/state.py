@@ -92,7 +92,7 @@ class LoaderState:
         carry_on = getattr(dataset, "carry_on", None)
         if carry_on is None or self.fingerprint == dataset.fingerprint:
             self.check(dataset, **settings)
-            return (dataset, *self.position(len(dataset)))
+            return (dataset, *self.position(epoch_total(dataset, self.epoch)))
         carried, epoch, consumed = carry_on(self, strict)
         self.check(carried, fingerprint=False, **settings)
         return carried, epoch, consumed
@@ -121,8 +121,16 @@ class LoaderState:
                     f"loader state was saved with {name}={getattr(self, name)!r}, the loader "
                     f"has {name}={value!r}; pass the same value to resume exactly"
                 )
-        if fingerprint and not 0 <= self.consumed <= len(dataset):
-            raise SpecError(f"loader state consumed={self.consumed} is outside 0..{len(dataset)}")
+        total = epoch_total(dataset, self.epoch) if fingerprint else 0
+        if fingerprint and not 0 <= self.consumed <= total:
+            raise SpecError(f"loader state consumed={self.consumed} is outside 0..{total}")
+
+
+def epoch_total(dataset: ShardSource, epoch: int) -> int:
+    """Samples in ``epoch`` of ``dataset``: ``len(dataset)``, unless its epochs differ in
+    size (a run carried on to another Delta version: the epoch of the switch)."""
+    total = getattr(dataset, "epoch_total", None)
+    return len(dataset) if total is None else int(total(epoch))
 
 
 def position_record(dataset: ShardSource, epoch: int, consumed: int) -> dict[str, Any] | None:

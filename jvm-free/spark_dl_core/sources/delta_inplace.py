@@ -331,6 +331,23 @@ class DeltaDataset(Dataset):
             forms[plan.name] = ("dense", (width,)) if width else ("jagged", None)
         return forms
 
+    # -- a run carried on to another version (sources/delta_carry.py)
+
+    def position_record(self, epoch: int, consumed: int) -> dict[str, Any]:
+        from . import delta_carry
+
+        return delta_carry.record(self, epoch, consumed)
+
+    def carry_on(self, state: Any, strict: bool) -> tuple[Any, int, int]:
+        from . import delta_carry
+
+        return delta_carry.carry_on(self, state, strict)
+
+    def row_layout(self) -> Any:
+        from . import delta_carry
+
+        return delta_carry.row_layout(self)
+
     def locate(self, sample: int) -> tuple[str, int]:
         shard = int(np.searchsorted(self.shard_offsets, sample, side="right") - 1)
         return self._shard_name(shard), sample - int(self.shard_offsets[shard])

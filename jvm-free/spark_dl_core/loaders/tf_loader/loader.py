@@ -34,6 +34,7 @@ from ...order import (
     EpochPlan,
     LoaderState,
     epoch_position,
+    epoch_total,
     plan_position,
     position_record,
     resolve_window,
@@ -234,7 +235,8 @@ def make_tf_dataset(
     def plan_for(epoch: int, consumed: int) -> EpochPlan:
         return settings.epoch_plan(dataset, epoch, consumed, rank, world_size)
 
-    consumed = min(len(dataset), consumed + start_batch * world_size * settings.batch_size)
+    skipped = start_batch * world_size * settings.batch_size
+    consumed = min(epoch_total(dataset, epoch), consumed + skipped)
     # a finished epoch starts the next; inside one, an empty first pass keeps this rank in it
     epoch, consumed, first = plan_position(plan_for, epoch, consumed)
     chosen = settings.column_list

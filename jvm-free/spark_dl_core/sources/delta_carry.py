@@ -1,0 +1,160 @@
+"""A run over one version of a Delta table carried on to another:
+``loader.load_state_dict(state, strict=False)`` (the rule: :mod:`.row_carry`, docs/delta.md).
+
+A loader state over a table read in place records the table, version (and ``since``) it
+was saved on (:func:`record`). A loader over another version refuses it by default, naming
+the table and both versions; with ``strict=False`` it reopens the state's version from its
+own table, checks that it is the dataset the state was saved on (same fingerprint: same
+files, deletions, columns and spec), and carries the run on (:func:`carry_on`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import SpecError
+from ..order.state import epoch_total
+from .delta import DeltaSnapshotError, open_delta
+from .delta_inplace import DeltaDataset
+from .row_carry import CarriedRows, RowCarry, RowLayout, carried
+
+if TYPE_CHECKING:
+    from ..order.state import LoaderState
+
+
+class VersionCarryError(SpecError):
+    """A loader state of another version of a Delta table that cannot be carried on here:
+    names the tables and both versions (``strict``, another table, no version recorded, a
+    packed position inside an epoch)."""
+
+
+def row_layout(ds: DeltaDataset) -> RowLayout:
+    """Each sample's data file (its path relative to the table) and row in it."""
+    groups = ds._groups
+    keep = {}
+    for f in sorted({g.file for g in groups}):
+        mask = ds._keep_array(f)
+        if mask is not None:
+            keep[f] = mask
+    return RowLayout(
+        files=tuple(str(identity[0]) for identity in ds._file_identities),
+        shard_file=np.array([g.file for g in groups], dtype=np.int64),
+        shard_start=np.array([g.start for g in groups], dtype=np.int64),
+        shard_rows=np.array([g.rows for g in groups], dtype=np.int64),
+        shard_offsets=np.asarray(ds.shard_offsets, dtype=np.int64),
+        keep=keep,
+    )
+
+
+def record(ds: DeltaDataset, epoch: int, consumed: int) -> dict[str, Any]:
+    """What a loader state records of a position over ``ds``: the table and version (so a
+    loader over another version can reopen it), the epoch's size, and the carry if any."""
+    snap = ds.snapshot
+    out: dict[str, Any] = {
+        "kind": "delta",
+        "table": snap.table_uri,
+        "version": snap.version,
+        "total": epoch_total(ds, epoch),
+    }
+    if snap.since is not None:
+        out["since"] = snap.since
+    if isinstance(ds, CarriedDelta):
+        out["carry"] = ds.carry.to_dict()
+    return out
+
+
+def _named(rec: dict[str, Any]) -> str:
+    """A state's table and version in words."""
+    if rec.get("kind") != "delta":
+        return "a dataset that records no Delta table version"
+    since = f" since {rec['since']}" if rec.get("since") is not None else ""
+    return f"table {rec.get('table')!r} version {rec.get('version')}{since}"
+
+
+def carry_on(ds: DeltaDataset, state: LoaderState, strict: bool) -> tuple[Any, int, int]:
+    """(the dataset to read, epoch, consumed) for a state whose fingerprint is not ``ds``'s:
+    the carried run's own states resume as they are; with ``strict`` anything else is
+    refused; else the run carries on from the state's version (or a typed error says why)."""
+    plain = ds.plain if isinstance(ds, CarriedDelta) else ds
+    rec = state.source or {}
+    if rec.get("carry") is not None and rec.get("version") == plain.snapshot.version:
+        same = carried(plain, CarriedDelta, RowCarry.from_dict(rec["carry"]))
+        if same.fingerprint == state.fingerprint:
+            return (same, *state.position(epoch_total(same, state.epoch)))
+    snap = plain.snapshot
+    here = f"table {snap.table_uri!r} version {snap.version}"
+    if strict:
+        raise VersionCarryError(
+            f"loader state is for dataset {state.fingerprint[:16]}… ({_named(rec)}), but this "
+            f"loader reads {here} (fingerprint {plain.fingerprint[:16]}…): resuming would mix "
+            "up samples; load_state_dict(state, strict=False) carries the run on to this "
+            "version (docs/delta.md)"
+        )
+    if rec.get("kind") != "delta":
+        raise VersionCarryError(
+            f"loader state (dataset {state.fingerprint[:16]}…) records no Delta table version "
+            f"(field source): it was saved over another dataset or by an older spark-dl, so "
+            f"{here} cannot tell which of its rows the run served"
+        )
+    if state.pack is not None and int(state.pack.get("rows", 0)):
+        raise VersionCarryError(
+            f"loader state ({_named(rec)}) is a packed position inside an epoch (field pack): "
+            f"a packed run carries on to {here} only from an epoch's start"
+        )
+    old = _reopen(plain, rec, state.fingerprint)
+    epoch, consumed = state.position(epoch_total(old, state.epoch))
+    if not consumed:
+        return plain, epoch, 0
+    carry = RowCarry(
+        epoch,
+        consumed,
+        state.seed,
+        state.shuffle,
+        state.shuffle_window,
+        state.fingerprint,
+        rec,
+    )
+    return carried(plain, CarriedDelta, carry, old), epoch, consumed
+
+
+def _reopen(plain: DeltaDataset, rec: dict[str, Any], fingerprint: str) -> Any:
+    """The dataset a state was saved on, reopened from ``plain``'s table with its columns
+    and spec; refused unless its fingerprint is the state's."""
+    snap = plain.snapshot
+    version = rec.get("version")
+    here = f"table {snap.table_uri!r} version {snap.version}"
+    try:
+        old_snap = open_delta(
+            snap.table_uri,
+            version=version,
+            storage_options=snap.storage_options,
+            columns=snap.columns,
+            since=rec.get("since"),
+        )
+        old = old_snap.dataset(plain.user_spec, forms=plain._asked_forms or None, cache=False)
+        if rec.get("carry") is not None:
+            old = carried(old, CarriedDelta, RowCarry.from_dict(rec["carry"]))
+        got = old.fingerprint
+    except DeltaSnapshotError as exc:
+        raise DeltaSnapshotError(
+            snap.table_uri,
+            f"cannot carry a run on to version {snap.version} from the loader state's "
+            f"{_named(rec)}: that version cannot be read ({exc})",
+            asked=f"version {version}",
+        ) from None
+    if got != fingerprint:
+        raise VersionCarryError(
+            f"loader state was saved on {_named(rec)} (dataset {fingerprint[:16]}…), but "
+            f"table {snap.table_uri!r} version {version} is dataset {got[:16]}… (another "
+            f"table, or other columns or spec): it cannot carry on to {here}"
+        )
+    return old
+
+
+class CarriedDelta(CarriedRows, DeltaDataset):
+    """A Delta version read in place, continuing a run from another version of the table."""
+
+    def open_old(self) -> Any:
+        return _reopen(self.plain, self.carry.old, self.carry.old_fingerprint)

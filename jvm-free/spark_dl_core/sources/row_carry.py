@@ -1,0 +1,216 @@
+"""Carrying a run on to another version of a dataset whose samples are rows of data files.
+
+A dataset that can name each sample as (data file, row index in the file) plugs in by
+giving its :class:`RowLayout` (``row_layout()``) and subclassing :class:`CarriedRows`: the
+Delta table read in place does (:mod:`.delta_carry`); an export that follows a table could.
+
+The rule (docs/delta.md, "carry a run on"): a state saved at (epoch ``E``, ``consumed``)
+over the old version continues in the new one. Epoch ``E`` finishes over the samples of the
+old order at positions ``consumed..`` that are still *live* in the new version (their file is
+in its listing, their row not deleted there), in the old order; they are the new version's
+samples, read from its files. Positions before ``consumed`` are the samples already
+delivered: the carried epoch counts them, so its size is ``consumed`` plus the live rest,
+and padding repeats the live rest. From ``E + 1`` on the order is the new version's own,
+the very order a fresh run over it has. A pure function of (old order, new version, carry
+point): the same batches at any world size and worker count.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import SpecError
+from ..order.dataset_order import GlobalOrder, _order_of
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Where each sample of a dataset is in the data files it is read from: shards cut
+    within files, files' deleted rows left out (``keep``: per file index, its keep mask;
+    rows past a mask's end are kept)."""
+
+    files: tuple[str, ...]  # each data file's identity (its path relative to the table)
+    shard_file: np.ndarray  # per shard: its file, an index into ``files``
+    shard_start: np.ndarray  # per shard: its first row in the file
+    shard_rows: np.ndarray  # per shard: rows it spans in the file, deleted ones included
+    shard_offsets: np.ndarray  # cumulative live samples, ``shards + 1``
+    keep: Mapping[int, np.ndarray]
+
+    def _live_rows(self, shard: int) -> np.ndarray:
+        """The file rows of ``shard``'s samples, in sample order."""
+        start, rows = int(self.shard_start[shard]), int(self.shard_rows[shard])
+        mask = self.keep.get(int(self.shard_file[shard]))
+        if mask is None:
+            return np.arange(start, start + rows, dtype=np.int64)
+        part = np.asarray(mask[start : start + rows], dtype=bool)
+        if len(part) < rows:
+            part = np.concatenate([part, np.ones(rows - len(part), dtype=bool)])
+        return start + np.flatnonzero(part).astype(np.int64)
+
+    def rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(file index, row in the file) of each sample id."""
+        ids = np.asarray(ids, dtype=np.int64)
+        shard = np.searchsorted(self.shard_offsets, ids, side="right") - 1
+        within = ids - self.shard_offsets[shard]
+        rows = self.shard_start[shard] + within
+        masked = np.isin(self.shard_file[shard], np.fromiter(self.keep, np.int64, len(self.keep)))
+        for s in np.unique(shard[masked]).tolist():
+            here = np.flatnonzero(shard == s)
+            rows[here] = self._live_rows(s)[within[here]]
+        return self.shard_file[shard].astype(np.int64), rows.astype(np.int64)
+
+    def ids_of(self, files: tuple[str, ...], file: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The sample id of each (``files[file]``, row) here; -1 where that row is not live
+        (its file is not listed, or the row is deleted)."""
+        out = np.full(len(rows), -1, dtype=np.int64)
+        where = {name: i for i, name in enumerate(self.files)}
+        by_file: dict[int, list[int]] = {}
+        for s, f in enumerate(self.shard_file.tolist()):
+            by_file.setdefault(int(f), []).append(s)
+        for f in np.unique(file).tolist():
+            here = where.get(files[f])
+            if here is None:
+                continue
+            table = self._row_ids(by_file.get(here, []))
+            at = np.flatnonzero(file == f)
+            r = rows[at]
+            ok = r < len(table)
+            out[at[ok]] = table[r[ok]]
+        return out
+
+    def _row_ids(self, shards: list[int]) -> np.ndarray:
+        """File row -> sample id (-1: deleted) over one file's shards."""
+        end = max((int(self.shard_start[s] + self.shard_rows[s]) for s in shards), default=0)
+        table = np.full(end, -1, dtype=np.int64)
+        for s in shards:
+            live = self._live_rows(s)
+            table[live] = self.shard_offsets[s] + np.arange(len(live), dtype=np.int64)
+        return table
+
+
+@dataclass(frozen=True)
+class RowCarry:
+    """Where a run switched versions: the old state's position and order settings, the old
+    dataset's fingerprint and what the old version records of itself (to reopen it)."""
+
+    epoch: int
+    consumed: int
+    seed: int
+    shuffle: bool
+    window: int
+    old_fingerprint: str
+    old: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RowCarry:
+        try:
+            return cls(
+                int(data["epoch"]),
+                int(data["consumed"]),
+                int(data["seed"]),
+                bool(data["shuffle"]),
+                int(data["window"]),
+                str(data["old_fingerprint"]),
+                dict(data["old"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SpecError(f"loader state field source.carry is not valid: {exc!r}") from None
+
+
+class CarriedOrder:
+    """The carried epoch's order: positions ``consumed..`` are the live rest of the old
+    order; positions before it (delivered before the switch) are only ever read as
+    padding, which repeats the live rest."""
+
+    def __init__(self, consumed: int, rest: np.ndarray) -> None:
+        self.consumed, self.rest = int(consumed), np.asarray(rest, dtype=np.int64)
+        self.total = self.consumed + len(self.rest)
+
+    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
+        pos = np.arange(start, stop, dtype=np.int64)
+        if not len(self.rest):
+            return pos[:0]
+        at = np.where(pos >= self.consumed, pos - self.consumed, pos % len(self.rest))
+        return self.rest[at]
+
+
+def carried_rest(old: Any, new: Any, carry: RowCarry) -> np.ndarray:
+    """The new version's ids of the old order's samples at positions ``consumed..`` of the
+    carried epoch that are live in the new version, in the old order. O(those samples)."""
+    order = _order_of(old, carry.seed, carry.epoch, carry.shuffle, carry.window)
+    ids = order.take(carry.consumed, order.total, True)
+    source = old.row_layout()
+    file, rows = source.rows_of(ids)
+    mapped = new.row_layout().ids_of(source.files, file, rows)
+    return mapped[mapped >= 0]
+
+
+def digest(content: Any) -> str:
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class CarriedRows:
+    """Mixin of a dataset continuing a run from an older version of it (:func:`carried`).
+
+    The subclass reopens the old version (:meth:`open_old`); everything else is the plain
+    dataset's: shards, samples, ``len`` (the new version's size, every later epoch's)."""
+
+    carry: RowCarry
+    plain: Any  # the same dataset, not carried
+    _old: Any
+    _rest: np.ndarray | None
+
+    def open_old(self) -> Any:
+        raise NotImplementedError
+
+    @property
+    def fingerprint(self) -> str:
+        """The plain dataset's, with the carry point: its states are its own."""
+        return digest({"carried": self.plain.fingerprint, "carry": self.carry.to_dict()})
+
+    def old_dataset(self) -> Any:
+        if self._old is None:
+            self._old = self.open_old()
+        return self._old
+
+    def carried_rest(self) -> np.ndarray:
+        if self._rest is None:
+            self._rest = carried_rest(self.old_dataset(), self.plain, self.carry)
+        return self._rest
+
+    def epoch_total(self, epoch: int) -> int:
+        """Samples in ``epoch``: in the carried one, those delivered before the switch plus
+        the live rest; in any other, the version's own."""
+        if epoch != self.carry.epoch:
+            return len(self.plain)
+        return self.carry.consumed + len(self.carried_rest())
+
+    def make_order(
+        self, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int
+    ) -> CarriedOrder | GlobalOrder:
+        if epoch == self.carry.epoch:
+            return CarriedOrder(self.carry.consumed, self.carried_rest())
+        plain = self.plain
+        sizes = np.diff(plain.shard_offsets)
+        return GlobalOrder(sizes, plain.fingerprint, seed, epoch, shuffle, window)
+
+
+def carried(plain: Any, kind: type, carry: RowCarry, old: Any = None) -> Any:
+    """``plain`` continuing a run from ``carry`` (a copy of class ``kind``, a subclass of
+    :class:`CarriedRows` and of ``plain``'s class)."""
+    out = copy.copy(plain)
+    out.__class__ = kind
+    out.__dict__.pop("fingerprint", None)
+    out.plain, out.carry, out._old, out._rest = plain, carry, old, None
+    return out
