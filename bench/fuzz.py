@@ -13,6 +13,9 @@ confirm it. Outcome classes:
 - ``no_metadata``: read in full as a dataset without spark-dl metadata, after
   ``spark_dl.json`` was removed from a dataset that has no compact index either (nothing
   records that it had one: it is a valid dataset as another MDS writer would write it);
+- ``unchecked``: other values read from a Delta data file whose page bytes alone changed
+  (same size, footer intact): Parquet as deltalake writes it has no page checksums, so no
+  reader can tell;
 - ``untyped``: any other exception; ``different``: read in full, not equal to the original;
 - ``crash``: the process died (signal or exit); ``hang``: no answer within the timeout.
 
@@ -43,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 BAD = ("untyped", "different", "crash", "hang")
-OUTCOMES = ("same", "typed", "typed_unnamed", "no_metadata", *BAD)
+OUTCOMES = ("same", "typed", "typed_unnamed", "no_metadata", "unchecked", *BAD)
 METADATA = ("index.json", "spark_dl.json", "spark_dl.index.arrow")
 META_FILE = METADATA[1]
 KINDS = (
@@ -154,6 +157,223 @@ def build_datasets(root: Path) -> dict[str, Path]:
                     (path / COMPACT_FILE).unlink()
                 out[name] = path
     return out
+
+
+# --------------------------------------------------------------------------- Delta tables
+
+DELTA_TARGETS = ("delta-export", "delta-inplace")
+DELTA_KINDS = (*KINDS, "footer", "json_dv", "json_line")
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+_B85 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
+
+
+def roaring64(rows: list[int]) -> bytes:
+    """A deletion vector's bitmap as Delta stores it: the magic, then a portable 64-bit
+    RoaringBitmap (array containers: fine for the few rows a test deletes)."""
+    import struct
+
+    by_high: dict[int, list[int]] = {}
+    for v in sorted(rows):
+        by_high.setdefault(v >> 16, []).append(v & 0xFFFF)
+    head = struct.pack("<II", 12346, len(by_high))
+    for key, vs in by_high.items():
+        head += struct.pack("<HH", key, len(vs) - 1)
+    offset = len(head) + 4 * len(by_high)
+    offsets, data = b"", b""
+    for vs in by_high.values():
+        offsets += struct.pack("<I", offset + len(data))
+        data += struct.pack(f"<{len(vs)}H", *vs)
+    return struct.pack("<iqi", 1681511377, 1, 0) + head + offsets + data
+
+
+def inline_dv(rows: list[int]) -> dict[str, Any]:
+    """An inline deletion vector (``storageType`` ``i``): the bitmap Z85-encoded in the log."""
+    import base64
+
+    blob = roaring64(rows)
+    padded = blob + b"\0" * (-len(blob) % 4)
+    text = base64.b85encode(padded).decode().translate(str.maketrans(_B85, _Z85))
+    return {
+        "storageType": "i",
+        "pathOrInlineDv": text,
+        "sizeInBytes": len(blob),
+        "cardinality": len(rows),
+    }
+
+
+def dv_file(table: str, deletions: list[list[int]]) -> list[dict[str, Any]]:
+    """One on-disk deletion-vector file holding several vectors (as delta-spark packs them):
+    version byte, then per vector its size, bitmap and CRC-32 (big-endian); their
+    descriptors (``storageType`` ``u``: the file's UUID, Z85-encoded, relative to the table)."""
+    import base64
+    import struct
+    import uuid
+    import zlib
+
+    out, descriptors = bytearray(b"\x01"), []
+    for rows in deletions:
+        blob = roaring64(rows)
+        descriptors.append(
+            {
+                "storageType": "u",
+                "offset": len(out),
+                "sizeInBytes": len(blob),
+                "cardinality": len(rows),
+            }
+        )
+        out += struct.pack(">i", len(blob)) + blob + struct.pack(">I", zlib.crc32(blob))
+    name = uuid.uuid4()
+    Path(table, f"deletion_vector_{name}.bin").write_bytes(bytes(out))
+    encoded = base64.b85encode(name.bytes).decode().translate(str.maketrans(_B85, _Z85))
+    return [dict(d, pathOrInlineDv=encoded) for d in descriptors]
+
+
+def commit_deletion_vectors(table: str, dvs: dict[str, dict[str, Any]]) -> None:
+    """Commit ``dvs`` (data file path -> descriptor) as a DELETE that keeps the files:
+    what delta-spark writes (deltalake's own ``delete`` rewrites files instead)."""
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(table)
+    version = dt.version()
+    adds = {a["path"]: a for a in _log_adds(table)}
+    ts = int(time.time() * 1000)
+    actions: list[dict[str, Any]] = [{"commitInfo": {"timestamp": ts, "operation": "DELETE"}}]
+    for path, dv in dvs.items():
+        add = adds[path]
+        actions.append(
+            {
+                "remove": {
+                    "path": path,
+                    "deletionTimestamp": ts,
+                    "dataChange": True,
+                    "size": add["size"],
+                    "partitionValues": add["partitionValues"],
+                }
+            }
+        )
+        actions.append({"add": dict(add, deletionVector=dv, dataChange=True)})
+    log = Path(table, "_delta_log", f"{version + 1:020}.json")
+    log.write_text("\n".join(json.dumps(a) for a in actions) + "\n")
+
+
+def _log_adds(table: str) -> list[dict[str, Any]]:
+    """Every add action of the JSON commits, in commit order (later ones win by path)."""
+    adds = []
+    for commit in sorted(Path(table, "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            if line.strip() and "add" in json.loads(line):
+                adds.append(json.loads(line)["add"])
+    return adds
+
+
+def _delta_rows(start: int, n: int) -> Any:
+    import numpy as np
+    import pyarrow as pa
+
+    ids = np.arange(start, start + n)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "vec": pa.array([[float(i), i / 2] for i in ids], pa.list_(pa.float32())),
+            "name": [f"row {i}" for i in ids],
+            "part": ["ab"[i % 2] for i in ids],
+        }
+    )
+
+
+def build_delta_tables(root: Path) -> dict[str, Path]:
+    """Small tables written by deltalake: three appends of two partition files each, row
+    groups of 16 rows; deletion vectors on four files (two in one on-disk file, two
+    inline). ``delta-ckpt`` is then checkpointed (``create_checkpoint``) and appended once
+    more, so its log is a checkpoint parquet, ``_last_checkpoint`` and a JSON commit."""
+    from deltalake import DeltaTable, WriterProperties, write_deltalake
+
+    out: dict[str, Path] = {}
+    for name in ("delta-dv", "delta-ckpt"):
+        path = root / name
+        for k in range(3):
+            write_deltalake(
+                str(path),
+                _delta_rows(k * 40, 40),
+                mode="append",
+                partition_by=["part"],
+                writer_properties=WriterProperties(max_row_group_size=16),
+                configuration={"delta.enableDeletionVectors": "true"} if k == 0 else None,
+            )
+        files = sorted(a["path"] for a in _log_adds(str(path)))
+        on_disk = dv_file(str(path), [[0, 3, 17], [5]])
+        dvs = {files[0]: on_disk[0], files[1]: on_disk[1]}
+        dvs |= {files[2]: inline_dv([1, 2, 19]), files[3]: inline_dv([0])}
+        commit_deletion_vectors(str(path), dvs)
+        if name == "delta-ckpt":
+            DeltaTable(str(path)).create_checkpoint()
+            write_deltalake(str(path), _delta_rows(500, 10), mode="append")
+        out[name] = path
+    return out
+
+
+def delta_files(path: Path) -> list[str]:
+    """A table's files, relative to it: the log's, the deletion vectors', the data's."""
+    return sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
+
+
+def mutate_delta(data: bytes, kind: str, rng: random.Random, name: str) -> bytes | None:
+    """:func:`mutate`, and kinds for a Delta table's files: ``json_line`` / ``json_dv``
+    change a value in one action of a commit (any, or a deletion vector's descriptor),
+    keeping it one JSON object per line; ``footer`` flips bytes of a Parquet footer."""
+    lines = data.decode(errors="replace").splitlines() if name.endswith(".json") else []
+    if kind in ("json_line", "json_dv") and len(lines) > 1:
+        at = [i for i, line in enumerate(lines) if kind == "json_line" or "deletionVector" in line]
+        i = rng.choice(at or range(len(lines)))
+        obj = json.loads(lines[i])
+        nodes = [n for n in _json_nodes(obj)[1:] if kind == "json_line" or "deletionVector" in n]
+        target = rng.choice(nodes or [()])
+        if rng.random() < 0.3 and target:
+            obj = _set(obj, target, None, delete=True)
+        else:
+            value = _get(obj, target) if target else None
+            if isinstance(value, str) and value and rng.random() < 0.5:
+                chars = list(value)
+                chars[rng.randrange(len(chars))] = rng.choice(_Z85)
+                new: Any = "".join(chars)
+            elif isinstance(value, int) and not isinstance(value, bool):
+                new = value + rng.choice([-1, 1, 8, -(2**31), 2**40])
+            else:
+                new = rng.choice(_OTHER_VALUES)
+            obj = _set(obj, target, new)
+        lines[i] = json.dumps(obj)
+        return ("\n".join(lines) + "\n").encode()
+    if kind == "footer" and name.endswith(".parquet") and len(data) > 12:
+        import struct
+
+        footer = min(struct.unpack("<I", data[-8:-4])[0] + 8, len(data))
+        buf = bytearray(data)
+        for _ in range(rng.randint(1, 3)):
+            buf[len(buf) - 1 - rng.randrange(footer)] = rng.randrange(256)
+        return bytes(buf)
+    if kind in ("footer", "json_dv", "json_line"):
+        kind = "flip"
+    return mutate(data, kind, rng)
+
+
+def delta_snapshot(path: str, target: str, version: int | None = None) -> str:
+    """A digest of what a reader of the table at ``version`` gets: the exported rows
+    (``delta-export``: ``to_arrow``, the rows ``write_mds`` writes) or the batches read in
+    place (``delta-inplace``: shuffled, no converted-row-group cache)."""
+    from spark_dl_core.sources.delta import open_delta
+
+    snap = open_delta(path, version=version)
+    if target == "delta-export":
+        table = snap.to_arrow()
+        text = repr((snap.version, table.schema, table.to_pylist()))
+        return hashlib.sha256(text.encode()).hexdigest()
+    ds = snap.dataset(cache=False)
+    h = hashlib.sha256(repr((snap.version, len(ds), ds.columns)).encode())
+    for batch in ds.iter_batches(batch_size=16, shuffle=True, seed=3):
+        for name in sorted(batch):
+            h.update(name.encode())
+            _canon(batch[name], h)
+    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- mutations
@@ -285,6 +505,31 @@ def plan_cases(
     return cases
 
 
+def plan_delta_cases(
+    tables: dict[str, Path], count: int, seed: int, targets: list[str]
+) -> list[dict[str, Any]]:
+    """``count`` cases over Delta tables: the log and deletion vectors get most of them,
+    the Parquet data files the rest; each read by one of ``targets`` (both paths)."""
+    rng = random.Random(seed)
+    files = {name: delta_files(path) for name, path in tables.items()}
+    cases = []
+    for i in range(count):
+        name = rng.choice(sorted(tables))
+        meta = [f for f in files[name] if not f.endswith(".parquet") or "_delta_log/" in f]
+        data = [f for f in files[name] if f not in meta]
+        cases.append(
+            {
+                "id": i,
+                "dataset": name,
+                "file": rng.choice(meta if rng.random() < 0.6 else data),
+                "kind": rng.choice(DELTA_KINDS),
+                "seed": rng.getrandbits(32),
+                "target": targets[i % len(targets)],
+            }
+        )
+    return cases
+
+
 # --------------------------------------------------------------------------- reading
 
 
@@ -377,7 +622,9 @@ def _spark_read(path: str) -> str:
     return hashlib.sha256(repr(sorted(map(repr, rows))).encode()).hexdigest()
 
 
-def run_target(target: str, path: str) -> str:
+def run_target(target: str, path: str, version: int | None = None) -> str:
+    if target in DELTA_TARGETS:  # pinned at the pristine table's version, as training is
+        return delta_snapshot(path, target, version)
     if target == "read":
         return snapshot(path)
     if target == "spark-read":
@@ -398,7 +645,12 @@ def run_case(case: dict[str, Any], pristine: dict[str, str], work: Path) -> dict
     shutil.copytree(pristine[case["dataset"]], target)
     has_compact = (target / METADATA[2]).exists()
     victim = target / case["file"]
-    mutated = mutate(victim.read_bytes(), case["kind"], random.Random(case["seed"]))
+    rng = random.Random(case["seed"])
+    original = victim.read_bytes()
+    if case["dataset"].startswith("delta-"):
+        mutated = mutate_delta(original, case["kind"], rng, case["file"])
+    else:
+        mutated = mutate(original, case["kind"], rng)
     if mutated is None:
         victim.unlink()
     else:
@@ -407,10 +659,10 @@ def run_case(case: dict[str, Any], pristine: dict[str, str], work: Path) -> dict
     if expected_key not in _EXPECTED:  # the original must read (else the worker dies: seen)
         _EXPECTED[expected_key] = run_target(case["target"], pristine[case["dataset"]])
     try:
-        got = run_target(case["target"], str(target))
+        got = run_target(case["target"], str(target), _pinned(pristine[case["dataset"]]))
     except (SparkDLError, _CliFailed) as exc:
         text = str(exc)
-        named = case["file"] in text
+        named = Path(case["file"]).name in text
         return {"outcome": "typed" if named else "typed_unnamed", "detail": text[:300]}
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
@@ -421,6 +673,8 @@ def run_case(case: dict[str, Any], pristine: dict[str, str], work: Path) -> dict
         shutil.rmtree(target, ignore_errors=True)
     if got == _EXPECTED[expected_key]:
         return {"outcome": "same", "detail": ""}
+    if _pages_only(case["file"], original, mutated):
+        return {"outcome": "unchecked", "detail": ""}
     if case["kind"] == "remove" and case["file"] == META_FILE and not has_compact:
         # nothing records that the dataset had spark-dl metadata: it is now a valid dataset
         # as another MDS writer would write it, read without our column types
@@ -429,6 +683,22 @@ def run_case(case: dict[str, Any], pristine: dict[str, str], work: Path) -> dict
 
 
 _EXPECTED: dict[str, str] = {}
+
+
+def _pages_only(name: str, original: bytes, mutated: bytes | None) -> bool:
+    """A Delta data file changed only in its pages: same size, magic and footer."""
+    if not name.endswith(".parquet") or "_delta_log/" in name or mutated is None:
+        return False
+    if len(mutated) != len(original) or len(original) < 12 or mutated[:4] != original[:4]:
+        return False
+    footer = int.from_bytes(original[-8:-4], "little") + 8
+    return mutated[-footer:] == original[-footer:]
+
+
+def _pinned(path: str) -> int | None:
+    """A pristine Delta table's latest version (its last commit file); None for MDS."""
+    commits = sorted(Path(path).glob("_delta_log/*[0-9].json"))
+    return int(commits[-1].name.split(".")[0]) if commits else None
 
 
 def worker(cases_file: str, pristine_file: str) -> None:
@@ -552,18 +822,24 @@ def run(
     timeout: float = 30.0,
     targets: list[str] | None = None,
     scratch: Path | None = None,
+    delta: bool = False,
 ) -> tuple[Counter[str], list[dict[str, Any]]]:
-    """Build the datasets, run ``count`` cases; the outcome counts and every bad case."""
+    """Build the datasets (``delta``: the Delta tables), run ``count`` cases; the outcome
+    counts and every bad case."""
     own = scratch is None
     root = Path(tempfile.mkdtemp(prefix="spark-dl-fuzz-")) if scratch is None else scratch
     try:
-        pristine_file = root / "pristine.json"
+        pristine_file = root / ("pristine-delta.json" if delta else "pristine.json")
         if pristine_file.exists():  # built by an earlier run in this scratch directory
             datasets = {k: Path(v) for k, v in json.loads(pristine_file.read_text()).items()}
         else:
-            datasets = build_datasets(root / "pristine")
+            build = build_delta_tables if delta else build_datasets
+            datasets = build(root / ("pristine-delta" if delta else "pristine"))
             pristine_file.write_text(json.dumps({k: str(v) for k, v in datasets.items()}))
-        cases = plan_cases(datasets, count, seed, targets or ["read"])
+        if delta:
+            cases = plan_delta_cases(datasets, count, seed, targets or list(DELTA_TARGETS))
+        else:
+            cases = plan_cases(datasets, count, seed, targets or ["read"])
         batches = [cases[i : i + batch] for i in range(0, len(cases), batch)]
         counts: Counter[str] = Counter()
         bad: list[dict[str, Any]] = []
@@ -591,7 +867,11 @@ def main() -> None:
     parser.add_argument(
         "--targets",
         default="read",
-        help="comma-separated: read, cli-inspect, cli-verify, spark-read",
+        help="comma-separated: read, cli-inspect, cli-verify, spark-read (with --delta: "
+        "delta-export, delta-inplace)",
+    )
+    parser.add_argument(
+        "--delta", action="store_true", help="corrupt Delta tables (log, checkpoints, DVs, data)"
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
@@ -600,8 +880,11 @@ def main() -> None:
         worker(*args.worker)
         return
     started = time.perf_counter()
+    targets = args.targets.split(",")
+    if args.delta and targets == ["read"]:
+        targets = list(DELTA_TARGETS)
     counts, bad = run(
-        args.cases, args.seed, args.jobs, args.batch, args.timeout, args.targets.split(",")
+        args.cases, args.seed, args.jobs, args.batch, args.timeout, targets, delta=args.delta
     )
     took = time.perf_counter() - started
     if args.json:

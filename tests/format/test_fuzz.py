@@ -56,3 +56,16 @@ def test_the_harness_counts_crashes_and_hangs(fuzz: Any, scratch: Path) -> None:
     )
     assert counts["crash"] == counts["hang"] == 1, (counts, bad)
     assert {r["outcome"] for r in bad} == {"crash", "hang"}
+
+
+def test_corrupted_delta_tables_end_in_the_data_or_a_typed_error(
+    fuzz: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Delta logs (commits, checkpoint, ``_last_checkpoint``), deletion vectors (on-disk and
+    inline) and Parquet data files corrupted, read pinned by the export and in place."""
+    pytest.importorskip("deltalake")
+    scratch = tmp_path_factory.mktemp("fuzz-delta")
+    counts, bad = fuzz.run(120, seed=7, jobs=2, batch=60, scratch=scratch, delta=True)
+    assert sum(counts.values()) == 120
+    assert not bad, bad[:5]
+    assert counts["same"] > 10 and counts["typed"] > 50

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from ..errors import DatasetError, SpecError, optional_import
 from ..meta import column_names
 from .delta_columns import ColumnMapping, FileColumns, file_columns, mapping_of
+from .delta_errors import culprit_text, empty_commit, past_the_end, typed_errors
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..spec import DatasetSpec
@@ -281,13 +282,15 @@ class DeltaSnapshot:
                     filesystem=filesystem,
                     coerce_int96_timestamp_unit="us",
                 )
-            except (FileNotFoundError, OSError) as exc:
+            except FileNotFoundError as exc:
                 raise DeltaSnapshotError(
                     self.table_uri,
                     f"data file {uri} is missing ({exc}); the snapshot was probably vacuumed",
                     asked=f"version {self.version}",
                     available=self.available,
                 ) from None
+            except (OSError, pa.ArrowException) as exc:  # not Parquet: truncated, overwritten
+                raise self._file_error(uri, f"cannot be read: {_first_line(exc)}") from None
             columns = self.file_columns(pf.schema_arrow, stored, uri)
             keep = self._keep.get(_file_key(uri))
             start = 0
@@ -301,6 +304,8 @@ class DeltaSnapshot:
                     table = table.filter(pa.array(mask, type=pa.bool_()))
                 start += n
                 yield from self._finish(table, uri, out_schema)
+            if keep is not None and not all(keep[start:]):
+                raise self._file_error(uri, past_the_end(start))
             if boundaries:
                 yield source_boundary(out_schema)
 
@@ -351,6 +356,10 @@ class DeltaSnapshot:
             else:  # added to the schema after this file was written
                 arrays.append(pa.nulls(n, type=f.type))
         result = pa.Table.from_arrays(arrays, schema=schema)
+        try:  # Parquet readers do not check UTF-8: a damaged page is caught here, not in decode
+            result.validate(full=True)
+        except pa.ArrowException as exc:
+            raise self._file_error(uri, f"holds invalid data: {_first_line(exc)}") from None
         if self.filter is not None:
             result = result.filter(self.filter)
         yield from result.combine_chunks().to_batches()
@@ -500,6 +509,7 @@ def _version_number(uri: str, version: Any) -> int | None:
     )
 
 
+@typed_errors
 def open_delta(
     path: str | os.PathLike[str],
     *,
@@ -528,7 +538,9 @@ def open_delta(
     try:
         latest = deltalake.DeltaTable(uri, storage_options=storage_options)
     except Exception as exc:
-        raise DeltaSnapshotError(uri, f"cannot be opened: {_first_line(exc)}") from None
+        raise DeltaSnapshotError(
+            uri, f"cannot be opened{culprit_text(uri)}: {_first_line(exc)}"
+        ) from None
     history = commit_history(latest)
     available = _available(history) or (latest.version(), latest.version())
     asked: str | None = None
@@ -562,7 +574,10 @@ def open_delta(
             table = deltalake.DeltaTable(uri, version=version, storage_options=storage_options)
         except Exception as exc:
             raise DeltaSnapshotError(
-                uri, f"cannot be loaded: {_first_line(exc)}", asked=asked, available=available
+                uri,
+                f"cannot be loaded{culprit_text(uri)}: {_first_line(exc)}",
+                asked=asked,
+                available=available,
             ) from None
     else:
         table = latest
@@ -590,7 +605,15 @@ def open_delta(
     # Every deletion vector the log names is applied, the table's reader features aside: a
     # log that adds files with deletion vectors but does not list the feature still deletes
     # those rows for delta-rs's own scan, and serving them would be wrong data.
-    dvs = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all()
+    try:
+        dvs = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all()
+    except Exception as exc:  # delta-rs names the vector's file (or says it is inline)
+        raise DeltaSnapshotError(
+            uri,
+            f"a deletion vector cannot be read{culprit_text(uri)}: {_first_line(exc)}",
+            asked=asked,
+            available=available,
+        ) from None
     for fp, sel in zip(dvs.column("filepath").to_pylist(), dvs.column("selection_vector")):
         keep[_file_key(_decoded(fp))] = sel.as_py()
     order = sorted(range(len(uris)), key=lambda i: rel_paths[i])
@@ -702,6 +725,20 @@ def _check_files_exist(snap: DeltaSnapshot, asked: str) -> None:
             snap.table_uri,
             f"{len(missing)} data file(s) of this snapshot are missing (vacuumed?), "
             f"e.g. {missing[0]}",
+            asked=asked,
+            available=snap.available,
+        )
+    for uri, info in zip(snap.files, infos):  # truncated, or overwritten outside Delta
+        logged = snap.file_size(uri)
+        if info.size is not None and logged is not None and info.size != logged:
+            raise snap._file_error(uri, f"has {info.size} bytes, its add action says {logged}")
+    empty = empty_commit(
+        filesystem, snap._fs_path(f"{snap.table_uri}/_delta_log", prefix), snap.version
+    )
+    if empty:
+        raise DeltaSnapshotError(
+            snap.table_uri,
+            f"commit _delta_log/{empty} is empty (a torn write): its actions are lost",
             asked=asked,
             available=snap.available,
         )

@@ -39,6 +39,7 @@ from ..store.cache import default_cache_dir
 from .dataset import Dataset, _list_depth
 from .delta import DeltaSnapshot, DeltaSnapshotError, _file_key, _first_line, install_in_place
 from .delta_cache import RowGroupCache
+from .delta_errors import past_the_end
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..store.storage import Store
@@ -198,6 +199,8 @@ class DeltaDataset(Dataset):
                     stored = sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
                     groups.append(_RowGroup(i, g, start, rows, live, rg.total_byte_size, stored))
                 start += rows
+            if keep is not None and not keep[start:].all():
+                raise self._file_error(i, None, past_the_end(start))
         return groups, leaves
 
     def _leaf_paths(self, file: int, meta: Any, lists: list[str]) -> dict[str, int]:

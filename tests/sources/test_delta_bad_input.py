@@ -1,0 +1,226 @@
+"""Damaged Delta tables end in a DeltaSnapshotError naming the table, the version and the
+file, on both read paths (the export: ``to_arrow`` / ``write_mds``; in place: ``dataset()``
+/ ``iter_batches``), before any row is served. Tables written by deltalake, deletion
+vectors (on-disk and inline) committed as delta-spark writes them (bench/fuzz.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("deltalake")
+from deltalake import write_deltalake
+
+from spark_dl_core import SpecError
+from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "fuzz.py"
+
+
+def _fuzz() -> Any:
+    spec = importlib.util.spec_from_file_location("fuzz_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("fuzz_bench", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+fuzz = _fuzz()
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """delta-dv (DVs on-disk and inline, JSON log) and delta-ckpt (checkpointed)."""
+    return fuzz.build_delta_tables(tmp_path_factory.mktemp("bad"))  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def table(pristine: dict[str, Path], tmp_path: Path) -> Path:
+    copy = tmp_path / "t"
+    shutil.copytree(pristine["delta-dv"], copy)
+    return copy
+
+
+def _export(path: Path) -> None:
+    open_delta(str(path)).to_arrow()
+
+
+def _in_place(path: Path) -> None:
+    list(open_delta(str(path)).dataset(cache=False).iter_batches(16, shuffle=True, seed=1))
+
+
+PATHS = pytest.mark.parametrize("read", [_export, _in_place], ids=["export", "in_place"])
+
+
+def _refused(read: Callable[[Path], None], path: Path, *words: str) -> str:
+    with pytest.raises(DeltaSnapshotError) as err:
+        read(path)
+    text = str(err.value)
+    for w in (str(path), *words):
+        assert w in text, text
+    return text
+
+
+def _data_file(path: Path, k: int = 0) -> Path:
+    return sorted(path.rglob("part-*.parquet"))[k]
+
+
+def _dv_file(path: Path) -> Path:
+    return next(path.glob("deletion_vector_*.bin"))
+
+
+@PATHS
+def test_version_that_does_not_exist_or_was_vacuumed(read: Any, table: Path) -> None:
+    snap = open_delta(str(table))
+    victim = Path(snap.files[0])
+    victim.unlink()  # a vacuum after the snapshot was pinned
+    with pytest.raises(DeltaSnapshotError, match=rf"version 3.*{victim.name}.*missing"):
+        snap.to_arrow() if read is _export else snap.dataset(cache=False)
+    with pytest.raises(DeltaSnapshotError, match=r"version 7.*no such version.*0\.\.3"):
+        open_delta(str(table), version=7)
+
+
+@PATHS
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_truncated_or_replaced_data_file(read: Any, table: Path, damage: str) -> None:
+    """The export took a non-Parquet file for a missing one, or raised ArrowInvalid."""
+    victim = _data_file(table)
+    data = victim.read_bytes()
+    new = {"truncate": data[: len(data) // 2], "garbage": b"x" * len(data), "empty": b""}
+    victim.write_bytes(new[damage])
+    words = ["version 3", victim.name]
+    _refused(read, table, *words, *(["bytes"] if damage != "garbage" else []))
+
+
+@PATHS
+def test_data_file_damaged_after_open(read: Any, table: Path) -> None:
+    """The size check is at open: a file replaced later is refused when read."""
+    snap = open_delta(str(table))
+    victim = Path(snap.files[1])
+    victim.write_bytes(b"\0" * victim.stat().st_size)
+    with pytest.raises(DeltaSnapshotError, match=rf"version 3.*{victim.name}.*cannot be read"):
+        snap.to_arrow() if read is _export else list(snap.dataset(cache=False).iter_batches(8))
+
+
+@PATHS
+def test_parquet_footer_that_does_not_parse(read: Any, table: Path) -> None:
+    victim = _data_file(table)
+    data = bytearray(victim.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little")
+    data[-8 - footer : -8] = b"\xff" * footer  # same size: the add action's check passes
+    victim.write_bytes(bytes(data))
+    _refused(read, table, "version 3", victim.name)
+
+
+@PATHS
+def test_string_page_with_invalid_utf8(read: Any, table: Path) -> None:
+    """An uncompressed page's text bytes flipped: Parquet readers do not check UTF-8; the
+    decode did, later, with a bare UnicodeDecodeError (or served the bytes)."""
+    victim = _data_file(table, 2)
+    data = victim.read_bytes()
+    at = data.index(b"row ")  # a plain-encoded value of the name column
+    victim.write_bytes(data[:at] + b"\xff\xfe" + data[at + 2 :])
+    _refused(read, table, "version 3", victim.name, "invalid")
+
+
+@PATHS
+def test_on_disk_deletion_vector_corrupt(read: Any, table: Path) -> None:
+    """A flipped bitmap byte fails its CRC-32 in delta-rs: that DeltaError was untyped."""
+    dv = _dv_file(table)
+    data = bytearray(dv.read_bytes())
+    data[20] ^= 0x40
+    dv.write_bytes(bytes(data))
+    _refused(read, table, "version 3", "deletion vector", dv.name)
+
+
+@PATHS
+def test_on_disk_deletion_vector_missing(read: Any, table: Path) -> None:
+    dv = _dv_file(table)
+    dv.unlink()
+    _refused(read, table, "version 3", "deletion vector", dv.name)
+
+
+@PATHS
+def test_inline_deletion_vector_past_the_file(read: Any, table: Path) -> None:
+    """A vector deleting row 1000 of a 20-row file (not the file the log wrote) whose stats
+    claim 2000 rows (delta-rs checks the vector against numRecords only): the reader
+    applied its first rows and ignored the rest."""
+    commit = table / "_delta_log" / f"{3:020}.json"
+    lines = commit.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if '"storageType": "i"' in line)
+    action = json.loads(lines[at])
+    action["add"]["deletionVector"] = fuzz.inline_dv([1, 1000])
+    action["add"]["stats"] = json.dumps({"numRecords": 2000})
+    lines[at] = json.dumps(action)
+    commit.write_text("\n".join(lines) + "\n")
+    name = action["add"]["path"].rsplit("/", 1)[-1]
+    _refused(read, table, "version 3", name, "deletion vector deletes rows past")
+
+
+@PATHS
+@pytest.mark.parametrize("damage", ["garbled", "empty"])
+def test_commit_json_damaged(read: Any, table: Path, damage: str) -> None:
+    """delta-rs's DeltaProtocolError / DeltaError were untyped and named no file; an empty
+    commit (a torn write) was skipped, its files' rows silently missing."""
+    commit = table / "_delta_log" / f"{1:020}.json"
+    text = commit.read_text()
+    if damage == "garbled":
+        text = text.replace('"add"', '"add" "', 1)
+    commit.write_text("" if damage == "empty" else text)
+    _refused(read, table, "_delta_log/00000000000000000001.json")
+
+
+@PATHS
+def test_checkpoint_damaged(read: Any, pristine: dict[str, Path], tmp_path: Path) -> None:
+    table = tmp_path / "ckpt"
+    shutil.copytree(pristine["delta-ckpt"], table)
+    checkpoint = next(table.glob("_delta_log/*.checkpoint.parquet"))
+    data = checkpoint.read_bytes()
+    checkpoint.write_bytes(data[: len(data) // 2])
+    _refused(read, table, checkpoint.name)
+
+
+@PATHS
+def test_last_checkpoint_pointing_wrong(
+    read: Any, pristine: dict[str, Path], tmp_path: Path
+) -> None:
+    table = tmp_path / "ckpt"
+    shutil.copytree(pristine["delta-ckpt"], table)
+    hint = table / "_delta_log" / "_last_checkpoint"
+    hint.write_text(json.dumps(dict(json.loads(hint.read_text()), version=1)))
+    try:
+        read(table)  # delta-rs may find the real checkpoint by listing: the right rows
+    except DeltaSnapshotError as exc:
+        assert str(table) in str(exc)
+    else:
+        expected = open_delta(str(pristine["delta-ckpt"])).to_arrow()
+        assert open_delta(str(table)).to_arrow().equals(expected)
+
+
+def test_schema_changed_under_a_resumed_state(tmp_path: Path) -> None:
+    """A loader state saved on version M of the in-place dataset, loaded on version N after
+    a column was added: refused naming the table and version, before a batch."""
+    pytest.importorskip("torch")
+    import pyarrow as pa
+
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"id": pa.array(range(50), pa.int64())}))
+    loader = open_delta(path).to_torch(8, shuffle=True, seed=1)
+    next(iter(loader))
+    state = loader.state_dict()
+    extra = pa.table({"id": pa.array([99], pa.int64()), "label": pa.array(["x"])})
+    write_deltalake(path, extra, mode="append", schema_mode="merge")
+    later = open_delta(path)
+    assert later.version == 1 and "label" in later.output_schema.names
+    resumed = later.to_torch(8, shuffle=True, seed=1)
+    with pytest.raises(SpecError, match=rf"{path}@v1.*fingerprint"):
+        resumed.load_state_dict(state)
+        next(iter(resumed))
