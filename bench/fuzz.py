@@ -13,9 +13,9 @@ confirm it. Outcome classes:
 - ``no_metadata``: read in full as a dataset without spark-dl metadata, after
   ``spark_dl.json`` was removed from a dataset that has no compact index either (nothing
   records that it had one: it is a valid dataset as another MDS writer would write it);
-- ``unchecked``: other values read from a Delta data file whose page bytes alone changed
-  (same size, footer intact): Parquet as deltalake writes it has no page checksums, so no
-  reader can tell;
+- ``unchecked``: other values read from a Delta data file whose bytes changed in place
+  (same size, magics intact) and still parse: Parquet as deltalake writes it has no page
+  checksums, and Delta records no hash of a data file, so no reader can tell;
 - ``untyped``: any other exception; ``different``: read in full, not equal to the original;
 - ``crash``: the process died (signal or exit); ``hang``: no answer within the timeout.
 
@@ -686,13 +686,12 @@ _EXPECTED: dict[str, str] = {}
 
 
 def _pages_only(name: str, original: bytes, mutated: bytes | None) -> bool:
-    """A Delta data file changed only in its pages: same size, magic and footer."""
+    """A Delta data file whose bytes changed in place (same size, both magics intact):
+    Parquet as deltalake writes it has no checksum over pages or footer to catch it."""
     if not name.endswith(".parquet") or "_delta_log/" in name or mutated is None:
         return False
-    if len(mutated) != len(original) or len(original) < 12 or mutated[:4] != original[:4]:
-        return False
-    footer = int.from_bytes(original[-8:-4], "little") + 8
-    return mutated[-footer:] == original[-footer:]
+    ends = (mutated[:4], mutated[-4:]) == (original[:4], original[-4:])
+    return len(mutated) == len(original) and len(original) >= 12 and ends
 
 
 def _pinned(path: str) -> int | None:
