@@ -166,7 +166,7 @@ def test_inline_deletion_vector_past_the_file(read: Any, table: Path) -> None:
 
 
 @PATHS
-@pytest.mark.parametrize("damage", ["garbled", "empty"])
+@pytest.mark.parametrize("damage", ["garbled", "empty", "add_type"])
 def test_commit_json_damaged(read: Any, table: Path, damage: str) -> None:
     """delta-rs's DeltaProtocolError / DeltaError were untyped and named no file; an empty
     commit (a torn write) was skipped, its files' rows silently missing."""
@@ -174,6 +174,8 @@ def test_commit_json_damaged(read: Any, table: Path, damage: str) -> None:
     text = commit.read_text()
     if damage == "garbled":
         text = text.replace('"add"', '"add" "', 1)
+    elif damage == "add_type":  # found by bench/fuzz.py: the culprit search itself failed
+        text = "\n".join('{"add": 7}' if '"add"' in line else line for line in text.splitlines())
     commit.write_text("" if damage == "empty" else text)
     _refused(read, table, "_delta_log/00000000000000000001.json")
 

@@ -100,7 +100,10 @@ def _unparsed(file: Path) -> str | None:
                 action = json.loads(line) if line.strip() else {}
                 if not isinstance(action, dict):
                     return f"line {n} is not a JSON object"
-                stats = (action.get("add") or {}).get("stats")
+                add = action.get("add")
+                if add is not None and not isinstance(add, dict):
+                    return f"line {n}: its add action is not a JSON object"
+                stats = (add or {}).get("stats")
                 if isinstance(stats, str):  # the file's statistics: JSON in a string
                     json.loads(stats)
         elif file.name == "_last_checkpoint":
