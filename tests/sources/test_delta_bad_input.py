@@ -223,6 +223,6 @@ def test_schema_changed_under_a_resumed_state(tmp_path: Path) -> None:
     later = open_delta(path)
     assert later.version == 1 and "label" in later.output_schema.names
     resumed = later.to_torch(8, shuffle=True, seed=1)
-    with pytest.raises(SpecError, match=rf"{path}@v1.*fingerprint"):
+    with pytest.raises(SpecError, match=rf"table '{path}' version 0.*version 1 \(fingerprint"):
         resumed.load_state_dict(state)
         next(iter(resumed))
