@@ -264,6 +264,7 @@ def describe_mixture(path: str, epoch: int = 0) -> dict[str, Any]:
         "schedule": None
         if m.mixture.schedule is None
         else [stage.model_dump() for stage in m.mixture.schedule],
+        "stages": m.stage_table(),  # each stage's samples per source (the last: per epoch)
     }
 
 
@@ -276,9 +277,11 @@ def _inspect_mixture(args: argparse.Namespace) -> int:
         f"mixture {info['mixture']}: {info['epoch_size']} samples per epoch, "
         f"batching {info['batching']}, fingerprint {info['fingerprint']}"
     )
-    for k, stage in enumerate(info["schedule"] or []):
+    for k, stage in enumerate(info["stages"]):
         weights = ", ".join(f"{n} {w:g}" for n, w in stage["weights"].items())
-        print(f"stage {k} from sample {stage['start']}: {weights}")
+        counts = ", ".join(f"{n} {c}" for n, c in stage["counts"].items())
+        span = "per epoch" if stage["end"] is None else f"until sample {stage['end']}"
+        print(f"stage {k} from sample {stage['start']}: {weights}; samples {counts} {span}")
     print(f"epoch {info['epoch']}:")
     for s in info["sources"]:
         a, b = s["passes"]

@@ -562,7 +562,55 @@ def _stats_cell(stats: dict[str, Any]) -> str:
     )
 
 
-def _lineage_html(ds: Dataset) -> str:
+def _schedule_html(ds: Dataset, stats: dict[str, Any] | None) -> str:
+    """A scheduled mixture's stages: start, end, weights and each source's samples over
+    the stage; the stage a loader's ``stats`` reports is marked."""
+    table: list[dict[str, Any]] = getattr(ds, "stage_table", list)()
+    if not table:
+        return ""
+    now = (stats or {}).get("stage")
+    rows = "".join(_stage_row(t, t["stage"] == now) for t in table)
+    return (
+        "<h3>Schedule</h3><table><tr><th>stage</th><th>from sample</th><th>to sample</th>"
+        f"<th>weights</th><th>samples per source</th></tr>{rows}</table>"
+    )
+
+
+def _stage_row(t: dict[str, Any], current: bool) -> str:
+    end = "" if t["end"] is None else f"{t['end']:,}"
+    weights = ", ".join(f"{n} {w:g}" for n, w in t["weights"].items())
+    counts = ", ".join(f"{n} {c:,}" for n, c in t["counts"].items())
+    per_epoch = ' <span class="muted">per epoch</span>' if t["end"] is None else ""
+    mark = (' class="current"', " ◀ now") if current else ("", "")
+    return (
+        f'<tr data-stage="{t["stage"]}"{mark[0]}><td>{t["stage"]}{mark[1]}</td>'
+        f"<td>{t['start']:,}</td><td>{end}</td><td>{_e(weights)}</td>"
+        f"<td>{_e(counts)}{per_epoch}</td></tr>"
+    )
+
+
+def _delivered_html(stats: dict[str, Any] | None) -> str:
+    """What a loader's ``stats()`` says a mixture's pass delivered, per source."""
+    sources = (stats or {}).get("sources")
+    if not sources or stats is None:
+        return ""
+    total = sum(sources.values()) or 1
+    rows = "".join(
+        f'<tr data-source="{_e(n)}"><td>{_e(n)}</td><td>{c:,}</td>'
+        f"<td>{100 * c / total:.1f}%</td></tr>"
+        for n, c in sources.items()
+    )
+    stage = stats.get("stage")
+    where = f"epoch {stats.get('epoch')}"
+    if stage is not None:
+        where += f", stage {stage} (from sample {stats.get('stage_start', 0):,})"
+    return (
+        f"<h3>Delivered this pass</h3><p>{_e(where)}</p><table><tr><th>source</th>"
+        f"<th>samples</th><th>share</th></tr>{rows}</table>"
+    )
+
+
+def _lineage_html(ds: Dataset, stats: dict[str, Any] | None = None) -> str:
     lineage = getattr(ds, "lineage", None)
     if isinstance(lineage, list) and lineage:  # a mixture: each source and its share
         total = sum(int(s.get("per_epoch", 0)) for s in lineage) or 1
@@ -575,6 +623,8 @@ def _lineage_html(ds: Dataset) -> str:
         return (
             "<h3>Lineage: mixture</h3><table><tr><th>source</th><th>path</th>"
             f"<th>samples per epoch</th><th>share</th></tr>{rows}</table>"
+            + _schedule_html(ds, stats)
+            + _delivered_html(stats)
         )
     source = ds.source
     if not source:
@@ -593,12 +643,19 @@ def _lineage_html(ds: Dataset) -> str:
 
 
 def card_html(
-    ds: Dataset, rows: int = SAMPLE_ROWS, thumbs: int = THUMBNAILS, *, page: bool = True
+    ds: Dataset,
+    rows: int = SAMPLE_ROWS,
+    thumbs: int = THUMBNAILS,
+    *,
+    page: bool = True,
+    stats: dict[str, Any] | None = None,
 ) -> str:
     """The card of ``ds`` as HTML: a whole page (``page=True``) or a fragment for a
-    notebook cell. Statistics and thumbnails come from at most ``rows`` samples."""
+    notebook cell. Statistics and thumbnails come from at most ``rows`` samples.
+    ``stats``: a loader's ``stats()`` over a mixture, whose per-source delivered counts
+    and current stage the card shows (``card_html(m, stats=loader.stats())``)."""
     indices = sample_indices(ds, rows)
-    stats = column_stats(ds, indices)
+    sampled = column_stats(ds, indices)
     plans = {p.name: p for p in ds.plans or []}
     stored = sum(int(b) for b in ds.shards.stored_bytes) if ds.num_shards else 0
     compression = ds.shards[0].compression if ds.num_shards else None
@@ -610,7 +667,7 @@ def card_html(
         + f' · <span class="muted">statistics from {len(indices)} sampled rows</span></p>'
     )
     schema_rows = []
-    for name, st in stats.items():
+    for name, st in sampled.items():
         plan = plans.get(name)
         arrow = str(plan.arrow_type) if plan is not None else ""
         nullable = "masked" if plan is not None and plan.null_mask else ""
@@ -628,16 +685,16 @@ def card_html(
         + "</table>"
     )
     grids = []
-    for name, st in stats.items():
+    for name, st in sampled.items():
         if st.get("kind") != "image":
             continue
         grids.append(_thumbnail_grid(ds, name, indices, thumbs))
     grids += [
         _media_previews(ds, name, st["kind"], indices)
-        for name, st in stats.items()
+        for name, st in sampled.items()
         if st.get("kind") in ("audio", "video")
     ]
-    body = f'<div class="sdl-card"><style>{_STYLE}</style>{head}{schema}{_lineage_html(ds)}'
+    body = f'<div class="sdl-card"><style>{_STYLE}</style>{head}{schema}{_lineage_html(ds, stats)}'
     body += "".join(grids) + "</div>"
     if not page:
         return body

@@ -205,4 +205,11 @@ def test_cli_inspect_shows_the_schedule_and_the_epoch_counts(
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         assert main(["inspect", str(saved)]) == 0
-    assert "stage 1 from sample 600: web 1, code 1, math 1" in text.getvalue()
+    # stage 0 over [0, 600): epoch 0 (267, 133) and [400, 600) (133, 67)
+    assert "stage 0 from sample 0: web 2, code 1; samples web 400, code 200 until sample 600" in (
+        text.getvalue()
+    )
+    assert "stage 1 from sample 600: web 1, code 1, math 1; samples web 134, code 133, " in (
+        text.getvalue()
+    )
+    assert info["stages"][0]["counts"] == {"web": 400, "code": 200}

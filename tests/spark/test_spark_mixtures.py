@@ -83,3 +83,53 @@ def test_mixture_view_example_and_bad_specs(spark: Any, tmp_path: Path) -> None:
         spark.read.format("mds").option("mixture", bad).load().count()
     with pytest.raises(MixtureError, match="batching"):
         open_mixture({"sources": [{"path": str(tmp_path / "web")}], "batching": "fifo"})
+
+
+@pytest.mark.spark
+def test_a_scheduled_mixture_view_reads_the_cores_order(spark: Any, tmp_path: Path) -> None:
+    web, code, math = (str(tmp_path / n) for n in ("web", "code", "math"))
+    spark.range(500).write.format("mds").save(web)
+    spark.range(1000, 1200).write.format("mds").save(code)
+    spark.range(2000, 2040).write.format("mds").save(math)
+    spec = {
+        "sources": [
+            {"path": web, "name": "web"},
+            {"path": code, "name": "code"},
+            {"path": math, "name": "math"},
+        ],
+        "epoch_size": 300,
+        "source_column": "source",
+        # the second stage starts inside epoch 1, at its position 150 (a count string)
+        "schedule": [
+            {"start": 0, "weights": {"web": 2, "code": 1}},
+            {"start": "0.45k", "weights": {"web": 1, "code": 1, "math": 1}},
+        ],
+    }
+    core = open_mixture(spec)
+    saved = str(tmp_path / "staged.json")
+    core.save(saved)
+    inline = json.dumps(spec).replace("'", "\\'")
+    spark.sql(
+        f"CREATE OR REPLACE TEMPORARY VIEW staged USING mds OPTIONS (mixture '{inline}', "
+        "shuffle 'true', seed '7', epoch '1')"
+    )
+    for view in (
+        spark.table("staged"),
+        spark.read.format("mds")
+        .option("mixture", saved)
+        .option("shuffle", "true")
+        .option("seed", "7")
+        .option("epoch", "1")
+        .load(),
+    ):
+        rows = view.select("id", "source").collect()
+        want = np.concatenate(
+            [b["id"] for b in core.iter_batches(batch_size=64, shuffle=True, seed=7, epoch=1)]
+        )
+        assert [r.id for r in rows] == want.tolist()  # the same order, row for row
+        sources = np.array([r.source for r in rows])
+        assert np.bincount(sources[:150], minlength=3).tolist() == [100, 50, 0]
+        assert np.bincount(sources[150:], minlength=3).tolist() == [50, 50, 50]
+    bad = dict(spec, schedule=[{"start": 0, "weights": {"web": 1, "video": 1}}])
+    with pytest.raises(Exception, match=r"schedule stage 0.*'video'"):
+        spark.read.format("mds").option("mixture", json.dumps(bad)).load().count()

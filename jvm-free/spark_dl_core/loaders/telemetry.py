@@ -13,7 +13,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..order import EpochPlan
+    from ..shard_source import ShardSource
 
 STAGES = ("read", "decompress", "decode", "transform")
 
@@ -46,6 +52,43 @@ class Spans:
         return out
 
 
+class SourceTally:
+    """A mixture's per-source samples delivered in one pass, counted only when stats are
+    asked for: the ids of the batches delivered since the last count (from the pass's
+    plan) mapped to their sources and added on, so the batch path does nothing and each
+    batch is counted once. A plain dataset reports nothing."""
+
+    CHUNK = 1024  # batches looked up at once (bounds the memory of a late first call)
+
+    def __init__(self, dataset: ShardSource, plan: EpochPlan, epoch: int) -> None:
+        self.dataset, self.plan, self.epoch = dataset, plan, epoch
+        self.counted = 0
+        self.counts: np.ndarray | None = None
+
+    def report(self, steps: int) -> dict[str, Any]:
+        count = getattr(self.dataset, "count_sources", None)
+        report = getattr(self.dataset, "source_report", None)
+        if count is None or report is None:
+            return {}
+        steps = min(steps, len(self.plan))
+        for k in range(self.counted, steps, self.CHUNK):
+            got = count(self.plan.joined(range(k, min(k + self.CHUNK, steps))))
+            if got is None:
+                return {}
+            self.counts = got if self.counts is None else self.counts + got
+        self.counted = max(self.counted, steps)
+        if self.counts is None:
+            got = count(np.empty(0, dtype=np.int64))
+            if got is None:
+                return {}
+            self.counts = got
+        consumed = self.plan.consumed_after(steps)
+        epoch = self.epoch
+        if consumed and consumed >= self.plan.total:  # the epoch's end: the next one's start
+            epoch, consumed = epoch + 1, 0
+        return dict(report(self.counts, epoch, consumed))
+
+
 class PassStats:
     """What one pass (one ``iter(loader)``) delivered and where its time went."""
 
@@ -61,6 +104,12 @@ class PassStats:
         self.workers: dict[str, dict[str, float]] = {}
         self.spans = Spans() if trace else None
         self.worker_events: list[dict[str, Any]] = []
+        self.tally: SourceTally | None = None
+
+    def follow(self, dataset: ShardSource, plan: EpochPlan) -> PassStats:
+        """Report a mixture's per-source counts and stage for this pass's ``plan``."""
+        self.tally = SourceTally(dataset, plan, self.epoch)
+        return self
 
     def delivered(self, samples: int, waited: float, now: float) -> None:
         if self.first_batch_s is None:
@@ -83,6 +132,7 @@ class PassStats:
             "data_starved_pct": 100.0 * self.waited_s / wall,
             "workers": {k: dict(v) for k, v in sorted(self.workers.items())},
             **self._downloads(),
+            **(self.tally.report(self.batches) if self.tally is not None else {}),
         }
 
     def _downloads(self) -> dict[str, float]:

@@ -23,6 +23,7 @@ from .mixture_order import (
     merged_counts,
     merged_counts_at,
     proportional_counts,
+    range_counts,
     schedule_parts,
     source_pieces,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "plan_position",
     "position_record",
     "proportional_counts",
+    "range_counts",
     "resolve_window",
     "schedule_parts",
     "shuffle_quality",

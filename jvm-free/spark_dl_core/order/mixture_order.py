@@ -425,7 +425,7 @@ class SchedulePart:
     stream_starts: tuple[int, ...]
 
 
-def _range_counts(weights: Sequence[float], a: int, z: int, epoch_size: int) -> list[int]:
+def range_counts(weights: Sequence[float], a: int, z: int, epoch_size: int) -> list[int]:
     """Per source, the samples a stage gives over run positions ``[a, z)``: the range is cut
     at epoch ends and each part counted by :func:`proportional_counts` (O(1) parts: the whole
     epochs in the middle share one count)."""
@@ -460,7 +460,7 @@ def schedule_parts(
     ends = [s for s, _ in stages[1:]] + [max(hi, stages[-1][0] + 1)]
     at = [0] * len(stages[0][1])
     for (start, weights), end in zip(stages, ends):
-        done = _range_counts(weights, start, min(end, lo), epoch_size)
+        done = range_counts(weights, start, min(end, lo), epoch_size)
         at = [x + d for x, d in zip(at, done)]
     parts = []
     for k, ((start, weights), end) in enumerate(zip(stages, ends)):

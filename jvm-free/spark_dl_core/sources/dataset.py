@@ -274,6 +274,16 @@ class Dataset:
     def derive(self, name: str, index: np.ndarray) -> np.ndarray:
         raise ColumnNotFoundError(f"{self.shown} has no derived column {name!r}")
 
+    def count_sources(self, ids: np.ndarray) -> np.ndarray | None:
+        """Per source of a mixture, how many of global sample ``ids`` it gives (what
+        ``loader.stats()`` shows); None for one dataset, which has no sources."""
+        return None
+
+    def source_report(self, counts: np.ndarray, epoch: int, consumed: int) -> dict[str, Any]:
+        """``loader.stats()``'s view of a mixture at a position: per-source ``counts`` by
+        name and the stage; nothing for one dataset."""
+        return {}
+
     def locate(self, sample: int) -> tuple[str, int]:
         """The shard file holding global sample ``sample`` and its index within it."""
         shard = int(np.searchsorted(self.shard_offsets, sample, side="right") - 1)

@@ -42,6 +42,7 @@ from ..order import (
     ScheduledOrder,
     SchedulePart,
     proportional_counts,
+    range_counts,
     schedule_parts,
 )
 from ..order.state import LoaderState
@@ -131,6 +132,12 @@ class Stage(BaseModel):
 
     start: int
     weights: dict[str, float]
+
+    @field_validator("start", mode="before")
+    @classmethod
+    def _count(cls, value: Any) -> int:
+        # a hand-written spec (a SQL view's JSON) writes starts as mix() takes them: "27M"
+        return parse_count(value, "schedule stage start")
 
 
 class MixtureSpec(BaseModel):
@@ -611,6 +618,34 @@ class Mixture(Dataset):
             return [epoch * c for c in self.counts]
         return list(self.epoch_parts(epoch)[0].stream_starts)
 
+    def stage_table(self) -> list[dict[str, Any]]:
+        """The schedule stage by stage (empty without one): its start and end (run
+        positions; None for the last, open-ended stage), weights by source name and the
+        samples each source gives over the whole stage (the last stage: per epoch), by
+        the rounding rules of docs/mixtures.md. For cards and ``spark-dl inspect``."""
+        if self.stages is None:
+            return []
+        size = int(self.mixture.epoch_size or 0)
+        names = [self._label(i) for i in range(len(self.sources))]
+        out = []
+        for k, (start, weights) in enumerate(self.stages):
+            end = self.stages[k + 1][0] if k + 1 < len(self.stages) else None
+            got = (
+                proportional_counts(weights, size)
+                if end is None
+                else range_counts(weights, start, end, size)
+            )
+            out.append(
+                {
+                    "stage": k,
+                    "start": int(start),
+                    "end": end,
+                    "weights": {n: w for n, w in zip(names, weights) if w},
+                    "counts": {n: int(c) for n, c, w in zip(names, got, weights) if w},
+                }
+            )
+        return out
+
     @property
     def plans(self) -> list[ColumnPlan] | None:
         return self._plans
@@ -675,6 +710,34 @@ class Mixture(Dataset):
     def derive(self, name: str, index: np.ndarray) -> np.ndarray:
         """The source column: each sample's source index (position in ``sources``)."""
         return np.searchsorted(self.sample_base, index, side="right").astype(np.int64) - 1
+
+    def count_sources(self, ids: np.ndarray) -> np.ndarray:
+        """Per source, how many of ``ids`` it gives (``loader.stats()`` counts delivered
+        batches with it when asked, never on the batch path)."""
+        which = self.derive("", np.asarray(ids, dtype=np.int64))
+        return np.bincount(which, minlength=len(self.sources)).astype(np.int64)
+
+    def stage_at(self, epoch: int, consumed: int) -> int | None:
+        """The schedule's stage at a position (the next sample's); None without one."""
+        if self.stages is None:
+            return None
+        return served_at(self.epoch_parts(epoch), consumed)[1]
+
+    def source_report(self, counts: np.ndarray, epoch: int, consumed: int) -> dict[str, Any]:
+        """Per-source ``counts`` by name, the stage at (epoch, consumed) and where it
+        started (run position), for ``loader.stats()``."""
+        names = [self._label(i) for i in range(len(self.sources))]
+        out: dict[str, Any] = {
+            "sources": {
+                n if names.count(n) == 1 else f"{n}#{i}": int(c)
+                for i, (n, c) in enumerate(zip(names, counts))
+            }
+        }
+        stage = self.stage_at(epoch, consumed)
+        if stage is not None and self.stages is not None:
+            out["stage"] = stage
+            out["stage_start"] = int(self.stages[stage][0])
+        return out
 
     def locate(self, sample: int) -> tuple[str, int]:
         s = int(np.searchsorted(self.sample_base, sample, side="right") - 1)

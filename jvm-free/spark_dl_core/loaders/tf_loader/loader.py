@@ -285,7 +285,7 @@ def make_tf_dataset(
 
     def generate() -> Iterator[dict[str, Any]]:
         plan = passes.next_plan()
-        stats = passes.stats = PassStats(passes.current[1])
+        stats = passes.stats = PassStats(passes.current[1]).follow(dataset, plan)
         reader = BatchReader(dataset, plan, epoch=passes.current[1], **read)
         stats.workers["tf.data"] = reader.times  # updated in place as the reader works
         for k, batch in enumerate(reader):

@@ -462,7 +462,7 @@ class TorchLoader:
         self._live = live
         trace_path = self.settings.trace_path
         tracing = trace_path is not None
-        stats = self._stats = PassStats(self.epoch, trace=tracing)
+        stats = self._stats = PassStats(self.epoch, trace=tracing).follow(self.dataset, plan)
         read = {**self.read, "seed": self.seed, "epoch": self.epoch, "jagged": True}
         pool: _Workers | None = None
         slabs: _Slabs | None = None
@@ -532,9 +532,12 @@ class TorchLoader:
         """The latest pass (current epoch): samples and batches delivered, samples/s, time
         to first batch, data-starved % (share of wall time the training loop waited for a
         batch), and per worker the seconds spent reading, decompressing, decoding and
-        transforming (cumulative within the pass)."""
+        transforming (cumulative within the pass). Over a mixture also ``sources`` (each
+        source's samples this rank was delivered in the pass) and, with a schedule,
+        ``stage`` and ``stage_start`` (the run's stage now): counted when asked."""
         if self._stats is None:
-            return PassStats(self.epoch).as_dict() | {"samples_per_s": 0.0, "wall_s": 0.0}
+            empty = PassStats(self.epoch).follow(self.dataset, self._plan_for)
+            return empty.as_dict() | {"samples_per_s": 0.0, "wall_s": 0.0}
         return self._stats.as_dict()
 
     # -- state
