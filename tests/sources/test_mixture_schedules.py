@@ -125,6 +125,65 @@ def test_resume_across_the_boundary_at_another_world_size(
     assert np.array_equal(np.concatenate(seen + dealt), whole), where
 
 
+@pytest.mark.parametrize("batching", ["stratified", "per_source"])
+def test_stratified_and_per_source_schedules_keep_counts_and_the_batch_grid(
+    paths: dict[str, str], batching: str
+) -> None:
+    m = _mixture(paths, batching=batching)
+    ids = _run(m, 3)  # batches of 32: the boundary (epoch 1's 200) is 8 into batch 6
+    src = _source_of(ids)
+    assert np.bincount(src[:400], minlength=3).tolist() == [267, 133, 0]
+    assert np.bincount(src[400:600], minlength=3).tolist() == [133, 67, 0]
+    assert np.bincount(src[600:800], minlength=3).tolist() == [67, 67, 66]
+    assert np.bincount(src[800:], minlength=3).tolist() == [134, 133, 133]
+    web = ids[src == 0]
+    assert len(set(web.tolist())) == len(web) == 601  # web is not exhausted yet: no repeat
+    batches = [_source_of(b["id"]) for b in m.iter_batches(batch_size=32, shuffle=True, epoch=1)]
+    assert [len(b) for b in batches] == [32] * 12 + [16]
+    if batching == "per_source":
+        # part 1 [0, 200) at 133:67: 6 whole batches, 8 left; part 2 [200, 400) at 67:67:66:
+        # a 24-sample first batch from the remainders (one whole batch turned into them), 5
+        # whole batches, 16 left. Only batch 6 (8 + 24) and the last may mix sources.
+        mixed = [k for k, b in enumerate(batches) if len(set(b.tolist())) > 1]
+        assert set(mixed) <= {6, 12} and 6 in mixed
+    else:
+        # a batch inside a part holds each source's share of it within one sample
+        for k, b in enumerate(batches):
+            if k != 6 and k < 12:
+                share = [133, 67, 0] if k < 6 else [67, 67, 66]
+                got = np.bincount(b, minlength=3)
+                assert np.all(np.abs(got - np.array(share) * 32 / 200) <= 1), k
+
+
+@pytest.mark.parametrize("batching", ["stratified", "per_source"])
+def test_stratified_and_per_source_schedules_resume_at_another_world_size(
+    paths: dict[str, str], batching: str
+) -> None:
+    pytest.importorskip("torch")
+    m = _mixture(paths, batching=batching)
+    settings = {"batch_size": 24, "shuffle": True, "seed": 5, "epoch": 1}
+    whole = [b["id"] for b in m.iter_batches(**settings)]
+    per_rank = [
+        [b["id"] for b in m.iter_batches(rank=r, world_size=3, even_batches=False, **settings)]
+        for r in range(3)
+    ]
+    dealt = [per_rank[g % 3][g // 3] for g in range(len(whole))]
+    assert all(np.array_equal(a, b) for a, b in zip(dealt, whole))
+    loader = m.to_torch(rank=1, world_size=2, **settings)
+    it = iter(loader)
+    _ = [next(it) for _ in range(4)]  # 8 global batches: 192, the boundary inside batch 8
+    state = json.loads(json.dumps(loader.state_dict()))
+    it.close()
+    assert state["consumed"] == 192
+    rest = []
+    for r in range(3):
+        resumed = m.to_torch(rank=r, world_size=3, even_batches=False, **settings)
+        resumed.load_state_dict(state)
+        rest.append([b["id"].numpy() for b in resumed])
+    after = [rest[g % 3][g // 3] for g in range(sum(len(r) for r in rest))]
+    assert np.array_equal(np.concatenate(after), np.concatenate(whole[8:]))
+
+
 def test_fingerprint_and_spec_carry_the_schedule(paths: dict[str, str], tmp_path: Path) -> None:
     m = _mixture(paths)
     later = _mixture(paths, schedule=[SCHEDULE[0], (BOUNDARY + 1, SCHEDULE[1][1])])
@@ -151,8 +210,6 @@ def test_fingerprint_and_spec_carry_the_schedule(paths: dict[str, str], tmp_path
         ([(0, {"web": -1.0})], {}, r"stage 0 .*'web' weight=-1.0 must be positive"),
         ([(0, {"web": "lots"})], {}, r"stage 0 .*'web' weight='lots' is not a number"),
         ([(0, {"web": 1})], {"epoch_size": None}, r"schedule: needs epoch_size"),
-        ([(0, {"web": 1})], {"batching": "stratified"}, r"batching='stratified' is not supp"),
-        ([(0, {"web": 1})], {"batching": "per_source"}, r"batching='per_source' is not supp"),
         ([], {}, r"schedule=\[\]"),
         ([("soon", {"web": 1})], {}, r"schedule stage 0 start='soon'"),
     ],

@@ -246,6 +246,12 @@ class MixtureOrder:
       follow their smooth merge (each source in proportion across the epoch); the sources'
       remainders (fewer than a batch each) form the epoch's last batches, which may mix.
 
+    ``lead``: where this order's first position falls inside a batch of the whole epoch (a
+    schedule's part starting mid-batch): its batches then keep to the epoch's batch grid,
+    the first one ``batch_size - lead`` long. For ``"per_source"`` that short first batch
+    is taken from the sources' remainders (the latest whole batches of the merge become
+    remainders when those are too few), so it may mix sources, as the last ones may.
+
     Holds O(pieces) arrays, whatever the epoch's length.
     """
 
@@ -257,6 +263,7 @@ class MixtureOrder:
         shuffle: bool,
         window: int = DEFAULT_WINDOW,
         batch_size: int = 0,
+        lead: int = 0,
     ) -> None:
         if plan.batching not in BATCHING:
             raise SpecError(f"batching={plan.batching!r}: must be one of {BATCHING}")
@@ -284,7 +291,9 @@ class MixtureOrder:
             GlobalOrder(p[0], f"{plan.fingerprint}:{s}", seed, epoch, shuffle, window, bases=p[1])
             for s, p in enumerate(pieces)
         ]
-        self.full = [c // self.batch_size for c in self.counts]  # per_source: whole batches
+        self.lead = int(lead) % self.batch_size
+        self.head = min(self.total, (self.batch_size - self.lead) % self.batch_size)
+        self.full = self._whole_batches()  # per_source: whole batches per source
         self._key = _key(plan.fingerprint, seed, epoch)
         self._dense = len(self.counts) <= DENSE_WORLD
         self._merged: dict[int, list[int]] = {}
@@ -300,16 +309,30 @@ class MixtureOrder:
             return self.mixed.take(start, stop, dense)
         if stop <= start:
             return np.empty(0, dtype=np.int64)
-        size = self.batch_size
+        size, lead = self.batch_size, self.lead
         if self.plan.batching == "stratified":
-            first = start // size
-            ids = self._stratified(first, (stop - 1) // size + 1)
-            return ids[start - first * size : stop - first * size]
+            first = (start + lead) // size
+            ids = self._stratified(first, (stop - 1 + lead) // size + 1)
+            at = max(first * size - lead, 0)
+            return ids[start - at : stop - at]
         parts = []
-        for b in range(start // size, (stop - 1) // size + 1):
+        for b in range((start + lead) // size, (stop - 1 + lead) // size + 1):
             chunk = self._batch(b)
-            parts.append(chunk[max(start - b * size, 0) : min(stop - b * size, len(chunk))])
+            at = max(b * size - lead, 0)
+            parts.append(chunk[max(start - at, 0) : min(stop - at, len(chunk))])
         return np.concatenate(parts)
+
+    def _whole_batches(self) -> list[int]:
+        """``per_source``: each source's whole batches; with a short first batch (``lead``)
+        the remainders must fill it, so the merge's latest whole batches turn into
+        remainders when they are too few."""
+        size = self.batch_size
+        full = [c // size for c in self.counts]
+        short = self.head - (self.total - size * sum(full))
+        if short <= 0:
+            return full
+        demoted = -(-short // size)  # whole batches that become remainders
+        return merged_counts(full, sum(full) - demoted)
 
     def _counts_at(self, counts: list[int], x: int) -> list[int]:
         """``merged_counts(counts, x)`` for ``per_source``'s whole batches, kept for the
@@ -330,7 +353,9 @@ class MixtureOrder:
         The same ids in the same order as taking batch by batch (a test holds the two equal).
         """
         size, n_src = self.batch_size, len(self.counts)
-        bounds = np.minimum(np.arange(first, stop + 1, dtype=np.int64) * size, self.total)
+        bounds = np.clip(
+            np.arange(first, stop + 1, dtype=np.int64) * size - self.lead, 0, self.total
+        )
         got = merged_counts_at(self.counts, bounds)  # [batches + 1, sources]
         lo, hi = got[0], got[-1]
         parts = [
@@ -383,17 +408,20 @@ class MixtureOrder:
     def _batch(self, b: int) -> np.ndarray:
         """A ``per_source`` mixture's ids at positions ``[b * batch_size, (b + 1) *
         batch_size)`` in their order."""
-        size = self.batch_size
-        x0, x1 = b * size, min((b + 1) * size, self.total)
+        size, head = self.batch_size, self.head
+        x0, x1 = max(b * size - self.lead, 0), min((b + 1) * size - self.lead, self.total)
         whole = sum(self.full)
-        if b < whole:  # a whole batch of one source: which one is the merge's b-th
-            before, after = self._counts_at(self.full, b), self._counts_at(self.full, b + 1)
+        w = (x0 - head) // size
+        if x0 >= head and w < whole:  # a whole batch of one source: the merge's w-th
+            before, after = self._counts_at(self.full, w), self._counts_at(self.full, w + 1)
             s = next(i for i, (u, v) in enumerate(zip(before, after)) if v > u)
             k = before[s]
             return self.streams[s].take(k * size, (k + 1) * size, self._dense)
-        # the sources' remainders, back to back, cut at this batch's bounds
+        # the sources' remainders, back to back: the first ``head`` of them fill the short
+        # first batch, the rest the last ones; cut at this batch's bounds
         tails = np.cumsum([0] + [c - f * size for c, f in zip(self.counts, self.full)])
-        lo_t, hi_t = x0 - whole * size, x1 - whole * size
+        skip = 0 if x0 < head else whole * size
+        lo_t, hi_t = x0 - skip, x1 - skip
         lo = [
             f * size + int(np.clip(lo_t - t, 0, n))
             for f, t, n in zip(self.full, tails[:-1], np.diff(tails))
@@ -493,8 +521,6 @@ class ScheduledOrder:
     ) -> None:
         """``parts``: the epoch's parts when given (a mixture carried on from another one's
         position, :meth:`~spark_dl_core.Mixture.carry_on`), else the schedule's."""
-        if parts is None and plan.batching != "random":
-            raise SpecError(f"a schedule takes batching='random', not {plan.batching!r}")
         self.parts = list(parts) if parts is not None else schedule_parts(stages, epoch_size, epoch)
         self.total = int(epoch_size)
         self.offsets = np.array([p.offset for p in self.parts] + [self.total], dtype=np.int64)
@@ -511,6 +537,8 @@ class ScheduledOrder:
                 shuffle,
                 window,
                 batch_size,
+                # stratified / per_source: a part keeps to the epoch's batch grid
+                lead=p.offset % batch_size if plan.batching != "random" and batch_size else 0,
             )
             for p in self.parts
         ]

@@ -223,7 +223,7 @@ Stages = list[tuple[int, tuple[float, ...]]]
 def schedule_stages(spec: MixtureSpec) -> Stages | None:
     """A spec's schedule checked, as (start, per-source weights) per stage; None without one.
 
-    Refused, naming the stage: no ``epoch_size``, a batching other than ``"random"``, a
+    Refused, naming the stage: no ``epoch_size``, a
     first stage not at 0, boundaries not increasing, a source the mixture lacks, a weight
     not positive and finite, a stage that asks an empty source for samples; and a source
     with a weight of its own (the schedule gives every weight).
@@ -234,11 +234,6 @@ def schedule_stages(spec: MixtureSpec) -> Stages | None:
         raise MixtureError("schedule=[]: give at least one stage, e.g. [(0, {'web': 1.0})]")
     if spec.epoch_size is None:
         raise MixtureError("schedule: needs epoch_size= (stages are counted in samples)")
-    if spec.batching != "random":
-        raise MixtureError(
-            f"schedule with batching={spec.batching!r} is not supported yet: a schedule "
-            "takes batching='random' ('stratified' and 'per_source' are not done)"
-        )
     names = [s.name or s.path for s in spec.sources]
     for i, s in enumerate(spec.sources):
         if names.count(names[i]) > 1:
@@ -507,7 +502,9 @@ class Mixture(Dataset):
             )
         if self.stages is not None:
             size = int(self.mixture.epoch_size or 0)
-            return ScheduledOrder(plan, self.stages, size, seed, epoch, shuffle, window)
+            return ScheduledOrder(
+                plan, self.stages, size, seed, epoch, shuffle, window, batch_size=batch_size
+            )
         return MixtureOrder(plan, seed, epoch, shuffle, window, batch_size)
 
     def _natural_parts(self, epoch: int) -> list[SchedulePart]:
