@@ -10,6 +10,10 @@ reports its first pass (cold: shards read and hashed) and a second pass (warm) s
   2 workers
 - ``mix_w0`` / ``mix_w2``: ``mix([Source(a, proportion=2/3), Source(b, proportion=1/3)])``
 - ``strat_w0``: the mixture with ``batching="stratified"``
+- ``fix3_w0`` / ``sched_w0``: three fixed-width sources (``a``, ``b`` and ``one``, 6M rows)
+  mixed 5:3:2 with epoch 3M, fixed / as a 3-stage schedule whose stages all fall in the
+  second (warm) pass: epoch 1 is stage 0 for 1M rows, then 3:3:4, then 2:2:6 (target:
+  ``sched_w0`` warm >= 0.9x ``fix3_w0`` warm)
 - ``tok_one`` / ``tok_mix``: the token documents as one dataset / as a mixture of two
 - ``mosaic``: Mosaic ``StreamingDataset(streams=[Stream(proportion=2/3), Stream(proportion=1/3)])``
   in-process (timed over a sample of the epoch, it is far slower), if ``.venv-mosaic`` exists
@@ -88,6 +92,20 @@ def run_one(name: str, directory: Path) -> dict[str, float]:
         source = open_dataset(f"{d}/one")
     elif name.startswith("tok_one"):
         source = open_dataset(f"{d}/tone")
+    elif name.startswith(("fix3", "sched")):
+        three = [Source(f"{d}/{n}", name=n) for n in ("a", "b", "one")]
+        size = int(open_dataset(f"{d}/one").shard_offsets[-1])
+        first = {"a": 5.0, "b": 3.0, "one": 2.0}
+        if name.startswith("fix3"):
+            weighted = [Source(s.dataset, name=s.name, proportion=first[s.name]) for s in three]
+            source = mix(weighted, epoch_size=size)
+        else:  # the stages all in epoch 1 (the warm pass): three parts of a third each
+            stages = [
+                (0, first),
+                (size + size // 3, {"a": 3.0, "b": 3.0, "one": 4.0}),
+                (size + 2 * (size // 3), {"a": 2.0, "b": 2.0, "one": 6.0}),
+            ]
+            source = mix(three, epoch_size=size, schedule=stages)
     elif name.startswith("tok_mix"):
         source = mix([Source(f"{d}/ta", proportion=0.6), Source(f"{d}/tb", proportion=0.4)])
     else:
@@ -160,7 +178,8 @@ def main() -> None:
     directory = Path(tempfile.gettempdir()) / f"spark-dl-mixture-bench-{args.scale}"
     directory.mkdir(parents=True, exist_ok=True)
     make_data(directory, args.scale)
-    names = ["one_w0", "mix_w0", "strat_w0", "one_w2", "mix_w2", "tok_one", "tok_mix"]
+    names = ["one_w0", "mix_w0", "strat_w0", "one_w2", "mix_w2", "fix3_w0", "sched_w0"]
+    names += ["tok_one", "tok_mix"]
     if (ROOT / ".venv-mosaic" / "bin" / "python").exists():
         names.append("mosaic")
     else:
@@ -196,6 +215,7 @@ def main() -> None:
         ("mix_w0", "one_w0"),
         ("strat_w0", "one_w0"),
         ("mix_w2", "one_w2"),
+        ("sched_w0", "fix3_w0"),
         ("tok_mix", "tok_one"),
         ("mix_w0", "mosaic"),
     ]:
