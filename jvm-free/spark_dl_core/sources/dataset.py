@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -289,6 +290,30 @@ class Dataset:
         shard = int(np.searchsorted(self.shard_offsets, sample, side="right") - 1)
         file = self.store.display(self.shards[shard].stored.basename)
         return file, sample - int(self.shard_offsets[shard])
+
+    # -- a followed table's version: a run carried on from another (sources/follow_carry.py)
+
+    def position_record(self, epoch: int, consumed: int) -> dict[str, Any] | None:
+        if self.version is None:
+            return None
+        from . import follow_carry
+
+        return follow_carry.record(self, epoch, consumed)
+
+    @property
+    def carry_on(self) -> Callable[[Any, bool], tuple[Any, int, int]] | None:
+        """Only a followed table's version takes a state of another version (None: the
+        loader compares fingerprints as for any dataset)."""
+        if self.version is None:
+            return None
+        from . import follow_carry
+
+        return functools.partial(follow_carry.carry_on, self)
+
+    def row_layout(self) -> Any:
+        from . import follow_carry
+
+        return follow_carry.row_layout(self)
 
     def __repr__(self) -> str:
         return (
