@@ -52,8 +52,12 @@ class DLAccessor:
         storage_options: dict[str, str] | None = None,
     ) -> None:
         """``df.write.format("mds")`` with the spec as an object; ``mode`` as in Spark."""
-        resolved = self.resolved_spec(spec, infer_shapes=infer_shapes and mode != "append")
-        writer = self._df.write.format(FORMAT).option("spec", resolved.model_dump_json())
+        if str(mode).strip().lower() == "update":  # the followed dataset's spec stands:
+            given = as_spec(spec).model_dump_json(exclude_unset=True)  # compare what is given
+        else:
+            resolved = self.resolved_spec(spec, infer_shapes=infer_shapes and mode != "append")
+            given = resolved.model_dump_json()
+        writer = self._df.write.format(FORMAT).option("spec", given)
         for key, value in (storage_options or {}).items():
             writer = writer.option(f"storage.{key}", value)
         writer.mode(mode).save(path)

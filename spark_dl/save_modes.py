@@ -15,12 +15,13 @@ from spark_dl_core.commit import (
     normalize_mode,
     plan_write,
 )
-from spark_dl_core.errors import DatasetError
+from spark_dl_core.errors import DatasetError, SpecError
 from spark_dl_core.meta import (
     schema_to_text,
 )
 from spark_dl_core.store.storage import Store
 
+from .follow import UPDATE, is_update, update_from_frame
 from .mds_options import _ROW_INDEX_COLUMN, FORMAT, SOURCE_FILE_COLUMN, _storage_options
 
 NOT_REGISTERED = (
@@ -58,6 +59,9 @@ def _wrap_writer_class(cls: Any) -> None:
     orig_options = cls.options
 
     def mode(self: Any, saveMode: str | None) -> Any:
+        if is_update(saveMode):  # no Spark save mode: ``save`` takes it, for mds only
+            self._spark_dl_mode = UPDATE
+            return self
         if saveMode is not None:
             self._spark_dl_mode = saveMode
         return orig_mode(self, saveMode)
@@ -86,10 +90,13 @@ def _wrap_writer_class(cls: Any) -> None:
         **options: Any,
     ) -> None:
         fmt = format or getattr(self, "_spark_dl_format", None)
+        asked = mode or getattr(self, "_spark_dl_mode", None)
+        recorded = {**getattr(self, "_spark_dl_options", {}), **options}
+        if is_update(asked):
+            return _update(self, fmt, path or recorded.get("path"), recorded)
         if fmt is None or fmt.lower() != FORMAT:
             return orig_save(self, path, format, mode, partitionBy, **options)
-        chosen = normalize_mode(mode or getattr(self, "_spark_dl_mode", None))
-        recorded = {**getattr(self, "_spark_dl_options", {}), **options}
+        chosen = normalize_mode(asked)
         extra: dict[str, str] = {}
         spark_mode = chosen
         if chosen in ("error", "ignore"):
@@ -143,6 +150,22 @@ def _wrap_writer_class(cls: Any) -> None:
         fn.__name__ = name
         setattr(cls, name, fn)
     cls._spark_dl_wrapped = True
+
+
+def _update(writer: Any, fmt: str | None, path: str | None, options: dict[str, str]) -> None:
+    """``mode("update")``: the followed dataset at ``path`` updated to the version the
+    written DataFrame pins, in this process (:mod:`.follow`); only ``format("mds")``."""
+    if fmt is None or fmt.lower() != FORMAT:
+        raise SpecError(
+            f"save mode 'update' is format('mds')'s (a dataset that follows a Delta table), "
+            f"not format({fmt!r})'s: Spark has no such mode"
+        )
+    if not path:
+        raise DatasetError("the mds data source needs a path: .save(path)")
+    frame = _written_frame(writer)
+    if frame is None:
+        raise SpecError("mode('update'): this writer does not say which DataFrame it writes")
+    update_from_frame(frame, path, {k: v for k, v in options.items() if k != "path"})
 
 
 def _wrap_reader_class(cls: Any) -> None:
