@@ -167,3 +167,46 @@ class ShapedLink:
                     dst.write_eof()
 
         await asyncio.gather(read(), write())
+
+
+@contextmanager
+def moto_process() -> Iterator[tuple[str, int]]:
+    """A moto S3 server in its own process on a free loopback port: yields (host, port).
+
+    ``deltalake`` holds the GIL while it waits on some requests (``DeltaTable.history``),
+    so a server thread in the test's own process would never answer them."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the moto server did not start") from None
+                time.sleep(0.1)
+        yield "127.0.0.1", port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def delta_options(host: str, port: int) -> dict[str, str]:
+    """deltalake (object_store) storage options pointing at ``host:port``."""
+    return {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_REGION": REGION,
+        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+    }

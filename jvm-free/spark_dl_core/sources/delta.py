@@ -482,8 +482,9 @@ class DeltaSnapshot:
 
         if "://" not in self.table_uri or self.table_uri.startswith("file://"):
             return pafs.LocalFileSystem(), ""
-        filesystem, _ = pafs.FileSystem.from_uri(self.table_uri)
-        return filesystem, self.table_uri.split("://", 1)[0] + "://"
+        from .delta_remote import remote_filesystem  # the table's endpoint and credentials
+
+        return remote_filesystem(self.table_uri, self.storage_options)
 
     @staticmethod
     def _fs_path(uri: str, prefix: str) -> str:
@@ -712,6 +713,10 @@ def _check_features(table: Any, uri: str, asked: str, available: tuple[int, int]
 
 def _check_files_exist(snap: DeltaSnapshot, asked: str) -> None:
     """Fail at open, not mid-export, when a vacuum removed files this snapshot needs."""
+    from .delta_remote import check_remote_files, is_remote_table
+
+    if is_remote_table(snap):  # one listing, sizes checked too
+        return check_remote_files(snap, asked)
     filesystem, prefix = snap._filesystem()
     from pyarrow import fs as pafs
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ShardError, SpecError
+from ..errors import ShardError, SparkDLError, SpecError
 from ..format.compact import ShardTable
 from ..format.index import FileInfo, ShardInfo
 from ..format.shard import ShardData
@@ -40,6 +40,7 @@ from .dataset import Dataset, _list_depth
 from .delta import DeltaSnapshot, DeltaSnapshotError, _file_key, _first_line, install_in_place
 from .delta_cache import RowGroupCache
 from .delta_errors import past_the_end
+from .delta_remote import RemoteFiles, default_span_dir, is_remote_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..store.storage import Store
@@ -83,7 +84,9 @@ class DeltaDataset(Dataset):
     batch form when the footers' guess is wrong: ``"jagged"``, ``"objects"`` or a shape.
     ``cache``: keep converted row groups on local disk for later epochs, workers and
     processes (False for a read-once job); ``cache_dir``: where (default
-    ``<tmp>/spark-dl-cache/<hash of the table URI and "#inplace">``).
+    ``<tmp>/spark-dl-cache/<hash of the table URI and "#inplace">``). ``span_dir``: where a
+    remote table's footers and row groups are fetched to, once per machine (default
+    ``<tmp>/spark-dl-cache/<hash of the table URI and "#spans">``; see :mod:`.delta_remote`).
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class DeltaDataset(Dataset):
         forms: dict[str, str | tuple[int, ...]] | None = None,
         cache: bool = True,
         cache_dir: str | None = None,
+        span_dir: str | None = None,
     ) -> None:
         if snapshot.filter is not None:
             raise SpecError(
@@ -110,6 +114,7 @@ class DeltaDataset(Dataset):
             self.path = f"{snapshot.table_uri}@v{snapshot.since}..v{snapshot.version}"
         self.shown = self.path
         self.cache_dir = None
+        self.span_dir = span_dir
         self.allow_unsafe = allow_unsafe
         self.meta = None
         self._index_text = None
@@ -146,6 +151,7 @@ class DeltaDataset(Dataset):
         # (a prefetch thread and the main one) read row groups of one ParquetFile at once.
         self._file_locks: dict[int, threading.Lock] = {}
         self._disk_checked: set[int] = set()  # cached row groups hashed in this process
+        self._remote: RemoteFiles | None = None
 
     def _own_process(self) -> None:
         """A forked DataLoader worker inherits open files and locks (perhaps held by a
@@ -159,7 +165,15 @@ class DeltaDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_lru", "_lock", "_open_files", "_file_locks", "_accessed", "_disk_checked"):
+        for key in (
+            "_lru",
+            "_lock",
+            "_open_files",
+            "_file_locks",
+            "_accessed",
+            "_disk_checked",
+            "_remote",
+        ):
             state.pop(key, None)
         return state
 
@@ -180,6 +194,9 @@ class DeltaDataset(Dataset):
         """Every non-empty row group (after deletions), in file order; and per stored list
         column, each row group's (rows, leaf values) from the footers (for :attr:`forms`)."""
         snap = self.snapshot
+        remote = self._remote_files()
+        if remote is not None:  # every tail queued at once: the download threads fetch them
+            remote.prefetch_footers()
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(snap.files)))) as pool:
             metas = list(pool.map(self._footer, range(len(snap.files))))
         lists = [p.name for p in self._plans if _list_depth(p.arrow_type) == 1]
@@ -215,6 +232,9 @@ class DeltaDataset(Dataset):
 
     def _footer(self, file: int) -> Any:
         try:
+            remote = self._remote_files()
+            if remote is not None:
+                return remote.footer(file)
             return self._parquet(file, cache=False).metadata
         except Exception as exc:
             raise self._file_error(file, None, exc) from None
@@ -383,13 +403,46 @@ class DeltaDataset(Dataset):
         return self.load_shard(shard).raw
 
     def prefetch_shards(self, shards: list[int], threads: int | None = None) -> bool:
-        return False  # local files are read where they are (remote: a follow-up)
+        """Remote tables: queue the row groups not converted on this machine yet, in this
+        order (local files are read where they are: False)."""
+        remote = self._remote_files()
+        if remote is None:
+            return False
+        disk = self._disk()
+        todo = [
+            (self._groups[s].file, self._groups[s].group)
+            for s in shards
+            if disk is None or not os.path.exists(disk.path(self._cache_key(s)))
+        ]
+        if todo:
+            try:
+                remote.prefetch(todo, threads)
+            except Exception as exc:
+                raise self._file_error(todo[0][0], todo[0][1], exc) from None
+        return True
 
     def release_shards(self, shards: list[int]) -> None:
-        return None
+        remote = self._remote_files()
+        if remote is not None:
+            remote.release([(self._groups[s].file, self._groups[s].group) for s in shards])
 
     def download_stats(self) -> dict[str, float] | None:
-        return None
+        remote = self._remote_files()
+        return None if remote is None else remote.cache.stats()
+
+    def _remote_files(self) -> RemoteFiles | None:
+        """This process's reader of the table's remote files (None for a local table)."""
+        if not is_remote_table(self.snapshot):
+            return None
+        self._own_process()
+        with self._lock:
+            if self._remote is None:
+                snap = self.snapshot
+                stored = [n for n in snap.output_schema.names if n not in snap.partition_columns]
+                relative = [f[0] for f in self._file_identities]
+                where = self.span_dir or default_span_dir(snap.table_uri)
+                self._remote = RemoteFiles(snap, relative, where, stored)
+            return self._remote
 
     def load_shard(
         self,
@@ -503,10 +556,14 @@ class DeltaDataset(Dataset):
         out_schema = snap.output_schema
         stored = [n for n in out_schema.names if n not in snap.partition_columns]
         try:
-            pf = self._parquet(g.file)
-            columns = snap.file_columns(pf.schema_arrow, stored, snap.files[g.file])
-            with self._file_lock(g.file):
-                table = columns.logical(pf.read_row_group(g.group, columns=columns.read))
+            remote = self._remote_files()
+            if remote is not None:  # its span fetched once per machine
+                table = remote.read_group(g.file, g.group)
+            else:
+                pf = self._parquet(g.file)
+                columns = snap.file_columns(pf.schema_arrow, stored, snap.files[g.file])
+                with self._file_lock(g.file):
+                    table = columns.logical(pf.read_row_group(g.group, columns=columns.read))
         except DeltaSnapshotError:
             raise
         except Exception as exc:
@@ -546,6 +603,8 @@ class DeltaDataset(Dataset):
         text = why if isinstance(why, str) else _first_line(why)
         if isinstance(why, FileNotFoundError):
             text = f"is missing ({text}); the snapshot was probably vacuumed"
+        elif isinstance(why, SparkDLError):  # a remote span that could not be fetched
+            text = f"cannot be fetched: {why}"
         elif not isinstance(why, str):
             text = f"cannot be read as Parquet: {text}"
         return DeltaSnapshotError(

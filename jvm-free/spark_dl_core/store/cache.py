@@ -683,13 +683,18 @@ os.register_at_fork(after_in_child=_fresh_lock_after_fork)
 
 
 def _cache_for(store: Store, directory: str, hashes: Mapping[str, Mapping[str, str]]) -> ShardCache:
-    """The one cache of ``directory`` in this process (created on first use, after fork too;
-    under a lock, as a reader's threads load shards at the same time)."""
+    """The one cache of ``directory`` in this process."""
+    return cache_for(directory, lambda: ShardCache(store, directory, hashes=hashes))
+
+
+def cache_for(directory: str, make: Any) -> ShardCache:
+    """The one cache of ``directory`` in this process, ``make()`` on first use (after fork
+    too; under a lock, as a reader's threads load shards at the same time)."""
     key = (os.getpid(), directory)
     with _CACHES_LOCK:
         cache = _CACHES.get(key)
         if cache is None:
-            cache = _CACHES[key] = ShardCache(store, directory, hashes=hashes)
+            cache = _CACHES[key] = make()
     return cache
 
 

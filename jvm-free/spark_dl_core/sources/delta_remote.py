@@ -1,0 +1,366 @@
+"""Delta data files on an object store (``s3://``, any fsspec URL), read in place.
+
+Why each mechanism:
+
+- *One filesystem from the table's options*: ``open_delta``'s ``storage_options`` are
+  ``deltalake``'s (object_store keys such as ``AWS_ENDPOINT_URL``); the Parquet reads go
+  through fsspec with the same endpoint and credentials (:func:`fsspec_options`), never
+  through a default client that would reach another endpoint.
+- *One listing at open*: every data file of the snapshot is checked present with the size
+  its add action records, with a few LIST calls for the whole table rather than a HEAD per
+  file; a missing or truncated file is refused naming table, version and file.
+- *Byte ranges through the store's shard cache*: a footer (the file's last 64 KiB, or its
+  exact length when longer) and a row group's column chunks are each one *span*, fetched
+  once per machine into a :class:`~spark_dl_core.store.cache.ShardCache` directory (the
+  same download threads, plan-order prefetch, retries with backoff, byte limit and
+  cross-process locks as MDS shards) and checked against the size the Delta log records.
+  Spans are named by content (the file's path relative to the table, its size, the byte
+  range): Delta never rewrites a data file, so a later version keeping it reuses them.
+- *Memory-mapped spans*: a row group is parsed from its span on local disk, so memory holds
+  only the row groups being converted, bounded by the loader's shuffle window and
+  prefetch budget, not by the table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ShardError
+from ..store.cache import ShardCache, cache_for
+from ..store.storage import Store, is_remote
+
+FOOTER_TAIL = 64 << 10  # one GET usually holds a file's whole footer
+PAD = 1 << 10  # past a column chunk's end: old writers' readers read a little beyond
+
+_S3_KEYS = {
+    "access_key_id": "key",
+    "secret_access_key": "secret",
+    "session_token": "token",
+    "token": "token",
+}
+_S3_CLIENT = {
+    "endpoint_url": "endpoint_url",
+    "endpoint": "endpoint_url",
+    "region": "region_name",
+}
+
+
+def fsspec_options(uri: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """fsspec options for ``uri`` from ``deltalake`` storage options: S3's object_store keys
+    (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``… any case, ``aws_`` optional) become s3fs's;
+    other schemes' options pass as they are (adlfs/gcsfs share most key names)."""
+    options = dict(storage_options or {})
+    if uri.split("://", 1)[0] not in ("s3", "s3a"):
+        return options
+    out: dict[str, Any] = {}
+    client: dict[str, Any] = {}
+    for key, value in options.items():
+        name = key.lower().removeprefix("aws_")
+        if name in _S3_KEYS:
+            out[_S3_KEYS[name]] = value
+        elif name in _S3_CLIENT:
+            client[_S3_CLIENT[name]] = value
+        elif name in ("client_kwargs", "config_kwargs", "key", "secret", "anon"):
+            out[key] = value  # already fsspec's
+    if client:
+        out["client_kwargs"] = {**client, **dict(out.get("client_kwargs") or {})}
+    return out
+
+
+def table_store(uri: str, storage_options: Mapping[str, Any] | None) -> Store:
+    """The fsspec store of a remote table (its data files' root)."""
+    return Store(uri, fsspec_options(uri, storage_options))
+
+
+def remote_filesystem(uri: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    """A pyarrow filesystem over the table's fsspec filesystem, and the URI prefix its paths
+    drop (``s3://``)."""
+    from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+    fs = table_store(uri, storage_options).fs
+    return PyFileSystem(FSSpecHandler(fs)), uri.split("://", 1)[0] + "://"
+
+
+def check_remote_files(snap: Any, asked: str) -> None:
+    """Every data file of ``snap`` present with its logged size: one recursive listing of
+    the table (a LIST per 1000 objects), not one request per file."""
+    from .delta import DeltaSnapshotError, _file_key, _first_line
+
+    if not snap.files:
+        return
+    store = table_store(snap.table_uri, snap.storage_options)
+    prefix = snap.table_uri.split("://", 1)[0] + "://"
+    root = snap.table_uri[len(prefix) :].rstrip("/")
+    try:
+        found = store.fs.find(root, detail=True)
+    except Exception as exc:
+        raise DeltaSnapshotError(
+            snap.table_uri,
+            f"its data files cannot be listed: {store.redact(_first_line(exc))}",
+            asked=asked,
+            available=snap.available,
+        ) from None
+    sizes = {path.rstrip("/"): int(info.get("size") or 0) for path, info in found.items()}
+    for uri in snap.files:
+        path = _file_key(uri)[len(prefix) :]
+        logged = snap.file_size(uri)
+        size = sizes.get(path)
+        problem = None
+        if size is None:
+            problem = "is missing; the snapshot was probably vacuumed"
+        elif logged is not None and size != logged:
+            problem = f"has {size} bytes on the store, the Delta log says {logged} (truncated?)"
+        if problem:
+            raise DeltaSnapshotError(
+                snap.table_uri, f"data file {uri} {problem}", asked=asked, available=snap.available
+            )
+
+
+class _SpanStore:
+    """What a :class:`ShardCache` asks of a store, for spans of remote files."""
+
+    def __init__(self, store: Store) -> None:
+        self.inner = store
+        # span name -> (path on the filesystem, first byte, the file's logged size, shown)
+        self.spans: dict[str, tuple[str, int, int, str]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def fs(self) -> Any:
+        return self.inner.fs
+
+    def path(self, name: str) -> str:
+        return name  # the cache hands it back to _SpanCache._range
+
+    def display(self, name: str) -> str:
+        found = self.spans.get(name)
+        return found[3] if found else name
+
+    def redact(self, text: str) -> str:
+        return self.inner.redact(text)
+
+
+class _SpanCache(ShardCache):
+    """A shard cache whose "shards" are byte ranges of the table's data files."""
+
+    store: _SpanStore
+
+    def _range(self, remote: str, start: int, end: int, last: bool) -> bytes:
+        path, first, _, _ = self.store.spans[remote]
+        return bytes(self.store.fs.cat_file(path, start=first + start, end=first + end))
+
+    def _check_size(self, remote: str, shown: str, nbytes: int) -> None:
+        """After a short read: a file of another size than the log's is an error."""
+        path, _, logged, _ = self.store.spans[remote]
+        try:
+            size = int(self.store.fs.size(path))
+        except FileNotFoundError:
+            raise ShardError(shown, "does not exist on the store") from None
+        except Exception:
+            return  # the probe failed too: the retry loop decides
+        if size != logged:
+            raise ShardError(shown, f"has {size} bytes, the Delta log says {logged}")
+
+
+class _SpanFile(io.RawIOBase):
+    """A data file of which only ``data`` (at ``offset``) is here: what the Parquet reader
+    reads of one row group, with the footer given apart. A read outside it is an error."""
+
+    def __init__(self, data: np.ndarray, offset: int, size: int, name: str) -> None:
+        super().__init__()
+        self.data, self.offset, self.size, self.name_ = data, offset, size, name
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = pos if whence == 0 else self.pos + pos if whence == 1 else self.size + pos
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self.pos if n is None or n < 0 else n
+        start = self.pos - self.offset
+        if start < 0 or start + n > len(self.data):
+            raise OSError(
+                f"{self.name_}: a read of bytes {self.pos}..{self.pos + n} outside the "
+                "row group's column chunks"
+            )
+        self.pos += n
+        return self.data[start : start + n].tobytes()
+
+
+def span_name(relative: str, size: int | None, start: int, end: int) -> str:
+    """A span's file name in the cache: a digest of its content identity."""
+    text = f"{relative}\0{size}\0{start}\0{end}"
+    return hashlib.sha256(text.encode()).hexdigest()[:40] + ".span"
+
+
+class RemoteFiles:
+    """The remote data files of one snapshot, for one process: footers and row groups
+    through a span cache in ``directory`` (one per machine and table)."""
+
+    def __init__(self, snap: Any, relative: list[str], directory: str, columns: list[str]) -> None:
+        from .delta import _file_key
+
+        self.snap = snap
+        self.relative = relative
+        self.columns = columns  # the stored columns a row group is read with
+        self._metas: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        prefix = snap.table_uri.split("://", 1)[0] + "://"
+        self.paths = [_file_key(u)[len(prefix) :] for u in snap.files]
+        self.sizes = [int(snap.file_size(u) or 0) for u in snap.files]
+        store = _SpanStore(table_store(snap.table_uri, snap.storage_options))
+        # one cache per process and directory (other datasets of the table share it)
+        self.cache: _SpanCache = cache_for(  # type: ignore[assignment]
+            directory, lambda: _SpanCache(store, directory, hashes={})
+        )
+
+    def _span(self, file: int, start: int, end: int, what: str) -> str:
+        name = span_name(self.relative[file], self.sizes[file], start, end)
+        shown = f"{self.snap.files[file]} ({what}, bytes {start}..{end})"
+        self.cache.store.spans[name] = (self.paths[file], start, self.sizes[file], shown)
+        return name
+
+    # -- footers
+
+    def _tail(self, file: int) -> tuple[str, int, int]:
+        end = self.sizes[file]
+        start = max(0, end - FOOTER_TAIL)
+        return self._span(file, start, end, "footer"), start, end
+
+    def prefetch_footers(self) -> None:
+        """Queue every file's footer tail, in file order (the threads fetch them at once)."""
+        self.cache.prefetch(
+            [
+                (name, end - start, None)
+                for name, start, end in map(self._tail, range(len(self.paths)))
+            ]
+        )
+
+    def footer(self, file: int) -> Any:
+        """The file's Parquet metadata (its tail fetched once per machine; a footer longer
+        than the tail is fetched as its own span)."""
+        import pyarrow.parquet as pq
+
+        name, start, end = self._tail(file)
+        tail = self.cache.fetch(name, end - start)
+        if len(tail) < 12 or tail[-4:].tobytes() != b"PAR1":
+            raise OSError("has no Parquet footer at its end (not a Parquet file, or encrypted)")
+        length = int.from_bytes(tail[-8:-4].tobytes(), "little")
+        if length + 8 > len(tail):
+            if length + 12 > end:
+                raise OSError(f"its footer length {length} exceeds the file's {end} bytes")
+            first = end - length - 8
+            tail = self.cache.fetch(self._span(file, first, end, "footer"), end - first)
+        body = pa.py_buffer(b"PAR1" + tail[-(length + 8) :].tobytes())
+        return pq.read_metadata(pa.BufferReader(body))
+
+    def _meta(self, file: int) -> Any:
+        """The file's footer, kept parsed for the last 64 files this process read."""
+        with self._lock:
+            found = self._metas.get(file)
+        if found is None:
+            found = self.footer(file)
+            with self._lock:
+                self._metas[file] = found
+                while len(self._metas) > 64:
+                    self._metas.pop(next(iter(self._metas)))
+        return found
+
+    # -- row groups
+
+    def _present(self, meta: Any, file: int) -> tuple[Any, list[int]]:
+        """How the wanted columns read from this file (its physical names under column
+        mapping), and the indexes of their leaf columns."""
+        columns = self.snap.file_columns(
+            meta.schema.to_arrow_schema(), self.columns, self.snap.files[file]
+        )
+        schema = meta.schema
+        wanted = set(columns.read)
+        leaves = [i for i in range(len(schema)) if schema.column(i).path.split(".")[0] in wanted]
+        return columns, leaves
+
+    def group_range(self, file: int, group: int) -> tuple[int, int]:
+        """Bytes ``[start, end)`` of row group ``group`` holding the wanted columns."""
+        meta = self._meta(file)
+        return self.chunk_range(meta, group, self._present(meta, file)[1])
+
+    def read_group(self, file: int, group: int) -> pa.Table:
+        """The row group's wanted columns under their logical names, from its span (fetched,
+        or waited for)."""
+        meta = self._meta(file)
+        columns, leaves = self._present(meta, file)
+        pf = self.row_group_file(file, group, self.chunk_range(meta, group, leaves), meta)
+        return columns.logical(pf.read_row_group(group, columns=columns.read))
+
+    def chunk_range(self, meta: Any, group: int, leaves: list[int]) -> tuple[int, int]:
+        """Bytes ``[start, end)`` holding the row group's column chunks ``leaves``."""
+        rg = meta.row_group(group)
+        starts, ends = [], []
+        for i in leaves:
+            col = rg.column(i)
+            first = col.data_page_offset
+            if col.has_dictionary_page and 0 < col.dictionary_page_offset < first:
+                first = col.dictionary_page_offset
+            starts.append(first)
+            ends.append(first + col.total_compressed_size)
+        return (min(starts), max(ends)) if starts else (4, 4)
+
+    def _group_span(self, file: int, group: int, rng: tuple[int, int]) -> tuple[str, int, int]:
+        start, end = rng[0], min(rng[1] + PAD, self.sizes[file])
+        return self._span(file, start, end, f"row group {group}"), start, end
+
+    def prefetch(self, groups: list[tuple[int, int]], threads: int | None) -> None:
+        """Queue row groups ``(file, group)`` in the order they will be read."""
+        if threads is not None and threads != self.cache.threads:
+            self.cache.set_threads(threads)
+        spans = [self._group_span(f, g, self.group_range(f, g)) for f, g in groups]
+        self.cache.prefetch([(name, end - start, None) for name, start, end in spans])
+
+    def release(self, groups: list[tuple[int, int]]) -> None:
+        names = [self._group_span(f, g, self.group_range(f, g))[0] for f, g in groups]
+        self.cache.release(names)
+
+    def row_group_file(self, file: int, group: int, rng: tuple[int, int], meta: Any) -> Any:
+        """A ParquetFile able to read row group ``group`` (its span fetched, or waited for)."""
+        import pyarrow.parquet as pq
+
+        name, start, end = self._group_span(file, group, rng)
+        data = self.cache.fetch(name, end - start)
+        source = pa.PythonFile(_SpanFile(data, start, self.sizes[file], self.snap.files[file]))
+        return pq.ParquetFile(source, metadata=meta)
+
+
+def is_remote_table(snap: Any) -> bool:
+    return is_remote(snap.table_uri) and not snap.table_uri.startswith("file:")
+
+
+def default_span_dir(table_uri: str) -> str:
+    from ..store.cache import default_cache_dir
+
+    return default_cache_dir(f"{table_uri}#spans")
+
+
+__all__ = [
+    "RemoteFiles",
+    "check_remote_files",
+    "default_span_dir",
+    "fsspec_options",
+    "is_remote_table",
+    "remote_filesystem",
+]
