@@ -10,8 +10,16 @@ connection; its own process too). One run prints, for the same objects:
 - warm: the next epoch from the cache (samples/s, time to first batch);
 - cold with ``download_threads=1`` (one GET at a time, as before parallel downloads).
 
+``--delta``: the same for a Delta table written by deltalake to the server (``id`` int64 +
+``x`` float32[``--dim``], ``--files`` files of 4 row groups each) read in place
+(``open_delta("s3://...").dataset().iter_batches(shuffle=True)``): open (log, listing,
+footers), cold epoch (empty span and converted-row-group caches) against the parallel GETs
+of the data files, warm epoch, and the same reads of a local copy of the table (same
+relative paths, so the same fingerprint and order).
+
     python bench/remote_bench.py                       # ~160 MB in 16 MiB shards
     python bench/remote_bench.py --mb 400 --rtt-ms 50 --mbps 25 --threads 16
+    python bench/remote_bench.py --delta --mb 160
 """
 
 from __future__ import annotations
@@ -134,6 +142,127 @@ def _epoch(url: str, options: dict[str, Any], cache: str, epoch: int, **kw: Any)
     return {"wall_s": wall, "first_batch_s": first, "bytes_per_s": stored / wall, "bytes": stored}
 
 
+def _delta_options(port: int) -> dict[str, str]:
+    """deltalake's (object_store) options for the server at ``port``."""
+    return {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_REGION": "us-east-1",
+        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+    }
+
+
+def _write_delta(uri: str, options: dict[str, str], mb: int, dim: int, files: int) -> None:
+    from deltalake import WriterProperties, write_deltalake
+
+    per = (mb << 20) // (dim * 4 + 8) // files
+    props = WriterProperties(max_row_group_size=max(1, per // 4))
+    for k in range(files):
+        values = np.random.default_rng(k).random(per * dim, dtype=np.float32)
+        x = pa.FixedSizeListArray.from_arrays(pa.array(values), dim)
+        ids = pa.array(np.arange(k * per, (k + 1) * per, dtype=np.int64))
+        table = pa.table({"id": ids, "x": x.cast(pa.list_(pa.float32()))})
+        write_deltalake(uri, table, mode="append", storage_options=options, writer_properties=props)
+
+
+def _delta_epoch(
+    uri: str, options: dict[str, str] | None, caches: str, epoch: int
+) -> dict[str, Any]:
+    """Open the table in place and read one shuffled epoch (caches under ``caches``)."""
+    from spark_dl_core.sources.delta import open_delta
+
+    started = time.perf_counter()
+    snap = open_delta(uri, storage_options=options)
+    ds = snap.dataset(cache_dir=f"{caches}/rows", span_dir=f"{caches}/spans")
+    opened = time.perf_counter() - started
+    first, n = None, 0
+    for batch in ds.iter_batches(batch_size=256, shuffle=True, seed=1, epoch=epoch):
+        if first is None:
+            first = time.perf_counter() - started
+        n += len(batch["id"])
+    wall = time.perf_counter() - started
+    assert n == len(ds), (n, len(ds))
+    stored = sum(snap.file_size(f) or 0 for f in snap.files)
+    epoch_s = wall - opened  # the link's anchor opens nothing either
+    return {
+        "open_s": opened,
+        "first_batch_s": first,
+        "wall_s": wall,
+        "rows_per_s": n / epoch_s,
+        "bytes_per_s": stored / epoch_s,
+        "bytes": stored,
+        **(ds.download_stats() or {}),
+    }
+
+
+def delta_main(args: argparse.Namespace) -> None:
+    """The ``--delta`` bench (see the module's docstring)."""
+    import s3fs
+
+    rate = str(args.mbps * 1e6)
+    out: dict[str, Any] = {"rtt_ms": args.rtt_ms, "mb_per_s_per_connection": args.mbps}
+    with (
+        _serve(_MOTO) as moto,
+        _serve(_LINK, TESTS, str(moto), str(args.rtt_ms / 1000), rate) as link,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        s3fs.S3FileSystem(**_options(moto)).call_s3("create_bucket", Bucket="bench")
+        uri = "s3://bench/delta"
+        _write_delta(uri, _delta_options(moto), args.mb, args.dim, args.files)
+        s3fs.S3FileSystem(**_options(moto)).get("bench/delta", f"{tmp}/local", recursive=True)
+        shaped = _delta_options(link)
+        from spark_dl_core.sources.delta import open_delta
+
+        files = open_delta(uri, storage_options=shaped).files
+        paths = [f.split("://", 1)[1] for f in files]
+        before = _parallel_gets(_options(link), paths, args.gets)
+        cold = _delta_epoch(uri, shaped, f"{tmp}/remote", 0)
+        after = _parallel_gets(_options(link), paths, args.gets)
+        stored = cold["bytes"]
+        out.update(files=len(files), stored_mb=stored / 1e6)
+        out.update(anchor_runs=[stored / before, stored / after])
+        out["anchor_bytes_per_s"] = sum(out["anchor_runs"]) / 2
+        warm = _delta_epoch(uri, shaped, f"{tmp}/remote", 1)
+        local_cold = _delta_epoch(f"{tmp}/local", None, f"{tmp}/local-cache", 0)
+        local_warm = _delta_epoch(f"{tmp}/local", None, f"{tmp}/local-cache", 1)
+        out.update(cold=cold, warm=warm, local_cold=local_cold, local_warm=local_warm)
+        out["cold_vs_gets"] = cold["bytes_per_s"] / out["anchor_bytes_per_s"]
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    mb = 1e6
+    print(
+        f"link: {args.rtt_ms:g} ms RTT, {args.mbps:g} MB/s per connection; Delta table of "
+        f"{out['files']} files, {out['stored_mb']:.0f} MB, x float32[{args.dim}]"
+    )
+    runs = " / ".join(f"{r / mb:.1f}" for r in out["anchor_runs"])
+    print(
+        f"{args.gets} parallel GETs of the files: {out['anchor_bytes_per_s'] / mb:.1f} MB/s "
+        f"({runs})"
+    )
+    for name, r in (
+        ("s3 cold", cold),
+        ("s3 warm", warm),
+        ("local cold", local_cold),
+        ("local warm", local_warm),
+    ):
+        print(
+            f"{name:<11} open {r['open_s']:.2f} s, first batch {r['first_batch_s']:.2f} s, "
+            f"epoch {r['rows_per_s']:,.0f} rows/s, {r['bytes_per_s'] / mb:.1f} MB/s"
+            + (f" (waited {r['network_wait_s']:.2f} s)" if "network_wait_s" in r else "")
+        )
+    fetched = cold.get("download_bytes", 0.0) / max(cold.get("download_s", 0.0), 1e-9)
+    print(
+        f"s3 cold fetched {cold.get('download_bytes', 0) / mb:.0f} MB at {fetched / mb:.1f} MB/s "
+        f"while a range was in flight ({fetched / out['anchor_bytes_per_s']:.2f}x the GETs)"
+    )
+    print(
+        f"s3 cold: {out['cold_vs_gets']:.2f}x the link's GETs, "
+        f"{cold['rows_per_s'] / local_cold['rows_per_s']:.2f}x local cold; s3 warm "
+        f"{warm['rows_per_s'] / local_warm['rows_per_s']:.2f}x local warm"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mb", type=int, default=160, help="dataset size (MB of samples)")
@@ -144,10 +273,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="download_threads (None: default)")
     ap.add_argument("--no-serial", action="store_true", help="skip the one-thread cold epoch")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--delta", action="store_true", help="a Delta table read in place")
+    ap.add_argument("--dim", type=int, default=1024, help="--delta: floats per row")
+    ap.add_argument("--files", type=int, default=8, help="--delta: data files")
     args = ap.parse_args()
     os.environ.update(
         AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_EC2_METADATA_DISABLED="true"
     )
+    if args.delta:
+        return delta_main(args)
     rate = str(args.mbps * 1e6)
     out: dict[str, Any] = {"rtt_ms": args.rtt_ms, "mb_per_s_per_connection": args.mbps}
     with (

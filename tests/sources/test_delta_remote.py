@@ -73,6 +73,10 @@ def test_in_place_on_s3_reads_right_rows_and_fetches_each_span_once(
     assert sorted(first) == list(range(FILES * PER))
     fetched = ds.download_stats()
     assert fetched is not None and fetched["download_bytes"] > 0
+    # The cache's limit is kept without a directory scan per span (that was O(spans^2)).
+    cache = ds._remote_files().cache  # type: ignore[union-attr]
+    assert cache.downloads == FILES * 5, cache.downloads  # 1 footer + 4 row groups a file
+    assert cache.scans <= cache.downloads // 3, cache.scans
     # The export path reads the same files through the table's endpoint too.
     assert sorted(snap.to_arrow().column("id").to_pylist()) == list(range(FILES * PER))
     # Another epoch, another dataset of the snapshot: every span is on this machine already.

@@ -14,6 +14,7 @@ workers, other processes and later versions keeping the same data file read inst
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -195,9 +196,10 @@ class DeltaDataset(Dataset):
         column, each row group's (rows, leaf values) from the footers (for :attr:`forms`)."""
         snap = self.snapshot
         remote = self._remote_files()
-        if remote is not None:  # every tail queued at once: the download threads fetch them
-            remote.prefetch_footers()
-        with ThreadPoolExecutor(max_workers=min(16, max(1, len(snap.files)))) as pool:
+        with (
+            remote.footers() if remote is not None else contextlib.nullcontext(),
+            ThreadPoolExecutor(max_workers=min(16, max(1, len(snap.files)))) as pool,
+        ):
             metas = list(pool.map(self._footer, range(len(snap.files))))
         lists = [p.name for p in self._plans if _list_depth(p.arrow_type) == 1]
         groups: list[_RowGroup] = []

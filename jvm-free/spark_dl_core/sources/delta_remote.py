@@ -23,10 +23,12 @@ Why each mechanism:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
+import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -37,6 +39,7 @@ from ..store.cache import ShardCache, cache_for
 from ..store.storage import Store, is_remote
 
 FOOTER_TAIL = 64 << 10  # one GET usually holds a file's whole footer
+FOOTER_THREADS = 32
 PAD = 1 << 10  # past a column chunk's end: old writers' readers read a little beyond
 
 _S3_KEYS = {
@@ -148,9 +151,11 @@ class _SpanStore:
 
 
 class _SpanCache(ShardCache):
-    """A shard cache whose "shards" are byte ranges of the table's data files."""
+    """A shard cache whose "shards" are byte ranges of the table's data files; not fsynced
+    (a span that does not parse is fetched again: :meth:`RemoteFiles._parsed`)."""
 
     store: _SpanStore
+    durable = False
 
     def _range(self, remote: str, start: int, end: int, last: bool) -> bytes:
         path, first, _, _ = self.store.spans[remote]
@@ -203,6 +208,23 @@ class _SpanFile(io.RawIOBase):
         return self.data[start : start + n].tobytes()
 
 
+def _footer_length(tail: np.ndarray) -> int:
+    """The footer length a file's tail records (after checking the magic)."""
+    if len(tail) < 12 or tail[-4:].tobytes() != b"PAR1":
+        raise OSError("has no Parquet footer at its end (not a Parquet file, or encrypted)")
+    return int.from_bytes(tail[-8:-4].tobytes(), "little")
+
+
+def _footer(tail: np.ndarray, length: int) -> Any:
+    """The metadata in the last ``length + 8`` bytes of ``tail``."""
+    import pyarrow.parquet as pq
+
+    if _footer_length(tail) != length:
+        raise OSError("its footer changed between two reads")
+    body = pa.py_buffer(b"PAR1" + tail[-(length + 8) :].tobytes())
+    return pq.read_metadata(pa.BufferReader(body))
+
+
 def span_name(relative: str, size: int | None, start: int, end: int) -> str:
     """A span's file name in the cache: a digest of its content identity."""
     text = f"{relative}\0{size}\0{start}\0{end}"
@@ -243,6 +265,18 @@ class RemoteFiles:
         start = max(0, end - FOOTER_TAIL)
         return self._span(file, start, end, "footer"), start, end
 
+    @contextlib.contextmanager
+    def footers(self) -> Iterator[None]:
+        """While footers are read: every tail queued, on at least :data:`FOOTER_THREADS`
+        threads (small GETs: their round trips, not the link, bound them)."""
+        threads = self.cache.threads
+        self.cache.set_threads(max(threads, FOOTER_THREADS))
+        try:
+            self.prefetch_footers()
+            yield
+        finally:
+            self.cache.set_threads(threads)
+
     def prefetch_footers(self) -> None:
         """Queue every file's footer tail, in file order (the threads fetch them at once)."""
         self.cache.prefetch(
@@ -255,20 +289,27 @@ class RemoteFiles:
     def footer(self, file: int) -> Any:
         """The file's Parquet metadata (its tail fetched once per machine; a footer longer
         than the tail is fetched as its own span)."""
-        import pyarrow.parquet as pq
-
         name, start, end = self._tail(file)
-        tail = self.cache.fetch(name, end - start)
-        if len(tail) < 12 or tail[-4:].tobytes() != b"PAR1":
-            raise OSError("has no Parquet footer at its end (not a Parquet file, or encrypted)")
-        length = int.from_bytes(tail[-8:-4].tobytes(), "little")
-        if length + 8 > len(tail):
+        length = self._parsed(name, end - start, _footer_length)
+        if length + 8 > end - start:
             if length + 12 > end:
                 raise OSError(f"its footer length {length} exceeds the file's {end} bytes")
-            first = end - length - 8
-            tail = self.cache.fetch(self._span(file, first, end, "footer"), end - first)
-        body = pa.py_buffer(b"PAR1" + tail[-(length + 8) :].tobytes())
-        return pq.read_metadata(pa.BufferReader(body))
+            start = end - length - 8
+            name = self._span(file, start, end, "footer")
+        return self._parsed(name, end - start, lambda tail: _footer(tail, length))
+
+    def _parsed(self, name: str, nbytes: int, parse: Any) -> Any:
+        """``parse`` of a span's bytes. Spans are not fsynced (thousands of small files): one
+        that does not parse is fetched once more before the error stands, in case a power
+        loss tore it on this disk."""
+        try:
+            return parse(self.cache.fetch(name, nbytes))
+        except ShardError:
+            raise
+        except Exception:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self.cache.directory, name))
+            return parse(self.cache.fetch(name, nbytes))
 
     def _meta(self, file: int) -> Any:
         """The file's footer, kept parsed for the last 64 files this process read."""
@@ -284,29 +325,25 @@ class RemoteFiles:
 
     # -- row groups
 
-    def _present(self, meta: Any, file: int) -> tuple[Any, list[int]]:
-        """How the wanted columns read from this file (its physical names under column
-        mapping), and the indexes of their leaf columns."""
-        columns = self.snap.file_columns(
-            meta.schema.to_arrow_schema(), self.columns, self.snap.files[file]
-        )
+    def _present(self, meta: Any) -> tuple[list[str], list[int]]:
+        """The wanted columns this file has, and their leaf columns' indexes."""
+        names = set(meta.schema.to_arrow_schema().names)
+        present = [n for n in self.columns if n in names]
         schema = meta.schema
-        wanted = set(columns.read)
+        wanted = set(present)
         leaves = [i for i in range(len(schema)) if schema.column(i).path.split(".")[0] in wanted]
-        return columns, leaves
+        return present, leaves
 
     def group_range(self, file: int, group: int) -> tuple[int, int]:
         """Bytes ``[start, end)`` of row group ``group`` holding the wanted columns."""
         meta = self._meta(file)
-        return self.chunk_range(meta, group, self._present(meta, file)[1])
+        return self.chunk_range(meta, group, self._present(meta)[1])
 
     def read_group(self, file: int, group: int) -> pa.Table:
-        """The row group's wanted columns under their logical names, from its span (fetched,
-        or waited for)."""
+        """The row group's wanted columns, from its span (fetched, or waited for)."""
         meta = self._meta(file)
-        columns, leaves = self._present(meta, file)
-        pf = self.row_group_file(file, group, self.chunk_range(meta, group, leaves), meta)
-        return columns.logical(pf.read_row_group(group, columns=columns.read))
+        present, leaves = self._present(meta)
+        return self._read_span(file, group, self.chunk_range(meta, group, leaves), meta, present)
 
     def chunk_range(self, meta: Any, group: int, leaves: list[int]) -> tuple[int, int]:
         """Bytes ``[start, end)`` holding the row group's column chunks ``leaves``."""
@@ -336,14 +373,20 @@ class RemoteFiles:
         names = [self._group_span(f, g, self.group_range(f, g))[0] for f, g in groups]
         self.cache.release(names)
 
-    def row_group_file(self, file: int, group: int, rng: tuple[int, int], meta: Any) -> Any:
-        """A ParquetFile able to read row group ``group`` (its span fetched, or waited for)."""
+    def _read_span(
+        self, file: int, group: int, rng: tuple[int, int], meta: Any, columns: list[str]
+    ) -> pa.Table:
+        """Row group ``group``'s ``columns`` from its span (fetched, or waited for)."""
         import pyarrow.parquet as pq
 
         name, start, end = self._group_span(file, group, rng)
-        data = self.cache.fetch(name, end - start)
-        source = pa.PythonFile(_SpanFile(data, start, self.sizes[file], self.snap.files[file]))
-        return pq.ParquetFile(source, metadata=meta)
+        shown = self.snap.files[file]
+
+        def parse(data: np.ndarray) -> pa.Table:
+            source = pa.PythonFile(_SpanFile(data, start, self.sizes[file], shown))
+            return pq.ParquetFile(source, metadata=meta).read_row_group(group, columns=columns)
+
+        return self._parsed(name, end - start, parse)
 
 
 def is_remote_table(snap: Any) -> bool:

@@ -13,7 +13,11 @@ Why each mechanism:
   waiting for a download never waits on a reader that holds the shard (no rank or thread
   can stall on another's window, hence no deadlock with collective ops).
 - *LRU by modification time* (touched on every hit), under a byte limit
-  (``SPARK_DL_CACHE_BYTES`` or ``limit_bytes``; default 32 GiB).
+  (``SPARK_DL_CACHE_BYTES`` or ``limit_bytes``; default 32 GiB). The directory is scanned
+  (a ``stat`` per file) only when this process's running estimate of its size comes within
+  1/8 of the limit, or once the last scan is older than 1 s (or 20 times that scan's own
+  time): a scan per download made fetching N small files (footers) O(N^2). Files other
+  processes add meanwhile are counted at the next scan.
 - *Retries with exponential backoff and jitter* on transient errors (connection resets,
   HTTP 5xx, throttling, torn bodies): ``retries`` extra attempts (``SPARK_DL_RETRIES``,
   default 5), first delay ``backoff_s`` (``SPARK_DL_RETRY_BACKOFF_S``, default 0.2 s),
@@ -104,6 +108,9 @@ class _Job:
 class ShardCache:
     """Remote shard files of one dataset, fetched once into ``directory``.
 
+    ``durable``: fsync each file and the directory before a reader may see it (a subclass
+    whose reader recovers from a file torn by a power loss may skip it: many small files).
+
     ``hashes`` maps shard basenames to the index's ``{algorithm: hexdigest}``; a download
     whose bytes do not match is never committed to the cache.
 
@@ -113,6 +120,8 @@ class ShardCache:
     into one temporary file. :meth:`fetch` waits for (or starts, ahead of everything queued)
     the shard it needs.
     """
+
+    durable = True
 
     def __init__(
         self,
@@ -157,6 +166,11 @@ class ShardCache:
         self.network_wait_s = 0.0
         self._active = 0
         self._busy_since = 0.0
+        self.scans = 0  # directory scans made to enforce the limit (telemetry, tests)
+        self._stale_temps: set[str] = set()  # shards with temporary files at the last scan
+        self._usage: int | None = None  # bytes at the last scan, plus this process's since
+        self._scanned_at = 0.0
+        self._scan_s = 0.0
         os.makedirs(os.path.join(directory, _LOCKS), exist_ok=True)
         self._mutex = threading.Lock()
         self._work = threading.Condition(self._mutex)
@@ -369,8 +383,10 @@ class ShardCache:
         job.dl = dl
         if self._complete(path, job.nbytes):
             return self._finish(job, "cached")
-        self._remove_temps(job.basename)  # left by a crashed downloader
-        if not self._make_room(job.nbytes, keep=job.basename) and not job.urgent:
+        fits = self._make_room(job.nbytes, keep=job.basename)
+        if job.basename in self._stale_temps:  # left by a crashed downloader (seen by a scan)
+            self._remove_temps(job.basename)
+        if not fits and not job.urgent:
             return self._finish(job, "skipped")  # read ahead only within the limit
         self._begin(job)
 
@@ -502,7 +518,8 @@ class ShardCache:
         with self._mutex:  # counted first: a reader may use the file once it is renamed
             self.downloads += 1
         os.replace(job.temp, os.path.join(self.directory, job.basename))
-        _fsync_dir(self.directory)
+        if self.durable:
+            _fsync_dir(self.directory)
         self._finish(job, "done")
 
     def _close_temp(self, job: _Job) -> None:
@@ -574,15 +591,21 @@ class ShardCache:
                     raise HashMismatchError(
                         shown, f"{name} is {actual}, the index says {expected[name]}"
                     )
-            os.fsync(f.fileno())
+            if self.durable:
+                os.fsync(f.fileno())
 
     def _redact(self, exc: BaseException) -> str:
         text = str(exc)
         return self.store.redact(text) if hasattr(self.store, "redact") else text
 
     def _files(self) -> list[tuple[float, int, str]]:
+        """Complete files (mtime, size, name), oldest first; notes the shards that have
+        temporary files (removed when one of them is downloaded next)."""
         out = []
+        stale = set()
         for name in os.listdir(self.directory):
+            if name.startswith(_TMP):
+                stale.add(name[len(_TMP) + 33 :])
             if name.startswith(".") or name == _LOCKS:
                 continue
             try:
@@ -590,6 +613,8 @@ class ShardCache:
             except FileNotFoundError:
                 continue
             out.append((st.st_mtime, st.st_size, name))
+        with self._mutex:
+            self._stale_temps = stale
         return sorted(out)
 
     def usage(self) -> int:
@@ -618,15 +643,34 @@ class ShardCache:
 
     def _make_room(self, nbytes: int, keep: str) -> bool:
         """Evict least recently used shards not in use by any process until ``nbytes`` fit
-        (False: they do not, every other shard being in use)."""
+        (False: they do not, every other shard being in use). Scans the directory only when
+        the running estimate nears the limit or is stale (see the module's docstring)."""
+        with self._mutex:
+            now = time.monotonic()
+            fresh = now - self._scanned_at < max(1.0, 20 * self._scan_s)
+            room = self.limit - self.limit // 8
+            if self._usage is not None and fresh and self._usage + nbytes <= room:
+                self._usage += nbytes
+                return True
+        fits = self._scan_and_evict(nbytes, keep)
+        with self._mutex:
+            self._scan_s = time.monotonic() - now
+            self._scanned_at = time.monotonic()
+        return fits
+
+    def _scan_and_evict(self, nbytes: int, keep: str) -> bool:
+        """:meth:`_make_room` with a fresh scan of the directory."""
         files = self._files()
         used = sum(size for _, size, _ in files)
+        with self._mutex:
+            self.scans += 1
+            self._usage = used + nbytes
         if used + nbytes <= self.limit:
             return True
         self._remove_temps()
         for _, size, name in files:
             if used + nbytes <= self.limit:
-                return True
+                break
             if name == keep:
                 continue
             fd = self._lock(name, "use")
@@ -640,6 +684,8 @@ class ShardCache:
                 used -= size
             finally:
                 os.close(fd)
+        with self._mutex:
+            self._usage = used + nbytes
         return used + nbytes <= self.limit
 
 
