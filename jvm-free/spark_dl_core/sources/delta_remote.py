@@ -390,10 +390,12 @@ class RemoteFiles:
 
 
 def is_remote_table(snap: Any) -> bool:
+    """Whether the snapshot's files are on an object store (read through spans)."""
     return is_remote(snap.table_uri) and not snap.table_uri.startswith("file:")
 
 
 def default_span_dir(table_uri: str) -> str:
+    """``<tmp>/spark-dl-cache/<hash of the table URI and "#spans">``: one per machine."""
     from ..store.cache import default_cache_dir
 
     return default_cache_dir(f"{table_uri}#spans")
