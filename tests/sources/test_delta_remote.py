@@ -136,3 +136,19 @@ def test_file_missing_or_truncated_on_the_server_is_a_typed_error(s3: Any, tmp_p
     with pytest.raises(DeltaSnapshotError, match="missing") as err:
         open_delta("s3://bucket/f", storage_options=options)
     assert victim in str(err.value)
+
+
+def test_column_mapped_table_on_s3_reads_logical_columns(s3: Any, tmp_path: Path) -> None:
+    """Under column mapping the files name columns by physical name: the spans must hold
+    those columns' chunks and the rows come back under the logical names."""
+    _fs, options = s3
+    uri = "s3://bucket/mapped"
+    ids = np.arange(300, dtype=np.int64)
+    x = pa.FixedSizeListArray.from_arrays(pa.array(_x(ids).ravel()), WIDTH)
+    table = pa.table({"id": ids, "x": x.cast(pa.list_(pa.float32()))})
+    config = {"delta.columnMapping.mode": "name"}
+    write_deltalake(uri, table, storage_options=options, configuration=config)
+    snap = open_delta(uri, storage_options=options)
+    assert snap.column_mapping is not None  # the files' columns are physical names
+    ds = snap.dataset(cache=False, span_dir=str(tmp_path / "spans"))
+    assert sorted(_ids(ds.to_torch(batch_size=64, shuffle=True, seed=5))) == list(range(300))

@@ -325,25 +325,29 @@ class RemoteFiles:
 
     # -- row groups
 
-    def _present(self, meta: Any) -> tuple[list[str], list[int]]:
-        """The wanted columns this file has, and their leaf columns' indexes."""
-        names = set(meta.schema.to_arrow_schema().names)
-        present = [n for n in self.columns if n in names]
+    def _present(self, meta: Any, file: int) -> tuple[Any, list[int]]:
+        """How the wanted columns read from this file (its physical names under column
+        mapping: ``FileColumns``), and the indexes of their leaf columns."""
+        columns = self.snap.file_columns(
+            meta.schema.to_arrow_schema(), self.columns, self.snap.files[file]
+        )
         schema = meta.schema
-        wanted = set(present)
+        wanted = set(columns.read)
         leaves = [i for i in range(len(schema)) if schema.column(i).path.split(".")[0] in wanted]
-        return present, leaves
+        return columns, leaves
 
     def group_range(self, file: int, group: int) -> tuple[int, int]:
         """Bytes ``[start, end)`` of row group ``group`` holding the wanted columns."""
         meta = self._meta(file)
-        return self.chunk_range(meta, group, self._present(meta)[1])
+        return self.chunk_range(meta, group, self._present(meta, file)[1])
 
     def read_group(self, file: int, group: int) -> pa.Table:
-        """The row group's wanted columns, from its span (fetched, or waited for)."""
+        """The row group's wanted columns under their logical names, from its span (fetched,
+        or waited for)."""
         meta = self._meta(file)
-        present, leaves = self._present(meta)
-        return self._read_span(file, group, self.chunk_range(meta, group, leaves), meta, present)
+        columns, leaves = self._present(meta, file)
+        rng = self.chunk_range(meta, group, leaves)
+        return columns.logical(self._read_span(file, group, rng, meta, columns.read))
 
     def chunk_range(self, meta: Any, group: int, leaves: list[int]) -> tuple[int, int]:
         """Bytes ``[start, end)`` holding the row group's column chunks ``leaves``."""
