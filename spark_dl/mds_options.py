@@ -20,7 +20,16 @@ FORMAT = "mds"
 SOURCE_FILE_COLUMN = "__spark_dl_source_file"
 _ROW_INDEX_COLUMN = "__spark_dl_row_index"
 SPEC_OPTIONS = ("compression", "shard_size", "hashes", "nulls", "columns", "spec")
-_READ_ROWS = 8192  # rows per Arrow batch a read task yields (bounded memory)
+_READ_ROWS = 8192  # rows per Arrow batch a mixture read task yields (bounded memory)
+# An ``mds`` read task yields batches of about this many decoded bytes (within the row
+# bounds): fewer, larger batches cost Spark less per row; the bytes bound keeps memory flat.
+READ_BATCH_BYTES = 8 << 20
+READ_BATCH_ROWS = (64, 1 << 17)
+# Shards are grouped into input partitions as Spark plans files (``maxSplitBytes``): up to
+# this many bytes each, each shard counted with an opening cost, fewer bytes when the
+# dataset is small so every core still gets a partition.
+PARTITION_BYTES = 128 << 20
+SHARD_OPEN_BYTES = 4 << 20
 
 
 # Every option the source understands (keys arrive lowercased); prefixes take any suffix.

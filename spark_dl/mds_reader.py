@@ -5,6 +5,7 @@ shards to Arrow batches of bounded size, with the spec's read-time ops (as the c
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -21,8 +22,11 @@ from spark_dl_core.errors import DatasetError, SpecError
 from spark_dl_core.ops.arrow import arrow_schema, batch_to_arrow
 
 from .mds_options import (
-    _READ_ROWS,
     CATALOG_KEYS,
+    PARTITION_BYTES,
+    READ_BATCH_BYTES,
+    READ_BATCH_ROWS,
+    SHARD_OPEN_BYTES,
     _path,
     _storage_options,
     bool_option,
@@ -44,7 +48,12 @@ class MDSReader(DataSourceReader):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.path = _path(options)
         self.storage_options = _storage_options(options)
-        self.shards_per_partition = int_option(options, "shards_per_partition", 1, 1, 1 << 20)
+        # unset: shards grouped by bytes (:func:`plan_groups`); set: that many per partition
+        self.shards_per_partition = (
+            int_option(options, "shards_per_partition", 1, 1, 1 << 20)
+            if "shards_per_partition" in options
+            else None
+        )
         # unset: each shard checked once (the core's default); true: every hash; false: none
         self.verify = bool_option(options, "verify_hashes") if "verify_hashes" in options else None
         self.allow_unsafe = bool_option(options, "allow_unsafe")
@@ -60,7 +69,11 @@ class MDSReader(DataSourceReader):
         ds = self._open()
         n = ds.num_shards
         step = self.shards_per_partition
-        groups = [list(range(i, min(n, i + step))) for i in range(0, n, step)]
+        if step is None:
+            sizes = [ds.shards[i].raw_data.bytes for i in range(n)]
+            groups = plan_groups(sizes, os.cpu_count() or 1)
+        else:
+            groups = [list(range(i, min(n, i + step))) for i in range(0, n, step)]
         return [ShardGroup(g, [ds.shards[i].stored.basename for i in g]) for g in groups] or [
             ShardGroup([], [])
         ]
@@ -88,13 +101,42 @@ class MDSReader(DataSourceReader):
         for i in partition.shards:
             data = ds.load_shard(i, verify_hashes=self.verify)
             n = ds.shards[i].samples
-            for start in range(0, n, _READ_ROWS):
-                index = np.arange(start, min(n, start + _READ_ROWS))
+            step = batch_rows(ds.shards[i].raw_data.bytes, n)
+            for start in range(0, n, step):
+                index = np.arange(start, min(n, start + step))
                 decoded = ds.decode(data, index, columns=stored)
                 batch = batch_to_arrow(ds, decoded, columns=self.columns)
                 if self.names is not None:
                     batch = batch.rename_columns(self.names)
                 yield conform(batch, schema)
+
+
+def plan_groups(sizes: Sequence[int], cores: int) -> list[list[int]]:
+    """Consecutive shards (by their decoded ``sizes``) grouped into input partitions as
+    Spark splits files: groups of up to ``PARTITION_BYTES``, each shard also counting
+    ``SHARD_OPEN_BYTES``, and smaller groups when the dataset is small so each of ``cores``
+    gets work. One task per shard paid a task (and a Python batch stream) per small shard;
+    one task per dataset left cores idle. Consecutive, so partitions keep the stored order."""
+    total = sum(size + SHARD_OPEN_BYTES for size in sizes)
+    target = min(PARTITION_BYTES, max(SHARD_OPEN_BYTES, total // max(1, cores)))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
+    for i, size in enumerate(sizes):
+        if current and filled + size > target:
+            groups.append(current)
+            current, filled = [], 0
+        current.append(i)
+        filled += size + SHARD_OPEN_BYTES
+    return [*groups, current] if current else groups
+
+
+def batch_rows(shard_bytes: int, samples: int) -> int:
+    """Rows per yielded Arrow batch for a shard: about ``READ_BATCH_BYTES`` of its decoded
+    bytes, within ``READ_BATCH_ROWS`` (Spark pays per batch; memory grows per byte)."""
+    low, high = READ_BATCH_ROWS
+    per_row = max(1, shard_bytes // max(1, samples))
+    return max(low, min(high, READ_BATCH_BYTES // per_row))
 
 
 def _asked_columns(

@@ -133,6 +133,17 @@ class ShardData:
         assert self._rows is not None
         np.take(self._rows, local, axis=0, out=out)
 
+    def _row_block(self, index: np.ndarray) -> tuple[np.ndarray, bool]:
+        """The rows at ``index`` and whether they are a view of the shard: a view when they
+        are one ascending run (a scan reads them so; no gather), else a gathered copy."""
+        assert self._rows is not None
+        n = len(index)
+        if n and int(index[-1]) - int(index[0]) == n - 1 and bool(np.all(np.diff(index) == 1)):
+            return self._rows[int(index[0]) : int(index[0]) + n], True
+        rows = np.empty((n, self._rows.shape[1]), dtype=U8)
+        self.gather_rows(index, rows)
+        return rows, False
+
     def row_span(self, i: int) -> tuple[int, int]:
         """Byte position and width of column ``i`` within a row (needs :attr:`row_matrix`)."""
         return self._at[i], self._widths[i]
@@ -149,13 +160,13 @@ class ShardData:
         if len(index) and (index.min() < 0 or index.max() >= self.count):
             raise SampleIndexError(f"sample index out of range for shard {self.file!r}")
         if self._rows is not None:
-            rows = np.empty((len(index), self._rows.shape[1]), dtype=U8)
-            self.gather_rows(index, rows)
+            rows, view = self._row_block(index)
             out: dict[str, Pieces] = {}
             n = len(index)
             for i in wanted:
                 at, width = self._at[i], self._widths[i]
-                block = np.ascontiguousarray(rows[:, at : at + width]).reshape(-1)
+                part = rows[:, at : at + width]  # copied from a view: columns own their bytes
+                block = (np.array(part) if view else np.ascontiguousarray(part)).reshape(-1)
                 if layout.sizes[i] is None:  # variable column, equal sizes in this shard
                     offsets = np.arange(n + 1, dtype=I64) * width
                     out[layout.names[i]] = Pieces(block, offsets=offsets)

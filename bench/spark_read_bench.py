@@ -1,0 +1,177 @@
+"""Storage -> Spark read: ``spark.read.format("mds")`` vs ``spark.read.parquet`` on the same rows.
+
+One DataFrame of N rows is written once as MDS (spark-dl's source) and once as Parquet; then
+each query runs on both, alternately (mds, parquet, mds, parquet …), and the median time of
+each and the ratio mds / parquet are printed. ``--floor`` adds ``mds_floor`` (see
+:func:`_register_floor`): Spark's own cost of a Python data source for these rows.
+Queries: ``count()``, two sums (``count + two sums``, the issue's yardstick), and a full
+scan of every column (``write.format("noop")``).
+
+``--shape numeric``: ``id`` bigint, ``x`` double, ``y`` float. ``--shape features`` adds
+``features`` array<float>[32] (stored as ``ndarray:float32:32``).
+
+    PYSPARK_PYTHON=.venv/bin/python .venv/bin/python bench/spark_read_bench.py [--rows N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+QUERIES = ("count", "count+2sums", "scan")
+
+
+def _session() -> Any:
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    import spark_dl
+
+    spark_dl.register(spark)
+    return spark
+
+
+def _write(spark: Any, rows: int, shape: str, work: Path) -> dict[str, Path]:
+    """The same rows as MDS and as Parquet (two files / shard groups each way)."""
+    cols = "id, CAST(id * 0.5 AS double) AS x, CAST(id % 1000 AS float) AS y"
+    if shape == "features":
+        cols += ", transform(sequence(0, 31), i -> CAST(id + i AS float)) AS features"
+    df = spark.sql(f"SELECT {cols} FROM range({rows})").repartition(2).cache()
+    df.count()
+    paths = {"mds": work / "mds", "parquet": work / "parquet"}
+    writer = df.write.format("mds").mode("overwrite")
+    if shape == "features":
+        writer = writer.option("columns", '{"features": "ndarray:float32:32"}')
+    writer.save(str(paths["mds"]))
+    df.write.mode("overwrite").parquet(str(paths["parquet"]))
+    df.unpersist()
+    return paths
+
+
+def _queries(spark: Any, path: Path, fmt: str) -> dict[str, Callable[[], Any]]:
+    from pyspark.sql import functions as F
+
+    def load() -> Any:
+        if fmt == "parquet":
+            return spark.read.parquet(str(path))
+        return spark.read.format(fmt).load(str(path))
+
+    def count() -> Any:
+        return load().count()
+
+    def sums() -> Any:
+        df = load()
+        return df.count(), df.agg(F.sum("x"), F.sum("y")).collect()
+
+    def scan() -> Any:
+        load().write.format("noop").mode("overwrite").save()
+
+    return {"count": count, "count+2sums": sums, "scan": scan}
+
+
+def _check(spark: Any, paths: dict[str, Path]) -> None:
+    """Both reads give the same sums (a benchmark of wrong data is worthless)."""
+    got = [_queries(spark, paths[f], f)["count+2sums"]() for f in ("mds", "parquet")]
+    if got[0] != got[1]:
+        raise SystemExit(f"mds and parquet disagree: {got}")
+
+
+def _register_floor(spark: Any) -> None:
+    """``format("mds_floor")``: the ``mds`` reader's plan and schema, but each task decodes
+    one batch and yields it again until its rows are out. Its time is what Spark's Python
+    Data Source path costs for these rows with no decoding at all: the floor any Python
+    source (``mds`` included) can reach."""
+    import spark_dl.datasource as sds
+    from spark_dl.mds_reader import MDSReader
+
+    class FloorReader(MDSReader):
+        def read(self, partition: Any) -> Any:
+            rows = sum(self._open().shards[i].samples for i in partition.shards)
+            first = next(super().read(partition), None)
+            while first is not None and rows > 0:
+                yield first.slice(0, min(rows, first.num_rows))
+                rows -= first.num_rows
+
+    class FloorSource(sds.MDSDataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "mds_floor"
+
+        def reader(self, schema: Any) -> Any:
+            return FloorReader(dict(self.options), schema)
+
+    spark.dataSource.register(FloorSource)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--shape", choices=("numeric", "features"), default="numeric")
+    parser.add_argument("--runs", type=int, default=5, help="paired runs per query")
+    parser.add_argument("--queries", default=",".join(QUERIES))
+    parser.add_argument("--floor", action="store_true", help="also time the API's floor")
+    args = parser.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    spark = _session()
+    work = Path(tempfile.mkdtemp(prefix="spark_read_bench-"))
+    try:
+        paths = _write(spark, args.rows, args.shape, work)
+        _check(spark, paths)
+        formats = ["mds", "parquet"]
+        if args.floor:
+            _register_floor(spark)
+            paths["mds_floor"] = paths["mds"]
+            formats.append("mds_floor")
+        print(f"\nstorage -> Spark read, {args.rows:,} rows, shape {args.shape}, local[2]")
+        print(f"  load average before: {os.getloadavg()[0]:.2f}")
+        for name in args.queries.split(","):
+            fns = {f: _queries(spark, paths[f], f)[name] for f in formats}
+            for fn in fns.values():  # one warm-up each: JIT, page cache, worker start
+                fn()
+            times: dict[str, list[float]] = {f: [] for f in formats}
+            ratios, floors = [], []
+            for _ in range(args.runs):
+                pair = {}
+                for fmt, fn in fns.items():
+                    start = time.perf_counter()
+                    fn()
+                    pair[fmt] = time.perf_counter() - start
+                    times[fmt].append(pair[fmt])
+                ratios.append(pair["mds"] / pair["parquet"])
+                if args.floor:
+                    floors.append(pair["mds"] / pair["mds_floor"])
+            med = {f: statistics.median(t) for f, t in times.items()}
+            line = (
+                f"  {name:12s} mds {med['mds']:6.3f} s  parquet {med['parquet']:6.3f} s  "
+                f"mds/parquet median {statistics.median(ratios):4.2f}x "
+                f"(min {min(ratios):4.2f}, max {max(ratios):4.2f})"
+            )
+            if floors:
+                line += (
+                    f"  floor {med['mds_floor']:6.3f} s, mds/floor "
+                    f"{statistics.median(floors):4.2f}x"
+                )
+            print(line)
+        print(f"  load average after: {os.getloadavg()[0]:.2f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
