@@ -124,13 +124,27 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="paired runs per query")
     parser.add_argument("--queries", default=",".join(QUERIES))
     parser.add_argument("--floor", action="store_true", help="also time the API's floor")
+    parser.add_argument("--data", type=Path, help="keep the written rows here (reused if there)")
+    parser.add_argument(
+        "--only", choices=("mds", "parquet"), help="with --data: run this format's queries only"
+    )
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     spark = _session()
-    work = Path(tempfile.mkdtemp(prefix="spark_read_bench-"))
+    if args.only:  # one format, nothing written or compared: for timing whole processes
+        if args.data is None:
+            raise SystemExit("--only needs --data (written by an earlier run)")
+        for _ in range(args.runs):
+            for name in args.queries.split(","):
+                _queries(spark, args.data / args.only, args.only)[name]()
+        spark.stop()
+        return
+    work = args.data or Path(tempfile.mkdtemp(prefix="spark_read_bench-"))
     try:
-        paths = _write(spark, args.rows, args.shape, work)
+        paths = {"mds": work / "mds", "parquet": work / "parquet"}
+        if not (paths["mds"] / "index.json").exists():
+            paths = _write(spark, args.rows, args.shape, work)
         _check(spark, paths)
         formats = ["mds", "parquet"]
         if args.floor:
@@ -169,7 +183,8 @@ def main() -> None:
             print(line)
         print(f"  load average after: {os.getloadavg()[0]:.2f}")
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.data is None:
+            shutil.rmtree(work, ignore_errors=True)
         spark.stop()
 
 
