@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import spark_dl_core.sources.dataset as dataset_module
+import spark_dl_core.sources.shard_loading as shard_loading
 from spark_dl_core import HashMismatchError, open_dataset, write_mds
 
 
@@ -19,7 +19,7 @@ from spark_dl_core import HashMismatchError, open_dataset, write_mds
 def hashes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The hashes computed while loading shards (the real functions, counted)."""
     seen: list[str] = []
-    digest, content = dataset_module.digest, dataset_module.content_hash
+    digest, content = shard_loading.digest, shard_loading.content_hash
 
     def counted_digest(name: str, data: object) -> str:
         seen.append(name)
@@ -29,8 +29,8 @@ def hashes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         seen.append("content")
         return content(data)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(dataset_module, "digest", counted_digest)
-    monkeypatch.setattr(dataset_module, "content_hash", counted_content)
+    monkeypatch.setattr(shard_loading, "digest", counted_digest)
+    monkeypatch.setattr(shard_loading, "content_hash", counted_content)
     return seen
 
 
@@ -43,7 +43,7 @@ def test_a_verified_file_is_not_hashed_again_until_it_changes(
 ) -> None:
     path = tmp_path / "ds"
     write_mds(pa.table({"x": np.arange(1000), "b": [b"%d" % i for i in range(1000)]}), str(path))
-    monkeypatch.setattr(dataset_module, "_SETTLED_S", 0.0)  # written just now: trust it anyway
+    monkeypatch.setattr(shard_loading, "_SETTLED_S", 0.0)  # written just now: trust it anyway
     open_dataset(str(path)).load_shard(0)
     assert hashes  # the first process checks
     hashes.clear()

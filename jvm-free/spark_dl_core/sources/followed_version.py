@@ -1,0 +1,60 @@
+"""What a dataset that follows a Delta table adds to a plain one: the table version it
+opened (from the version's manifest, :mod:`spark_dl_core.versions`) and the hooks through
+which a loader carries a run on from another version (:mod:`.follow_carry`)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from ..format.compact import ShardTable
+from ..store.storage import Store
+from ..versions import Piece, read_version
+
+
+class FollowedVersion:
+    """Mixin of :class:`~.dataset.Dataset`: ``version`` is the table version opened (None
+    for a dataset that follows no table), ``_virtual`` its shards assembled from others."""
+
+    store: Store
+    version: int | None
+    _virtual: dict[str, list[Piece]]
+
+    def _open_followed(
+        self, version: int | None
+    ) -> tuple[ShardTable, dict[str, Any] | None, bytes | None] | None:
+        """A followed table's version held at the path (the latest, or ``version``): its
+        shards, metadata and index text; None for a dataset that follows no table."""
+        held = read_version(self.store, version)
+        if held is None:
+            return None
+        self.version, self._virtual = held.version, held.virtual
+        return ShardTable.from_infos(held.shards), held.meta, held.index_text
+
+    def position_record(self, epoch: int, consumed: int) -> dict[str, Any] | None:
+        if self.version is None:
+            return None
+        from . import follow_carry
+
+        return follow_carry.record(self._as_dataset(), epoch, consumed)
+
+    @property
+    def carry_on(self) -> Callable[[Any, bool], tuple[Any, int, int]] | None:
+        """Only a followed table's version takes a state of another version (None: the
+        loader compares fingerprints as for any dataset)."""
+        if self.version is None:
+            return None
+        from . import follow_carry
+
+        return functools.partial(follow_carry.carry_on, self._as_dataset())
+
+    def row_layout(self) -> Any:
+        from . import follow_carry
+
+        return follow_carry.row_layout(self._as_dataset())
+
+    def _as_dataset(self) -> Any:
+        """This mixin's dataset, as :mod:`.follow_carry` takes it (it imports the dataset
+        module, so this one may name it only at run time)."""
+        return self
