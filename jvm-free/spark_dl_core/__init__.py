@@ -17,7 +17,11 @@ from .errors import (
 from .loaders.loading import install as _install_loading
 from .loaders.settings import LoaderSettings, PackSpec
 from .sources.dataset import Dataset, open_dataset
+from .sources.delta_carry import install as _install_delta_carry
+from .sources.delta_follow import install as _install_follow
 from .sources.delta_inplace import install as _install_in_place
+from .sources.delta_since import install as _install_since
+from .sources.follow_carry import install as _install_follow_carry
 from .sources.mixture import Mixture, MixtureSpec, Source, mix, open_mixture
 from .spec import DatasetSpec, parse_size
 from .store.indexing import write_compact_index
@@ -26,6 +30,10 @@ from .writer import ShardWriter, WriteResult, write_mds
 _install_loading()  # Dataset.iter_batches / to_torch / to_tf / sample_order / to_arrow
 _install_card()  # Dataset._repr_html_: the dataset card in notebooks
 _install_in_place()  # DeltaSnapshot.dataset(): the snapshot read in place
+_install_since()  # open_delta(since=): the rows new since a version
+_install_follow()  # DeltaSnapshot.write_mds(mode='update'): a dataset following the table
+_install_delta_carry()  # in-place Delta loaders carry a run on to another version
+_install_follow_carry()  # followed datasets' loaders carry a run on to another version
 
 
 def open_delta(path: str, *, version: int | None = None, **kwargs: Any) -> Any:

@@ -17,7 +17,6 @@ have their files' physical columns mapped back to the logical schema by
 
 from __future__ import annotations
 
-import datetime as _dt
 import operator
 import os
 from collections.abc import Iterator, Sequence
@@ -26,12 +25,26 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from ..errors import DatasetError, SpecError, optional_import
+from ..errors import DatasetError, SpecError
 from ..meta import column_names
 from .delta_columns import ColumnMapping, FileColumns, file_columns, mapping_of
 from .delta_errors import culprit_text, empty_commit, past_the_end, typed_errors
+from .delta_log import (
+    DeltaSnapshotError,
+    Timestamp,
+    UnsupportedDeltaFeatureError,
+    as_expression,
+    commit_history,
+    file_key,
+    first_line,
+    import_deltalake,
+    iso_ms,
+    log_location,
+    log_uri,
+    utc_ms,
+    version_range,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..spec import DatasetSpec
@@ -51,12 +64,28 @@ SUPPORTED_READER_FEATURES = frozenset(
     }
 )
 
-Timestamp = _dt.datetime | str | int | float
-
 # The in-place dataset class, installed by sources.delta_inplace (built on this module) when
 # the package is imported, as the loading methods are installed into Dataset: this room
 # reaches no module above it.
 _IN_PLACE: Any = None
+
+
+# What ``open_delta(since=)`` and ``write_mds(mode="update")`` call, installed the same way by
+# sources.delta_since and sources.delta_follow (both build on this module).
+_EXTENSIONS: dict[str, Any] = {}
+
+
+def install_extension(name: str, implementation: Any) -> None:
+    """Make ``implementation`` what this module calls for ``name`` (``"since"``: the rows new
+    since a version; ``"update"``: a dataset that follows the table)."""
+    _EXTENSIONS[name] = implementation
+
+
+def _extension(name: str) -> Any:
+    found = _EXTENSIONS.get(name)
+    if found is None:  # only when a module was imported without its package
+        raise RuntimeError(f"import spark_dl_core first: its Delta {name!r} support installs then")
+    return found
 
 
 def install_in_place(dataset_class: Any) -> None:
@@ -64,90 +93,6 @@ def install_in_place(dataset_class: Any) -> None:
     builds."""
     global _IN_PLACE
     _IN_PLACE = dataset_class
-
-
-class DeltaSnapshotError(DatasetError):
-    """A Delta snapshot that cannot be read: names the table, the version asked, what exists."""
-
-    def __init__(
-        self,
-        table: str,
-        message: str,
-        *,
-        asked: object = None,
-        available: tuple[int, int] | None = None,
-    ) -> None:
-        parts = [f"Delta table {table!r}"]
-        if asked is not None:
-            parts.append(f"at {asked}")
-        text = " ".join(parts) + f": {message}"
-        if available is not None:
-            text += f" (versions available: {available[0]}..{available[1]})"
-        super().__init__(text)
-        self.table = table
-        self.asked = asked
-        self.available = available
-
-
-class UnsupportedDeltaFeatureError(DeltaSnapshotError):
-    """The snapshot is readable by Delta, but uses a feature the JVM-free reader refuses
-    (column mapping, an unknown reader feature): delta-spark can still read it."""
-
-
-def _import_deltalake() -> Any:
-    return optional_import("deltalake", "reading Delta tables without a JVM")
-
-
-def _to_utc_ms(ts: Timestamp) -> int:
-    """Milliseconds since the epoch; naive datetimes and ISO strings without zone are UTC."""
-    if isinstance(ts, (int, float)):
-        return int(ts)
-    if isinstance(ts, str):
-        ts = _dt.datetime.fromisoformat(ts.replace("Z", "+00:00"))
-    if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=_dt.timezone.utc)
-    return int(ts.timestamp() * 1000)
-
-
-def _iso(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).isoformat(
-        timespec="milliseconds"
-    )
-
-
-def commit_history(table: Any) -> list[tuple[int, int]]:
-    """``(version, commit timestamp ms)`` of every commit still in the log, oldest first."""
-    out = [(int(h["version"]), int(h["timestamp"])) for h in table.history() if "version" in h]
-    return sorted(out)
-
-
-def _available(history: list[tuple[int, int]]) -> tuple[int, int] | None:
-    return (history[0][0], history[-1][0]) if history else None
-
-
-def _file_key(uri: str) -> str:
-    """A data file's identity: its decoded location (see :func:`_decoded`), local files as
-    plain paths. Never unquotes: a location is decoded once, when it leaves the log."""
-    if uri.startswith("file://"):
-        return uri[len("file://") :]
-    return uri
-
-
-def _decoded(uri: str) -> str:
-    """A URI from the Delta log (``add.path`` joined to the table URI, a deletion vector's
-    file path) as a location: percent-escapes decoded exactly once, local files as plain
-    paths. Hive-style partition directories are themselves escaped (``part=a%20b``), and the
-    log escapes that again (``part=a%2520b``): decoding twice names a file that is not there.
-    """
-    from urllib.parse import unquote
-
-    if uri.startswith("file:"):
-        path = unquote(uri[len("file:") :])
-        return "/" + path.lstrip("/")  # file:/x, file:///x -> /x
-    scheme, sep, rest = uri.partition("://")
-    return scheme + sep + unquote(rest) if sep else unquote(uri)
 
 
 @dataclass
@@ -214,7 +159,7 @@ class DeltaSnapshot:
     def file_names(self) -> list[str]:
         """The data files' base names in canonical (log path) order: how a Spark task, which
         sees ``_metadata.file_name``, tells which file of the snapshot a row came from."""
-        return [_file_key(u).rsplit("/", 1)[-1] for u in self.files]
+        return [file_key(u).rsplit("/", 1)[-1] for u in self.files]
 
     def partition_text(self) -> list[dict[str, str | None]]:
         """Each file's partition values from the log (in :attr:`files` order), as text an
@@ -224,7 +169,7 @@ class DeltaSnapshot:
         return [
             {
                 c: _as_text(
-                    self._partition_values.get(_file_key(u), {}).get(c), self.schema.field(c)
+                    self._partition_values.get(file_key(u), {}).get(c), self.schema.field(c)
                 )
                 for c in self.partition_columns
             }
@@ -233,17 +178,17 @@ class DeltaSnapshot:
 
     def file_size(self, uri: str) -> int | None:
         """A data file's size in bytes as its add action records it."""
-        return self._sizes.get(_file_key(uri))
+        return self._sizes.get(file_key(uri))
 
     def deleted_rows(self) -> dict[str, list[int]]:
         """Row indexes each file's deletion vector removes, by file base name."""
         out: dict[str, list[int]] = {}
         for uri in self.files:
-            keep = self._keep.get(_file_key(uri))
+            keep = self._keep.get(file_key(uri))
             if keep is not None:
                 gone = [i for i, k in enumerate(keep) if not k]
                 if gone:
-                    out[_file_key(uri).rsplit("/", 1)[-1]] = gone
+                    out[file_key(uri).rsplit("/", 1)[-1]] = gone
         return out
 
     # -- reading
@@ -290,9 +235,9 @@ class DeltaSnapshot:
                     available=self.available,
                 ) from None
             except (OSError, pa.ArrowException) as exc:  # not Parquet: truncated, overwritten
-                raise self._file_error(uri, f"cannot be read: {_first_line(exc)}") from None
+                raise self._file_error(uri, f"cannot be read: {first_line(exc)}") from None
             columns = self.file_columns(pf.schema_arrow, stored, uri)
-            keep = self._keep.get(_file_key(uri))
+            keep = self._keep.get(file_key(uri))
             start = 0
             for batch in self._read_batches(pf, columns.read, uri):
                 n = batch.num_rows
@@ -322,7 +267,7 @@ class DeltaSnapshot:
         try:
             yield from pf.iter_batches(columns=columns, batch_size=65536)
         except (pa.ArrowException, OSError) as exc:
-            raise self._file_error(uri, f"cannot be read: {_first_line(exc)}") from None
+            raise self._file_error(uri, f"cannot be read: {first_line(exc)}") from None
 
     def _file_error(self, uri: str, message: str) -> DeltaSnapshotError:
         return DeltaSnapshotError(
@@ -338,7 +283,7 @@ class DeltaSnapshot:
             raise self._file_error(
                 uri,
                 f"column {f.name!r} ({column.type}) cannot be read as the table's type "
-                f"{f.type}: {_first_line(exc)}",
+                f"{f.type}: {first_line(exc)}",
             ) from None
 
     def _finish(self, table: pa.Table, uri: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -346,7 +291,7 @@ class DeltaSnapshot:
         arrays = []
         for f in schema:
             if f.name in self.partition_columns:
-                value = self._partition_values.get(_file_key(uri), {}).get(f.name)
+                value = self._partition_values.get(file_key(uri), {}).get(f.name)
                 # add actions carry typed values (or raw strings, cast like Delta does)
                 typed = isinstance(value, str) and not pa.types.is_string(f.type)
                 arr = pa.array([value] * n, type=pa.string() if typed else f.type)
@@ -359,7 +304,7 @@ class DeltaSnapshot:
         try:  # Parquet readers do not check UTF-8: a damaged page is caught here, not in decode
             result.validate(full=True)
         except pa.ArrowException as exc:
-            raise self._file_error(uri, f"holds invalid data: {_first_line(exc)}") from None
+            raise self._file_error(uri, f"holds invalid data: {first_line(exc)}") from None
         if self.filter is not None:
             result = result.filter(self.filter)
         yield from result.combine_chunks().to_batches()
@@ -389,9 +334,8 @@ class DeltaSnapshot:
         from ..writer import write_mds
 
         if str(mode).strip().lower() == "update":
-            from .delta_follow import update_mds
-
-            return update_mds(self, out_path, spec, storage_options=storage_options)
+            update = _extension("update")  # sources.delta_follow.update_mds
+            return update(self, out_path, spec, storage_options=storage_options)
 
         return write_mds(
             self.export_batches(),  # carries the schema: a filter matching nothing writes 0 rows
@@ -490,7 +434,7 @@ class DeltaSnapshot:
     def _fs_path(uri: str, prefix: str) -> str:
         if prefix and uri.startswith(prefix):
             return uri[len(prefix) :]
-        return _file_key(uri)
+        return file_key(uri)
 
 
 def _version_number(uri: str, version: Any) -> int | None:
@@ -531,7 +475,7 @@ def open_delta(
     the asked version and the versions available when the snapshot cannot be read.
     ``version`` may be digits in a string (``"3"``, as Spark's ``versionAsOf`` takes it).
     """
-    deltalake = _import_deltalake()
+    deltalake = import_deltalake()
     uri = os.fspath(path)
     version = _version_number(uri, version)
     if version is not None and timestamp is not None:
@@ -540,17 +484,17 @@ def open_delta(
         latest = deltalake.DeltaTable(uri, storage_options=storage_options)
     except Exception as exc:
         raise DeltaSnapshotError(
-            uri, f"cannot be opened{culprit_text(uri)}: {_first_line(exc)}"
+            uri, f"cannot be opened{culprit_text(uri)}: {first_line(exc)}"
         ) from None
     history = commit_history(latest)
-    available = _available(history) or (latest.version(), latest.version())
+    available = version_range(history) or (latest.version(), latest.version())
     asked: str | None = None
     if timestamp is not None:
-        ms = _to_utc_ms(timestamp)
-        asked = f"timestamp {_iso(ms)}"
+        ms = utc_ms(timestamp)
+        asked = f"timestamp {iso_ms(ms)}"
         eligible = [v for v, t in history if t <= ms]
         if not eligible:
-            first = _iso(history[0][1]) if history else "?"
+            first = iso_ms(history[0][1]) if history else "?"
             raise DeltaSnapshotError(
                 uri,
                 f"the timestamp is before the first commit ({first})",
@@ -576,7 +520,7 @@ def open_delta(
         except Exception as exc:
             raise DeltaSnapshotError(
                 uri,
-                f"cannot be loaded{culprit_text(uri)}: {_first_line(exc)}",
+                f"cannot be loaded{culprit_text(uri)}: {first_line(exc)}",
                 asked=asked,
                 available=available,
             ) from None
@@ -593,15 +537,15 @@ def open_delta(
     partition_columns = list(table.metadata().partition_columns)
     base = table.table_uri.rstrip("/")
     rel_paths = actions.column("path").to_pylist()
-    uris = [_decoded(_joined(base, p)) for p in rel_paths]
+    uris = [log_location(log_uri(base, p)) for p in rel_paths]
     part_values: dict[str, dict[str, Any]] = {}
     for i, u in enumerate(uris):
-        part_values[_file_key(u)] = {
+        part_values[file_key(u)] = {
             c: actions.column(f"partition.{c}")[i].as_py()
             for c in partition_columns
             if f"partition.{c}" in actions.column_names
         }
-    sizes = dict(zip((_file_key(u) for u in uris), actions.column("size_bytes").to_pylist()))
+    sizes = dict(zip((file_key(u) for u in uris), actions.column("size_bytes").to_pylist()))
     keep: dict[str, Any] = {}
     # Every deletion vector the log names is applied, the table's reader features aside: a
     # log that adds files with deletion vectors but does not list the feature still deletes
@@ -611,23 +555,23 @@ def open_delta(
     except Exception as exc:  # delta-rs names the vector's file (or says it is inline)
         raise DeltaSnapshotError(
             uri,
-            f"a deletion vector cannot be read{culprit_text(uri)}: {_first_line(exc)}",
+            f"a deletion vector cannot be read{culprit_text(uri)}: {first_line(exc)}",
             asked=asked,
             available=available,
         ) from None
     for fp, sel in zip(dvs.column("filepath").to_pylist(), dvs.column("selection_vector")):
-        keep[_file_key(_decoded(fp))] = sel.as_py()
+        keep[file_key(log_location(fp))] = sel.as_py()
     order = sorted(range(len(uris)), key=lambda i: rel_paths[i])
     files = [uris[i] for i in order]
     snap = DeltaSnapshot(
-        table_uri=_decoded(base) if base.startswith("file:") else base,
+        table_uri=log_location(base) if base.startswith("file:") else base,
         version=pinned,
-        timestamp=_iso(when),
+        timestamp=iso_ms(when),
         files=files,
         schema=schema,
         partition_columns=partition_columns,
         columns=column_names(columns),
-        filter=_as_expression(filter),
+        filter=as_expression(filter),
         storage_options=storage_options,
         available=available,
         column_mapping=mapping,
@@ -638,9 +582,7 @@ def open_delta(
     )
     snap.output_schema  # noqa: B018 - validate columns now, not at first read
     if since is not None:
-        from .delta_since import new_since
-
-        snap = new_since(snap, since, deltalake)
+        snap = _extension("since")(snap, since, deltalake)  # sources.delta_since.new_since
     _check_files_exist(snap, asked)
     return snap
 
@@ -655,29 +597,6 @@ def _as_text(value: Any, f: pa.Field) -> str | None:
         wall = arr.cast(typ).cast(pa.timestamp(typ.unit))  # the UTC wall clock
         return f"{wall.cast(pa.string())[0]}Z"
     return str(arr.cast(pa.string())[0].as_py())
-
-
-def _first_line(exc: BaseException) -> str:
-    """delta-rs appends the Rust error's debug form (``Error: Os { code: 2, … }``) on a
-    second line of its messages; the first line says it for a user."""
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
-
-def _as_expression(filter: Any) -> Any:
-    if filter is None or isinstance(filter, pc.Expression):
-        return filter
-    raise TypeError(
-        f"filter must be a pyarrow.compute.Expression (e.g. pc.field('x') > 3), "
-        f"not {type(filter).__name__}"
-    )
-
-
-def _joined(base: str, path: str) -> str:
-    """A log path as a URI: relative paths (the usual case) resolve against the table URI."""
-    if "://" in path or path.startswith(("file:", "/")):
-        return path
-    return f"{base}/{path}"
 
 
 def _column_mapping(

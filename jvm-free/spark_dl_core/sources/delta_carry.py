@@ -10,14 +10,16 @@ files, deletions, columns and spec), and carries the run on (:func:`carry_on`).
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import SpecError
 from ..order.state import epoch_total
-from .delta import DeltaSnapshotError, open_delta
+from .delta import open_delta
 from .delta_inplace import DeltaDataset
+from .delta_log import DeltaSnapshotError
 from .row_carry import CarriedRows, RowCarry, RowLayout, carried
 
 if TYPE_CHECKING:
@@ -158,3 +160,9 @@ class CarriedDelta(CarriedRows, DeltaDataset):
 
     def open_old(self) -> Any:
         return _reopen(self.plain, self.carry.old, self.carry.old_fingerprint)
+
+
+def install() -> None:
+    """Make :class:`DeltaDataset` carry runs on through this module (the package calls this
+    when imported: that class's module cannot import this one, which builds on it)."""
+    DeltaDataset.carrier = sys.modules[__name__]

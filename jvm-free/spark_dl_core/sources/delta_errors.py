@@ -29,9 +29,9 @@ def typed_errors(open_delta: F) -> F:
 
     @functools.wraps(open_delta)
     def opened(path: Any, **kwargs: Any) -> Any:
-        from .delta import _as_expression
+        from .delta_log import as_expression
 
-        _as_expression(kwargs.get("filter"))  # a wrong argument stays the caller's TypeError
+        as_expression(kwargs.get("filter"))  # a wrong argument stays the caller's TypeError
         try:
             return open_delta(path, **kwargs)
         except _PASS_THROUGH:
@@ -43,7 +43,7 @@ def typed_errors(open_delta: F) -> F:
 
 
 def _log_error(path: Any, kwargs: dict[str, Any], exc: BaseException) -> SparkDLError:
-    from .delta import DeltaSnapshotError, _first_line
+    from .delta_log import DeltaSnapshotError, first_line
 
     uri = os.fspath(path)
     asked = None
@@ -53,7 +53,7 @@ def _log_error(path: Any, kwargs: dict[str, Any], exc: BaseException) -> SparkDL
         asked = f"timestamp {kwargs['timestamp']}"
     return DeltaSnapshotError(
         uri,
-        f"its log cannot be read{culprit_text(uri)}: {type(exc).__name__}: {_first_line(exc)}",
+        f"its log cannot be read{culprit_text(uri)}: {type(exc).__name__}: {first_line(exc)}",
         asked=asked,
     )
 

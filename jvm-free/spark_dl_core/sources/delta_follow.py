@@ -55,7 +55,8 @@ from ..versions import (
     write_version,
 )
 from ..writer import ShardWriter, WriteResult
-from .delta import DeltaSnapshot, _file_key, commit_history, open_delta
+from .delta import DeltaSnapshot, install_extension, open_delta
+from .delta_log import commit_history, file_key
 
 Ranges = list[list[int]]  # sorted, disjoint [start, stop) runs of row numbers
 
@@ -186,7 +187,7 @@ def _add_file(
     built: _Built,
 ) -> None:
     """One data file of the new version: its held shards, masked, or converted afresh."""
-    key = _file_key(uri)
+    key = file_key(uri)
     deleted = _deleted(snap, key)
     entry = held.files.get(key) if held is not None else None
     if entry is not None and held is not None:
@@ -451,7 +452,7 @@ def _assign(old: DeltaSnapshot, records: ShardRecords, shown: str) -> list[dict[
     filesystem, prefix = old._filesystem()
     files, at = [], 0
     for uri in old.files:
-        key = _file_key(uri)
+        key = file_key(uri)
         path = old._fs_path(uri, prefix)
         rows = pq.ParquetFile(path, filesystem=filesystem).metadata.num_rows
         deleted = _deleted(old, key)
@@ -587,3 +588,9 @@ def _settle_root(store: Store) -> None:
     spec = DatasetSpec(**latest.meta["spec"])
     plans = plans_from_meta(latest.meta)
     commit_dataset(store, spec, plans, records, latest.meta.get("source"), current=current)
+
+
+def install() -> None:
+    """Make :func:`update_mds` what ``DeltaSnapshot.write_mds(mode="update")`` calls (the
+    package calls this when imported: the snapshot module cannot import this one)."""
+    install_extension("update", update_mds)

@@ -15,16 +15,18 @@ workers, other processes and later versions keeping the same data file read inst
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -38,9 +40,10 @@ from ..ops.transforms import apply_transforms
 from ..spec import MAX_SHARD_SIZE, DatasetSpec
 from ..store.cache import default_cache_dir
 from .dataset import Dataset, _list_depth
-from .delta import DeltaSnapshot, DeltaSnapshotError, _file_key, _first_line, install_in_place
+from .delta import DeltaSnapshot, install_in_place
 from .delta_cache import RowGroupCache
 from .delta_errors import past_the_end
+from .delta_log import DeltaSnapshotError, file_key, first_line
 from .delta_remote import RemoteFiles, default_span_dir, is_remote_table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -242,7 +245,7 @@ class DeltaDataset(Dataset):
             raise self._file_error(file, None, exc) from None
 
     def _keep_array(self, file: int) -> np.ndarray | None:
-        keep = self.snapshot._keep.get(_file_key(self.snapshot.files[file]))
+        keep = self.snapshot._keep.get(file_key(self.snapshot.files[file]))
         return None if keep is None else np.asarray(keep, dtype=bool)
 
     # -- facts
@@ -358,20 +361,24 @@ class DeltaDataset(Dataset):
 
     # -- a run carried on to another version (sources/delta_carry.py)
 
-    def position_record(self, epoch: int, consumed: int) -> dict[str, Any]:
-        from . import delta_carry
+    # sources.delta_carry, installed when the package is imported (it builds on this module)
+    carrier: ClassVar[Any] = None
 
-        return delta_carry.record(self, epoch, consumed)
+    def position_record(self, epoch: int, consumed: int) -> dict[str, Any] | None:
+        if self.carrier is None:
+            return None
+        return self.carrier.record(self, epoch, consumed)
 
-    def carry_on(self, state: Any, strict: bool) -> tuple[Any, int, int]:
-        from . import delta_carry
-
-        return delta_carry.carry_on(self, state, strict)
+    @property
+    def carry_on(self) -> Callable[[Any, bool], tuple[Any, int, int]] | None:
+        """A state of another version of the table carries on (None: not installed, the
+        loader compares fingerprints as for any dataset)."""
+        if self.carrier is None:
+            return None
+        return functools.partial(self.carrier.carry_on, self)
 
     def row_layout(self) -> Any:
-        from . import delta_carry
-
-        return delta_carry.row_layout(self)
+        return None if self.carrier is None else self.carrier.row_layout(self)
 
     def locate(self, sample: int) -> tuple[str, int]:
         shard = int(np.searchsorted(self.shard_offsets, sample, side="right") - 1)
@@ -602,7 +609,7 @@ class DeltaDataset(Dataset):
         where = f"data file {snap.files[file]}"
         if group is not None:
             where += f" (row group {group})"
-        text = why if isinstance(why, str) else _first_line(why)
+        text = why if isinstance(why, str) else first_line(why)
         if isinstance(why, FileNotFoundError):
             text = f"is missing ({text}); the snapshot was probably vacuumed"
         elif isinstance(why, SparkDLError):  # a remote span that could not be fetched

@@ -94,7 +94,7 @@ def remote_filesystem(uri: str, storage_options: Mapping[str, Any] | None) -> tu
 def check_remote_files(snap: Any, asked: str) -> None:
     """Every data file of ``snap`` present with its logged size: one recursive listing of
     the table (a LIST per 1000 objects), not one request per file."""
-    from .delta import DeltaSnapshotError, _file_key, _first_line
+    from .delta_log import DeltaSnapshotError, file_key, first_line
 
     if not snap.files:
         return
@@ -106,13 +106,13 @@ def check_remote_files(snap: Any, asked: str) -> None:
     except Exception as exc:
         raise DeltaSnapshotError(
             snap.table_uri,
-            f"its data files cannot be listed: {store.redact(_first_line(exc))}",
+            f"its data files cannot be listed: {store.redact(first_line(exc))}",
             asked=asked,
             available=snap.available,
         ) from None
     sizes = {path.rstrip("/"): int(info.get("size") or 0) for path, info in found.items()}
     for uri in snap.files:
-        path = _file_key(uri)[len(prefix) :]
+        path = file_key(uri)[len(prefix) :]
         logged = snap.file_size(uri)
         size = sizes.get(path)
         problem = None
@@ -236,7 +236,7 @@ class RemoteFiles:
     through a span cache in ``directory`` (one per machine and table)."""
 
     def __init__(self, snap: Any, relative: list[str], directory: str, columns: list[str]) -> None:
-        from .delta import _file_key
+        from .delta_log import file_key
 
         self.snap = snap
         self.relative = relative
@@ -244,7 +244,7 @@ class RemoteFiles:
         self._metas: dict[int, Any] = {}
         self._lock = threading.Lock()
         prefix = snap.table_uri.split("://", 1)[0] + "://"
-        self.paths = [_file_key(u)[len(prefix) :] for u in snap.files]
+        self.paths = [file_key(u)[len(prefix) :] for u in snap.files]
         self.sizes = [int(snap.file_size(u) or 0) for u in snap.files]
         store = _SpanStore(table_store(snap.table_uri, snap.storage_options))
         # one cache per process and directory (other datasets of the table share it)

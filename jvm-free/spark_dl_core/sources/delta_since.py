@@ -18,7 +18,8 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
-from .delta import DeltaSnapshotError, _decoded, _file_key, _first_line, _joined
+from .delta import install_extension
+from .delta_log import DeltaSnapshotError, file_key, first_line, log_location, log_uri
 
 if TYPE_CHECKING:  # pragma: no cover
     from .delta import DeltaSnapshot
@@ -42,7 +43,7 @@ def new_since(snapshot: DeltaSnapshot, asked_since: Any, deltalake: Any) -> Delt
     for version in range(since + 1, snapshot.version + 1):
         _apply_commit(labels, _commit_actions(snapshot, version, asked), base, version)
     kept = [u for u in snapshot.files if _label(snapshot, labels, u, since) == NEW]
-    keys = {_file_key(u) for u in kept}
+    keys = {file_key(u) for u in kept}
     return dataclasses.replace(
         snapshot,
         files=kept,
@@ -84,7 +85,7 @@ def _check_range(snapshot: DeltaSnapshot, asked_since: Any) -> int:
 
 
 def _live_at(snapshot: DeltaSnapshot, since: int, deltalake: Any, asked: str) -> set[str]:
-    """The data files live at ``since``, as :func:`_file_key` keys."""
+    """The data files live at ``since``, as :func:`file_key` keys."""
     import pyarrow as pa
 
     try:
@@ -95,12 +96,12 @@ def _live_at(snapshot: DeltaSnapshot, since: int, deltalake: Any, asked: str) ->
     except Exception as exc:
         raise SinceError(
             snapshot.table_uri,
-            f"version {since} cannot be loaded: {_first_line(exc)}",
+            f"version {since} cannot be loaded: {first_line(exc)}",
             asked=asked,
             available=snapshot.available,
         ) from None
     base = snapshot.table_uri.rstrip("/")
-    return {_file_key(_decoded(_joined(base, p))) for p in paths}
+    return {file_key(log_location(log_uri(base, p))) for p in paths}
 
 
 def _commit_actions(snapshot: DeltaSnapshot, version: int, asked: str) -> list[dict[str, Any]]:
@@ -114,7 +115,7 @@ def _commit_actions(snapshot: DeltaSnapshot, version: int, asked: str) -> list[d
     except (OSError, ValueError) as exc:
         raise SinceError(
             snapshot.table_uri,
-            f"commit {version} cannot be read from the log ({_first_line(exc)})",
+            f"commit {version} cannot be read from the log ({first_line(exc)})",
             asked=asked,
             available=snapshot.available,
         ) from None
@@ -144,7 +145,7 @@ def _apply_commit(
 
 
 def _key(action: dict[str, Any], base: str) -> str:
-    return _file_key(_decoded(_joined(base, str(action["path"]))))
+    return file_key(log_location(log_uri(base, str(action["path"]))))
 
 
 def _label(
@@ -152,7 +153,7 @@ def _label(
 ) -> str:
     """Whether ``uri``'s rows are new; a file whose rows cannot be placed is an error."""
     asked = f"version {snapshot.version} since {since}"
-    found = labels.get(_file_key(uri))
+    found = labels.get(file_key(uri))
     if found is None:
         raise SinceError(
             snapshot.table_uri,
@@ -173,3 +174,9 @@ def _label(
             available=snapshot.available,
         )
     return label
+
+
+def install() -> None:
+    """Make :func:`new_since` what ``open_delta(since=)`` calls (the package calls this when
+    imported: the snapshot module cannot import this one, which builds on it)."""
+    install_extension("since", new_since)

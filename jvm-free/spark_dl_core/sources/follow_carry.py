@@ -14,6 +14,7 @@ held (a vacuum that let it go is a :class:`FollowError` naming it).
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from ..order.state import epoch_total
 from ..versions import held_versions, read_version
 from .dataset import Dataset
 from .delta_carry import VersionCarryError
+from .followed_version import FollowedVersion
 from .row_carry import CarriedRows, RowCarry, RowLayout, carried
 
 if TYPE_CHECKING:
@@ -201,3 +203,9 @@ class CarriedFollow(CarriedRows, Dataset):
     def open_old(self) -> Any:
         return _reopen(self.plain, int(self.carry.old["version"]), self.carry.old,
                        self.carry.old_fingerprint)  # fmt: skip
+
+
+def install() -> None:
+    """Make :class:`FollowedVersion` carry runs on through this module (the package calls this
+    when imported: that class's module cannot import this one, which builds on it)."""
+    FollowedVersion.carrier = sys.modules[__name__]

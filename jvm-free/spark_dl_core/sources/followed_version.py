@@ -1,12 +1,13 @@
 """What a dataset that follows a Delta table adds to a plain one: the table version it
 opened (from the version's manifest, :mod:`spark_dl_core.versions`) and the hooks through
-which a loader carries a run on from another version (:mod:`.follow_carry`)."""
+which a loader carries a run on from another version (:mod:`.follow_carry`, installed
+when the package is imported)."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from ..format.compact import ShardTable
 from ..store.storage import Store
@@ -32,29 +33,21 @@ class FollowedVersion:
         self.version, self._virtual = held.version, held.virtual
         return ShardTable.from_infos(held.shards), held.meta, held.index_text
 
-    def position_record(self, epoch: int, consumed: int) -> dict[str, Any] | None:
-        if self.version is None:
-            return None
-        from . import follow_carry
+    # sources.follow_carry, installed when the package is imported (it builds on Dataset)
+    carrier: ClassVar[Any] = None
 
-        return follow_carry.record(self._as_dataset(), epoch, consumed)
+    def position_record(self, epoch: int, consumed: int) -> dict[str, Any] | None:
+        if self.version is None or self.carrier is None:
+            return None
+        return self.carrier.record(self, epoch, consumed)
 
     @property
     def carry_on(self) -> Callable[[Any, bool], tuple[Any, int, int]] | None:
         """Only a followed table's version takes a state of another version (None: the
         loader compares fingerprints as for any dataset)."""
-        if self.version is None:
+        if self.version is None or self.carrier is None:
             return None
-        from . import follow_carry
-
-        return functools.partial(follow_carry.carry_on, self._as_dataset())
+        return functools.partial(self.carrier.carry_on, self)
 
     def row_layout(self) -> Any:
-        from . import follow_carry
-
-        return follow_carry.row_layout(self._as_dataset())
-
-    def _as_dataset(self) -> Any:
-        """This mixin's dataset, as :mod:`.follow_carry` takes it (it imports the dataset
-        module, so this one may name it only at run time)."""
-        return self
+        return None if self.carrier is None else self.carrier.row_layout(self)

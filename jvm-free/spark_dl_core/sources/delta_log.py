@@ -1,0 +1,122 @@
+"""The Delta log's vocabulary, below every reader of it: the snapshot error, a data file's
+identity and location as the log names it, commit history, and the small conversions the
+snapshot, the in-place reader, ``since=``, following and carrying on all share. It imports no
+other Delta module, so each of those can import it."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+
+import pyarrow.compute as pc
+
+from ..errors import DatasetError, optional_import
+
+Timestamp = _dt.datetime | str | int | float
+
+
+class DeltaSnapshotError(DatasetError):
+    """A Delta snapshot that cannot be read: names the table, the version asked, what exists."""
+
+    def __init__(
+        self,
+        table: str,
+        message: str,
+        *,
+        asked: object = None,
+        available: tuple[int, int] | None = None,
+    ) -> None:
+        parts = [f"Delta table {table!r}"]
+        if asked is not None:
+            parts.append(f"at {asked}")
+        text = " ".join(parts) + f": {message}"
+        if available is not None:
+            text += f" (versions available: {available[0]}..{available[1]})"
+        super().__init__(text)
+        self.table = table
+        self.asked = asked
+        self.available = available
+
+
+class UnsupportedDeltaFeatureError(DeltaSnapshotError):
+    """The snapshot is readable by Delta, but uses a feature the JVM-free reader refuses
+    (column mapping, an unknown reader feature): delta-spark can still read it."""
+
+
+def import_deltalake() -> Any:
+    return optional_import("deltalake", "reading Delta tables without a JVM")
+
+
+def utc_ms(ts: Timestamp) -> int:
+    """Milliseconds since the epoch; naive datetimes and ISO strings without zone are UTC."""
+    if isinstance(ts, (int, float)):
+        return int(ts)
+    if isinstance(ts, str):
+        ts = _dt.datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=_dt.timezone.utc)
+    return int(ts.timestamp() * 1000)
+
+
+def iso_ms(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).isoformat(
+        timespec="milliseconds"
+    )
+
+
+def commit_history(table: Any) -> list[tuple[int, int]]:
+    """``(version, commit timestamp ms)`` of every commit still in the log, oldest first."""
+    out = [(int(h["version"]), int(h["timestamp"])) for h in table.history() if "version" in h]
+    return sorted(out)
+
+
+def version_range(history: list[tuple[int, int]]) -> tuple[int, int] | None:
+    return (history[0][0], history[-1][0]) if history else None
+
+
+def file_key(uri: str) -> str:
+    """A data file's identity: its decoded location (see :func:`log_location`), local files as
+    plain paths. Never unquotes: a location is decoded once, when it leaves the log."""
+    if uri.startswith("file://"):
+        return uri[len("file://") :]
+    return uri
+
+
+def log_location(uri: str) -> str:
+    """A URI from the Delta log (``add.path`` joined to the table URI, a deletion vector's
+    file path) as a location: percent-escapes decoded exactly once, local files as plain
+    paths. Hive-style partition directories are themselves escaped (``part=a%20b``), and the
+    log escapes that again (``part=a%2520b``): decoding twice names a file that is not there.
+    """
+    from urllib.parse import unquote
+
+    if uri.startswith("file:"):
+        path = unquote(uri[len("file:") :])
+        return "/" + path.lstrip("/")  # file:/x, file:///x -> /x
+    scheme, sep, rest = uri.partition("://")
+    return scheme + sep + unquote(rest) if sep else unquote(uri)
+
+
+def first_line(exc: BaseException) -> str:
+    """delta-rs appends the Rust error's debug form (``Error: Os { code: 2, … }``) on a
+    second line of its messages; the first line says it for a user."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def as_expression(filter: Any) -> Any:
+    if filter is None or isinstance(filter, pc.Expression):
+        return filter
+    raise TypeError(
+        f"filter must be a pyarrow.compute.Expression (e.g. pc.field('x') > 3), "
+        f"not {type(filter).__name__}"
+    )
+
+
+def log_uri(base: str, path: str) -> str:
+    """A log path as a URI: relative paths (the usual case) resolve against the table URI."""
+    if "://" in path or path.startswith(("file:", "/")):
+        return path
+    return f"{base}/{path}"
