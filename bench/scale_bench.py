@@ -17,7 +17,11 @@ plan an epoch), then, each size in a fresh process (torch imported before the cl
 
 ``--mixture 100x1e4x1e3`` instead measures a mixture of 100 sources of 10^4 shards of
 ~10^3 samples each (proportions 1..100): ``open`` opens every source and builds the
-mixture; ``ready`` and ``resume`` as above (rank 0 of 64), on the mixture.
+mixture; ``ready`` and ``resume`` as above (rank 0 of 64), on the mixture. With
+``--schedule`` the mixture is a 3-stage schedule over one epoch (sources named, epoch = every
+source's samples): proportions 1..100 from 0, 100..1 from a third of the epoch, all equal from
+two thirds; ``resume`` at 90% then lies in the last stage (target: ``--mixture 100x1e4x1e4
+--schedule``, 10^10 samples, ready < 2 s and plan < 500 MB).
 """
 
 from __future__ import annotations
@@ -97,7 +101,7 @@ def measure(path: str) -> dict[str, float]:
     t2 = time.perf_counter()
     state = loader.state_dict()
     state["consumed"] = int(0.9 * len(ds)) // (BATCH * WORLD) * (BATCH * WORLD)
-    from spark_dl_core.order import global_order as order
+    from spark_dl_core.order import dataset_order as order
 
     order._ORDERS.clear()  # as in a fresh process: nothing of the first loader's order kept
     t3 = time.perf_counter()
@@ -118,17 +122,36 @@ def measure(path: str) -> dict[str, float]:
     }
 
 
-def measure_mixture(root: str) -> dict[str, float]:
-    """A mixture of every source under ``root``, in this (fresh) process."""
+def _stages(n: int, size: int) -> list[tuple[int, dict[str, float]]]:
+    """The 3-stage schedule of ``--schedule``: rising, falling, then equal proportions."""
+    names = [f"s{i:04}" for i in range(n)]
+    return [
+        (0, {name: float(i + 1) for i, name in enumerate(names)}),
+        (size // 3, {name: float(n - i) for i, name in enumerate(names)}),
+        (2 * (size // 3), dict.fromkeys(names, 1.0)),
+    ]
+
+
+def measure_mixture(root: str, scheduled: bool = False) -> dict[str, float]:
+    """A mixture of every source under ``root`` (``scheduled``: as a 3-stage schedule), in
+    this (fresh) process."""
     import torch  # noqa: F401  (imported before the clock, as training code would)
 
-    from spark_dl_core import Source, mix, order
+    from spark_dl_core import Source, mix, open_dataset
     from spark_dl_core.loaders.torch_loader import TorchLoader  # noqa: F401
+    from spark_dl_core.order import dataset_order as order
 
     paths = sorted(str(p) for p in Path(root).iterdir())
     base = _rss_mb("VmRSS")
     t0 = time.perf_counter()
-    m = mix([Source(p, proportion=i + 1) for i, p in enumerate(paths)], source_column="source")
+    if scheduled:  # every source's samples in one epoch, its weights changing twice
+        opened = [open_dataset(p) for p in paths]
+        size = sum(len(d) for d in opened)
+        named = [Source(d, name=f"s{i:04}") for i, d in enumerate(opened)]
+        stages = _stages(len(paths), size)
+        m = mix(named, epoch_size=size, schedule=stages, source_column="source")
+    else:
+        m = mix([Source(p, proportion=i + 1) for i, p in enumerate(paths)], source_column="source")
     t1 = time.perf_counter()
     kw = dict(batch_size=BATCH, shuffle=True, seed=0, rank=0, world_size=WORLD)
     loader = m.to_torch(**kw)
@@ -145,6 +168,7 @@ def measure_mixture(root: str) -> dict[str, float]:
     assert len(first) == len(again) == BATCH
     return {
         "sources": len(paths),
+        "stages": len(m.stages or [None]),
         "samples": len(m),
         "shards": m.num_shards,
         "open_s": t1 - t0,
@@ -155,14 +179,15 @@ def measure_mixture(root: str) -> dict[str, float]:
     }
 
 
-def mixture(spec: str, as_json: bool) -> None:
+def mixture(spec: str, as_json: bool, scheduled: bool = False) -> None:
     sources, shards, per_shard = (int(float(x)) for x in spec.split("x"))
     root = Path(tempfile.mkdtemp(prefix="spark-dl-scale-mix-"))
     try:
         for i in range(sources):  # sizes differ a little: every source its own fingerprint
             synthesize(root / f"s{i:04}", shards, per_shard + i)
         out = subprocess.run(
-            [sys.executable, __file__, "--measure-mixture", str(root)],
+            [sys.executable, __file__, "--measure-mixture", str(root)]
+            + (["--schedule"] if scheduled else []),
             check=True,
             capture_output=True,
             text=True,
@@ -175,7 +200,7 @@ def mixture(spec: str, as_json: bool) -> None:
         print(json.dumps(row, indent=1))
         return
     print(
-        f"mixture of {row['sources']} sources, {row['shards']:,} shards, "
+        f"mixture of {row['sources']} sources, {row['stages']} stage(s), {row['shards']:,} shards, "
         f"{row['samples']:,} samples per epoch: open {row['open_s']:.3f}s  "
         f"ready {row['ready_s']:.3f}s  resume@90% {row['resume_s']:.3f}s  "
         f"plan {row['plan_mb']:.1f} MB  peak {row['peak_mb']:.1f} MB"
@@ -187,6 +212,9 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--mixture", help="sources x shards x samples, e.g. 100x1e4x1e3")
+    parser.add_argument(
+        "--schedule", action="store_true", help="with --mixture: a 3-stage schedule"
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--measure-mixture", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -194,10 +222,10 @@ def main() -> None:
         print(json.dumps(measure(args.measure)))
         return
     if args.measure_mixture:
-        print(json.dumps(measure_mixture(args.measure_mixture)))
+        print(json.dumps(measure_mixture(args.measure_mixture, args.schedule)))
         return
     if args.mixture:
-        mixture(args.mixture, args.json)
+        mixture(args.mixture, args.json, args.schedule)
         return
     rows = []
     root = Path(tempfile.mkdtemp(prefix="spark-dl-scale-"))
