@@ -4,7 +4,11 @@ Workload (ANCHORS.md): two fixed-width datasets of 2M and 1M rows (``id`` int64 
 ``x`` float32[8]), proportions 2/3 and 1/3 (epoch = 3M rows), batch 1024, shuffled; and a
 token-document mixture (two datasets of variable-length int32 documents, ``torch.nested``
 out, batch 16). Each case runs in a fresh process with torch imported before the clock and
-reports its first pass (cold: shards read and hashed) and a second pass (warm) separately:
+reports its first pass (cold: shards read and hashed) and a second pass (warm) separately,
+in wall time and in the process's CPU time. Round ``r`` shuffles with seed ``r`` in every case
+(the medians span seeds: a seed's shuffle windows decide part of a pass's cost). On a shared
+machine the wall figures follow the load; the CPU ratios of the in-process cases (``_w0``,
+``tok_*``) do not, and are the ones to compare there:
 
 - ``one_w0`` / ``one_w2``: the same rows written as one dataset, ``to_torch`` in-process /
   2 workers
@@ -80,8 +84,8 @@ def make_data(directory: Path, scale: float) -> None:
     (directory / "done").write_text("ok")
 
 
-def run_one(name: str, directory: Path) -> dict[str, float]:
-    """Two passes of one loader: seconds and rows of each."""
+def run_one(name: str, directory: Path, seed: int = 0) -> dict[str, float]:
+    """Two passes of one loader: seconds (wall and this process's CPU) and rows of each."""
     import torch  # noqa: F401  (imported before the clock)
 
     from spark_dl_core import Source, mix, open_dataset
@@ -115,15 +119,16 @@ def run_one(name: str, directory: Path) -> dict[str, float]:
             batching=batching,
         )
     batch = TOKEN_BATCH if name.startswith("tok") else BATCH
-    loader = source.to_torch(batch_size=batch, shuffle=True, seed=0, num_workers=workers)
+    loader = source.to_torch(batch_size=batch, shuffle=True, seed=seed, num_workers=workers)
     out: dict[str, float] = {}
     for label in ("cold", "warm"):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         rows = 0
         for b in loader:
             value = b["tokens"] if "tokens" in b else b["id"]
             rows += value.size(0)
         out[f"{label}_s"] = time.perf_counter() - start
+        out[f"{label}_cpu"] = time.process_time() - cpu
         out[f"{label}_rows"] = rows
     return out
 
@@ -148,7 +153,7 @@ print(json.dumps({"warm_s": time.perf_counter() - start, "warm_rows": n}))
 """
 
 
-def measure(name: str, directory: Path) -> dict[str, float]:
+def measure(name: str, directory: Path, seed: int = 0) -> dict[str, float]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     if name == "mosaic":
         python = ROOT / ".venv-mosaic" / "bin" / "python"
@@ -156,6 +161,7 @@ def measure(name: str, directory: Path) -> dict[str, float]:
         cmd = [str(python), "-c", MOSAIC, str(directory), interop, str(MOSAIC_SAMPLES)]
     else:
         cmd = [sys.executable, __file__, "--one", name, "--dir", str(directory)]
+        cmd += ["--seed", str(seed)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     if out.returncode:
         raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
@@ -171,9 +177,10 @@ def main() -> None:
     )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, Path(args.dir))))
+        print(json.dumps(run_one(args.one, Path(args.dir), args.seed)))
         return
     directory = Path(tempfile.gettempdir()) / f"spark-dl-mixture-bench-{args.scale}"
     directory.mkdir(parents=True, exist_ok=True)
@@ -195,21 +202,26 @@ def main() -> None:
         for name in names if r % 2 == 0 else list(reversed(names)):
             if name == "mosaic" and r:  # one sample is enough: it is ~1000x slower
                 continue
-            runs[name].append(measure(name, directory))
+            runs[name].append(measure(name, directory, seed=r) | {"load": os.getloadavg()[0]})
     rate: dict[str, dict[str, float]] = {}
     print(f"\nrows/s (docs/s for tok_*), medians of {args.rounds} rounds, fresh process each")
-    print(f"{'case':10} {'cold':>12} {'warm':>12}")
+    print(f"{'case':10} {'cold':>12} {'warm':>12} {'warm / CPU s':>13}")
     for name, got in runs.items():
         rate[name] = {}
         for label in ("cold", "warm"):
             values = [g[f"{label}_rows"] / g[f"{label}_s"] for g in got if f"{label}_s" in g]
             if values:
                 rate[name][label] = statistics.median(values)
+        cpu = [g["warm_rows"] / g["warm_cpu"] for g in got if g.get("warm_cpu")]
+        if cpu and not name.endswith("_w2"):  # workers' CPU is not this process's
+            rate[name]["cpu"] = statistics.median(cpu)
         cells = [
             f"{rate[name][k]:>12,.0f}" if k in rate[name] else f"{'-':>12}"
-            for k in ("cold", "warm")
+            for k in ("cold", "warm", "cpu")
         ]
-        print(f"{name:10} {cells[0]} {cells[1]}")
+        loads = [g["load"] for g in got]
+        load = f"load {min(loads):.1f}-{max(loads):.1f}"
+        print(f"{name:10} {cells[0]} {cells[1]} {cells[2]:>13}  {load}")
     print("\nratios (warm)")
     for a, b in [
         ("mix_w0", "one_w0"),
@@ -220,7 +232,10 @@ def main() -> None:
         ("mix_w0", "mosaic"),
     ]:
         if a in rate and b in rate and "warm" in rate[a] and "warm" in rate[b]:
-            print(f"{a} / {b}: {rate[a]['warm'] / rate[b]['warm']:.2f}x")
+            line = f"{a} / {b}: {rate[a]['warm'] / rate[b]['warm']:.2f}x"
+            if "cpu" in rate[a] and "cpu" in rate[b]:
+                line += f" (CPU time: {rate[a]['cpu'] / rate[b]['cpu']:.2f}x)"
+            print(line)
 
 
 if __name__ == "__main__":
