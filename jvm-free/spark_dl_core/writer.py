@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from .commit import WriteMode, abort_write, finish_write, plan_write, spec_for
 from .errors import EncodingError, SpecError
-from .format.buffers import I64, Pieces
+from .format.buffers import Pieces
 from .format.compression import parse_compression
 from .format.encodings import get_encoding, merge_shapes, uniform_shape
 from .format.hashing import STORED_HASH, content_hash, digest
@@ -59,18 +59,6 @@ def _slice(pieces: Pieces, start: int, stop: int) -> Pieces:
         return Pieces(pieces.data[start * w : stop * w], width=w)
     offsets = pieces.offsets[start : stop + 1]
     return Pieces(pieces.data[int(offsets[0]) : int(offsets[-1])], offsets=offsets - offsets[0])
-
-
-def _concat(chunks: list[Pieces]) -> Pieces:
-    if len(chunks) == 1:
-        return chunks[0]
-    data = np.concatenate([c.data for c in chunks])
-    if all(c.offsets is None and c.width == chunks[0].width for c in chunks):
-        return Pieces(data, width=chunks[0].width)
-    lengths = np.concatenate([c.lengths(len(c)) for c in chunks])
-    offsets = np.zeros(len(lengths) + 1, dtype=I64)
-    np.cumsum(lengths, out=offsets[1:])
-    return Pieces(data, offsets=offsets)
 
 
 SOURCE_BOUNDARY_KEY = b"spark_dl.source_boundary"
@@ -257,8 +245,7 @@ class ShardWriter:
         if not self._pending_count:
             return
         n = self._pending_count
-        samples = _concat(self._pending)
-        raw = build_shard(samples, n, self._config_bytes)
+        raw = build_shard(self._pending, n, self._config_bytes)
         raw_name = f"{self.prefix}.{len(self.shards):05}.mds"
         raw_info = FileInfo(raw_name, len(raw), {h: digest(h, raw) for h in self.spec.hashes})
         zip_info = None

@@ -568,3 +568,26 @@ def test_bad_image_and_array_values_name_their_row(tmp_path: Path) -> None:
     for k, (columns, spec, message) in enumerate(cases):
         with pytest.raises(EncodingError, match=message):
             write_mds(pa.table(columns), str(tmp_path / str(k)), DatasetSpec(columns=spec))
+
+
+def test_a_shard_built_from_chunks_equals_one_built_from_their_concatenation() -> None:
+    """The writer hands its pending chunks to ``build_shard`` (each copied once into place):
+    the bytes are those of the joined samples, fixed-width and variable alike."""
+    from spark_dl_core.format.buffers import Pieces
+    from spark_dl_core.format.shard import build_shard
+
+    rng = np.random.default_rng(0)
+    sizes = [rng.integers(0, 9, n) for n in (3, 1, 5)]
+    chunks = []
+    for s in sizes:
+        offsets = np.concatenate([[0], np.cumsum(s)]).astype(np.int64)
+        chunks.append(Pieces(rng.integers(0, 255, int(offsets[-1]), dtype=np.uint8), offsets))
+    joined_sizes = np.concatenate(sizes)
+    joined = Pieces(
+        np.concatenate([c.data for c in chunks]),
+        np.concatenate([[0], np.cumsum(joined_sizes)]).astype(np.int64),
+    )
+    assert build_shard(chunks, 9, b"{}").tobytes() == build_shard(joined, 9, b"{}").tobytes()
+    fixed = [Pieces(np.arange(8 * n, dtype=np.uint8), width=8) for n in (2, 3)]
+    whole = Pieces(np.concatenate([c.data for c in fixed]), width=8)
+    assert build_shard(fixed, 5, b"{}").tobytes() == build_shard(whole, 5, b"{}").tobytes()

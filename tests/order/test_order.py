@@ -345,3 +345,35 @@ def test_dense_takes_equal_the_per_position_bijection() -> None:
         taken = order.take(0, min(5, order.total), dense=True)
         taken[:] = -1  # a caller may write into what it took: the cache stays intact
         assert np.array_equal(order.take(0, order.total, dense=True), every)
+
+
+def test_a_windows_first_positions_skip_its_whole_order() -> None:
+    """The head of a window is evaluated per position (the same ids as the window's whole
+    order), so a loader's first batches do not wait for an O(window samples) permutation."""
+    sizes = np.full(8, 50_000, dtype=np.int64)
+    order = GlobalOrder(sizes, "fp", 3, 0, True, 4)
+    head = order.take(0, 2048, dense=True)
+    assert not order.__dict__.get("_dense")
+    whole = GlobalOrder(sizes, "fp", 3, 0, True, 4).take(0, 400_000, dense=True)
+    assert np.array_equal(head, whole[:2048])
+    assert np.array_equal(order.take(2048, 100_000, dense=True), whole[2048:100_000])
+    assert 0 in order.__dict__["_dense"]  # past the head: computed once, then sliced
+    assert np.array_equal(order.take(200_000, 201_000, dense=True), whole[200_000:201_000])
+
+
+def test_first_torch_batch_computes_no_whole_window(tmp_path: object) -> None:
+    """The loader's first batch needs only its own positions: sizing the reader's lookahead
+    must not ask a later group's ids (that computed a whole window before batch 0)."""
+    pytest.importorskip("torch")
+    from spark_dl_core.order.dataset_order import _ORDERS
+
+    path = f"{tmp_path}/ds"
+    ids = np.arange(160_000, dtype=np.int64)
+    write_mds(pa.table({"id": ids}), path, DatasetSpec(shard_size="160KiB"))
+    ds = open_dataset(path)
+    assert ds.num_shards >= 8
+    first = next(iter(ds.to_torch(batch_size=256, shuffle=True, seed=1)))
+    (order,) = _ORDERS[ds].values()
+    assert not order.__dict__.get("_dense")
+    expected = global_order(ds.shards.samples, ds.fingerprint, 1, 0, True, 4)[:256]
+    assert first["id"].tolist() == expected.tolist()

@@ -611,3 +611,19 @@ def test_unreadable_value_names_table_version_file_column(spark: Any, tmp_path: 
     assert "Traceback" not in proc.stderr and file in proc.stderr
     assert proc.stderr.strip().splitlines() == [f"spark-dl export: error: {text}"]
     assert not Path(out).exists() or not any(Path(out).iterdir())  # nothing half-written
+
+
+def test_opening_a_snapshot_in_place_imports_no_pandas(tmp_path: Path) -> None:
+    """``pa.table`` of delta-rs's add actions and ``RecordBatch.from_pylist`` import pandas
+    (0.2-0.4 s before a first batch): opening and planning an in-place read use neither."""
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"id": [1, 2, 3], "x": [[1.0, 2.0]] * 3}))
+    code = (
+        "import sys; from spark_dl_core.sources.delta import open_delta; "
+        "ds = open_delta(sys.argv[1]).dataset(cache=False); assert len(ds) == 3; "
+        "print('pandas' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, path], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"

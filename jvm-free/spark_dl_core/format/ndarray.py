@@ -41,6 +41,10 @@ _CODE_DTYPES = {code: np.dtype(name) for name, code in _DTYPE_CODES.items()}
 _SHAPE_DTYPES: list[np.dtype[Any]] = [np.dtype(f"<u{2**i}") for i in range(4)]
 
 
+def _nested(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
 def _nested_values(array: pa.Array, column: str) -> tuple[pa.Array, np.ndarray]:
     """Flatten nested lists into leaf values and a ``(n, ndim)`` shape per sample.
 
@@ -51,11 +55,7 @@ def _nested_values(array: pa.Array, column: str) -> tuple[pa.Array, np.ndarray]:
     owner = np.arange(n, dtype=I64)  # the sample each element at this depth belongs to
     dims: list[np.ndarray] = []
     level: pa.Array = array
-    while (
-        pa.types.is_list(level.type)
-        or pa.types.is_large_list(level.type)
-        or (pa.types.is_fixed_size_list(level.type))
-    ):
+    while _nested(level.type):
         if level.null_count:
             raise _array_nulls(column, level, owner)
         lengths = pc.list_value_length(level).to_numpy(zero_copy_only=False).astype(I64)
@@ -73,8 +73,9 @@ def _nested_values(array: pa.Array, column: str) -> tuple[pa.Array, np.ndarray]:
                 )
             dim[has] = hi[has]
         dims.append(dim)
-        owner = np.repeat(owner, lengths)
         level = level.flatten()
+        if _nested(level.type) or level.null_count:  # the leaves' owners only for an error
+            owner = np.repeat(owner, lengths)
     if level.null_count:
         raise _array_nulls(column, level, owner)
     return level, np.stack(dims, axis=1) if dims else np.zeros((n, 0), dtype=I64)

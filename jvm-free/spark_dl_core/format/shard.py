@@ -51,9 +51,15 @@ def assemble_samples(layout: Layout, columns: list[Pieces], n: int) -> Pieces:
     return interleave(parts, n)
 
 
-def build_shard(samples: Pieces, n: int, config: bytes) -> np.ndarray:
-    """The bytes of one shard file holding ``n`` assembled samples."""
-    lengths = samples.lengths(n)
+def build_shard(samples: Pieces | list[Pieces], n: int, config: bytes) -> np.ndarray:
+    """The bytes of one shard file holding ``n`` assembled samples: one :class:`Pieces`, or
+    the chunks that hold them in order (each copied once into place, not joined first)."""
+    chunks = [samples] if isinstance(samples, Pieces) else samples
+    if len(chunks) == 1:
+        per_chunk = [chunks[0].lengths(n)]
+    else:
+        per_chunk = [c.lengths(len(c)) for c in chunks]
+    lengths = per_chunk[0] if len(per_chunk) == 1 else np.concatenate(per_chunk)
     header = 4 + 4 * (n + 1) + len(config)
     offsets = offsets_from_lengths(lengths) + header
     if int(offsets[-1]) >= 1 << 32:
@@ -62,7 +68,11 @@ def build_shard(samples: Pieces, n: int, config: bytes) -> np.ndarray:
     out[:4] = np.frombuffer(np.uint32(n).tobytes(), dtype=U8)
     out[4 : 4 + 4 * (n + 1)] = offsets.astype("<u4").view(U8)
     out[4 + 4 * (n + 1) : header] = np.frombuffer(config, dtype=U8)
-    out[header:] = samples.data[: int(lengths.sum())]
+    at = header
+    for chunk, sizes in zip(chunks, per_chunk):
+        size = int(sizes.sum())
+        out[at : at + size] = chunk.data[:size]
+        at += size
     return out
 
 

@@ -34,6 +34,13 @@ MAX_AHEAD_BATCHES = 1024
 # Decoded columns whose pipelines read their clips' bytes as views of the shard's memory.
 
 
+def _batch_len(batches: Sequence[np.ndarray], k: int) -> int:
+    """Samples in batch ``k``: from a lazy plan's arithmetic when it has it (asking its
+    ids could compute a whole shuffle window's order before the first batch)."""
+    count = getattr(batches, "batch_len", None)
+    return int(count(k)) if count is not None else len(batches[k])
+
+
 class BatchReader:
     """Decodes a sequence of batches, keeping only the shards they still need in memory.
 
@@ -99,7 +106,7 @@ class BatchReader:
         # ``batches`` may be lazy (an EpochPlan): only ``ahead`` batches at a time are planned
         # (index, shard of each sample, shards needed), so what is held stays bounded
         # whatever the epoch's length.
-        typical = len(batches[min(len(batches) - 1, 8)]) if len(batches) else 1
+        typical = _batch_len(batches, min(len(batches) - 1, 8)) if len(batches) else 1
         self.ahead = max(2, min(MAX_AHEAD_BATCHES, LOOKAHEAD_SAMPLES // max(1, typical)))
         self.planned: dict[int, tuple[np.ndarray, np.ndarray, list[int]]] = {}
         self.next_plan = 0

@@ -209,6 +209,15 @@ class GlobalOrder:
         starts = self.offsets if self.bases is None else self.bases
         return np.asarray(starts[shard] + (member - self.permuted_offsets[k]), np.int64)
 
+    def _in_head(self, start: int, stop: int) -> bool:
+        """Whether ``start..stop`` lies in the first 1/64 of a window whose whole order is not
+        computed yet: those positions are evaluated one by one (the same ids), so a loader's
+        first batches do not wait for an O(window samples) permutation (~0.1 s at 2M)."""
+        bounds = self.window_bounds
+        w = int(np.searchsorted(bounds, start, side="right")) - 1
+        lo, hi = int(bounds[w]), int(bounds[w + 1])
+        return w not in self.__dict__.get("_dense", {}) and stop - lo <= (hi - lo) // 64
+
     def ids(self, positions: np.ndarray, dense: bool = False) -> np.ndarray:
         """Global sample ids at ``positions`` (each in ``0..len-1``) of this epoch's order.
 
@@ -239,6 +248,8 @@ class GlobalOrder:
     def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
         if not (dense and self.shuffle) or stop <= start:
             return self.ids(np.arange(start, stop, dtype=np.int64), dense)
+        if self._in_head(start, stop):  # per position, before the window's whole order
+            return self.ids(np.arange(start, stop, dtype=np.int64))
         # consecutive positions: slices of the windows' orders, no per-position lookup
         bounds = self.window_bounds
         w = int(np.searchsorted(bounds, start, side="right")) - 1

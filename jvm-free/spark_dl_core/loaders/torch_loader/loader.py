@@ -264,6 +264,10 @@ class _Grouped(Sequence[np.ndarray]):
     def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
         return self.plan.joined(self.span(self.worker + i * self.workers))
 
+    def batch_len(self, i: int) -> int:
+        """Samples in group ``i``, without computing their ids."""
+        return sum(self.plan.batch_len(j) for j in self.span(self.worker + i * self.workers))
+
 
 def _split(sizes: list[int], batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
     split = {k: v.split(sizes) for k, v in batch.items() if isinstance(v, JaggedTensors)}
