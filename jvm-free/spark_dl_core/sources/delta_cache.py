@@ -11,6 +11,10 @@ Why each mechanism:
   last rename wins. No fsync: a file torn by a crash fails the checks below.
 - *A trailer with the payload's size and xxh3_64*: a cached file is checked once per process
   before it is parsed; a truncated or altered one is deleted and converted again.
+- *One converter per row group*: a process converting a row group holds ``<key>.lock``
+  (created exclusively, holding its pid); another that needs it meanwhile waits for the
+  file rather than convert it too (2 DataLoader workers need the same first window). A lock
+  whose process is gone is removed; a wait past ``CLAIM_WAIT_S`` converts anyway.
 - *Oldest first eviction* under ``SPARK_DL_CACHE_BYTES`` (default 32 GiB), as the remote
   shard cache; hits touch the file. The directory may be deleted at any time.
 """
@@ -22,6 +26,7 @@ import os
 import struct
 import time
 import uuid
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -33,6 +38,9 @@ _TRAILER = struct.Struct("<8sQ16s")  # magic, payload bytes, xxh3_64 hex of the 
 _SUFFIX = ".mds"
 _TMP = ".tmp-"
 _STALE_TMP_S = 3600.0  # a temporary file this old was left by a killed writer
+_LOCK = ".lock"
+CLAIM_WAIT_S = 300.0  # longest wait for another process's conversion of one row group
+_CLAIM_POLL_S = 0.01
 
 
 class RowGroupCache:
@@ -71,6 +79,28 @@ class RowGroupCache:
         with contextlib.suppress(OSError):
             os.utime(path)  # recently used: evicted last
         return payload
+
+    @contextlib.contextmanager
+    def claim(self, key: str) -> Iterator[bool]:
+        """Hold ``key``'s conversion (yields True), or wait while another live process
+        holds it and yield False (then its file is usually there to read)."""
+        lock = self.path(key) + _LOCK
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            _wait_unlocked(lock)
+            yield False
+            return
+        except OSError:  # a read-only cache: convert without it
+            yield True
+            return
+        try:
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            yield True
+        finally:
+            self._drop(lock)
 
     def drop(self, key: str) -> None:
         """Forget ``key`` (its file held bytes that are not a valid shard)."""
@@ -117,6 +147,37 @@ class RowGroupCache:
                 break
             self._drop(path)  # a reader that mapped it keeps its pages
             total -= size
+
+
+def _wait_unlocked(lock: str) -> None:
+    """Until ``lock`` is gone, its process has died (then it is removed), or the wait is
+    over :data:`CLAIM_WAIT_S`."""
+    deadline = time.monotonic() + CLAIM_WAIT_S
+    checked = 0.0
+    while os.path.exists(lock) and time.monotonic() < deadline:
+        if time.monotonic() - checked > 1.0:
+            checked = time.monotonic()
+            if not _holder_alive(lock):
+                RowGroupCache._drop(lock)
+                return
+        time.sleep(_CLAIM_POLL_S)
+
+
+def _holder_alive(lock: str) -> bool:
+    try:
+        with open(lock, "rb") as f:
+            pid = int(f.read() or b"0")
+    except (OSError, ValueError):
+        return True  # gone (checked next round) or being written
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # alive, another user's
+    return True
 
 
 def _size(path: str) -> int:

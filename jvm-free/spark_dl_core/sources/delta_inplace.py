@@ -473,14 +473,28 @@ class DeltaDataset(Dataset):
         started = time.perf_counter()
         data = self._from_disk(shard, verify_hashes)
         if data is None:
-            data = self._convert(shard)
-            self._to_disk(shard, data)
+            data = self._convert_once(shard, verify_hashes)
         if timings is not None:
             timings["read"] = timings.get("read", 0.0) + time.perf_counter() - started
         with self._lock:
             self._lru[shard] = data
             while len(self._lru) > self._cached_shards:
                 self._lru.popitem(last=False)
+        return data
+
+    def _convert_once(self, shard: int, verify_hashes: bool | None) -> ShardData:
+        """Convert ``shard`` (and cache it), unless another process on this machine is
+        converting it (DataLoader workers all need the first window's row groups): then
+        read what that one caches rather than convert the same row group again."""
+        disk = self._disk()
+        if disk is None:
+            return self._convert(shard)
+        key = self._cache_key(shard)
+        with disk.claim(key) as mine:
+            data = None if mine else self._from_disk(shard, verify_hashes)
+            if data is None:
+                data = self._convert(shard)
+                self._to_disk(shard, data)
         return data
 
     def _disk(self) -> RowGroupCache | None:

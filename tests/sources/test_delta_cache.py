@@ -1,0 +1,68 @@
+"""One conversion of a row group per machine: a process that needs a row group another
+process is converting reads what that one caches (sources/delta_cache.RowGroupCache.claim)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+deltalake = pytest.importorskip("deltalake")
+from deltalake import WriterProperties, write_deltalake  # noqa: E402
+
+from spark_dl_core.sources import delta_inplace  # noqa: E402
+from spark_dl_core.sources.delta import open_delta  # noqa: E402
+from spark_dl_core.sources.delta_cache import RowGroupCache  # noqa: E402
+
+
+def _table(tmp_path: Path) -> str:
+    path = str(tmp_path / "t")
+    x = np.arange(600 * 4, dtype=np.float32).reshape(600, 4)
+    data = pa.table({"id": np.arange(600), "x": pa.array(list(x), pa.list_(pa.float32()))})
+    write_deltalake(path, data, writer_properties=WriterProperties(max_row_group_size=200))
+    return path
+
+
+def test_a_row_group_being_converted_elsewhere_is_read_not_converted(tmp_path: Path) -> None:
+    path, cache = _table(tmp_path), str(tmp_path / "cache")
+    mine = open_delta(path).dataset(cache_dir=cache)
+    other = open_delta(path).dataset(cache_dir=cache)  # as a DataLoader worker's copy
+    got: dict[str, Any] = {}
+    before = delta_inplace.conversions
+    with RowGroupCache(cache).claim(mine._cache_key(1)) as held:
+        assert held
+        waiter = threading.Thread(target=lambda: got.update(data=other.load_shard(1)))
+        waiter.start()
+        time.sleep(0.3)
+        assert waiter.is_alive() and delta_inplace.conversions == before  # waits, converts none
+        data = mine._convert(1)
+        mine._to_disk(1, data)
+    waiter.join(30)
+    assert delta_inplace.conversions == before + 1
+    assert got["data"].raw.tobytes() == data.raw.tobytes()
+    assert not list(Path(cache).glob("*.lock"))
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path: Path) -> None:
+    path, cache = _table(tmp_path), str(tmp_path / "cache")
+    ds = open_delta(path).dataset(cache_dir=cache)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout.strip()
+    lock = Path(RowGroupCache(cache).path(ds._cache_key(0)) + ".lock")
+    lock.parent.mkdir(parents=True)
+    lock.write_text(dead)
+    started = time.monotonic()
+    expected = open_delta(path).dataset(cache=False).load_shard(0).raw.tobytes()
+    assert ds.load_shard(0).raw.tobytes() == expected
+    assert time.monotonic() - started < 20 and not lock.exists()
