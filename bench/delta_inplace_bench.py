@@ -1,13 +1,24 @@
-"""Reading a pinned Delta version in place vs a plain pyarrow scan vs exporting to MDS.
+"""Reading a pinned Delta version in place vs a pyarrow scan, the MDS path, Ray Data and Daft.
 
 Not a test. Builds a Delta table (``id`` int64 + ``x`` float32[32], 8 files written by
-deltalake), then prints time to first batch and cold/warm-epoch rows/s for: the in-place loader
-(``open_delta(...).dataset(...).to_torch(shuffle=True)``, in-process and 2 workers, without
-and with its disk cache of converted row groups: the cold pass fills it), a pyarrow scan of the
-same version's files delivering torch tensors (no shuffle), and the MDS path
-(``snap.write_mds`` + loading the export shuffled). Frameworks are imported before any clock.
+deltalake; or reads ``--table``), then prints:
 
-    python bench/delta_inplace_bench.py --rows 1000000
+- first batch after open, each in a fresh process with numpy, pyarrow (and the pandas module
+  its numpy bridge loads on first use), torch, deltalake and spark_dl_core imported before the
+  clock, medians of ``--runs``: ``open_delta(...).dataset(...).to_torch(shuffle=True)``
+  in-process and with 2 workers (an empty disk cache each run), and the pyarrow scan;
+- cold / warm epoch rows/s of the in-place loader (in-process and 2 workers, without and with
+  its disk cache of converted row groups: the cold pass fills it), a pyarrow scan of the same
+  version's files delivering torch tensors (no shuffle), and the MDS path (``snap.write_mds``
+  then loading the export shuffled);
+- the shuffle quality (:func:`spark_dl_core.order.shuffle_quality`) of the in-place order and
+  of the export's order, same seed and window;
+- Ray Data's ``read_delta(version=).iter_torch_batches(local_shuffle_buffer_size=100k)`` and
+  Daft's ``read_deltalake(version=)`` (bench/delta_anchors.py), run with the interpreter of a
+  side environment that has them (``--anchors-python``), or one line saying how to make it;
+- ratios, and the load average before and after.
+
+    python bench/delta_inplace_bench.py --rows 4000000 [--table PATH] [--first-only]
 
 ``--images N``: the image case instead: a Delta table of N photo-like JPEGs (``image``
 binary + ``label``, 4 files) read in place with ``columns={"image": "jpeg"}`` and the train
@@ -20,22 +31,40 @@ path on an export of the same version with the same ops, shuffled, 2 workers.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
+import pandas  # noqa: F401 - pyarrow's numpy bridge imports it on first use: not timed
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from deltalake import write_deltalake
 
 from spark_dl_core import open_dataset
+from spark_dl_core.order import shuffle_quality
 from spark_dl_core.sources.delta import open_delta
 
+# torch.from_numpy of Arrow's read-only buffers (the scan's ids): the tensors are only read
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 DIM = 32
 FILES = 8
+HERE = os.path.dirname(os.path.abspath(__file__))
+ANCHORS_PYTHON = os.environ.get("SPARK_DL_ANCHORS_PYTHON", "/work/main/.venv-ray/bin/python")
+ANCHORS_INSTALL = (
+    "python3 -m venv .venv-ray && echo $PWD/.venv/lib/python3.11/site-packages > "
+    ".venv-ray/lib/python3.11/site-packages/project.pth && "
+    ".venv-ray/bin/pip install 'ray[data]==2.60.0' 'daft==0.7.26'"
+)
 
 
 def build(path: str, rows: int) -> None:
@@ -68,10 +97,49 @@ def scan(files: list[str], batch_size: int) -> Iterable[dict[str, torch.Tensor]]
             yield {"id": torch.from_numpy(b.column("id").to_numpy()), "x": torch.from_numpy(x)}
 
 
+def inplace(table: str, cache_dir: str | None, bs: int, workers: int) -> Iterable[Any]:
+    """The in-place loader from ``open_delta`` on (open counts toward the first batch)."""
+    snap = open_delta(table)
+    ds = snap.dataset(cache=cache_dir is not None, cache_dir=cache_dir)
+    return ds.to_torch(batch_size=bs, shuffle=True, seed=0, num_workers=workers)
+
+
+def first_batch(case: str, table: str, cache_dir: str, bs: int) -> None:
+    """``--first-batch`` mode (a fresh process; imports above): seconds to the first batch,
+    and this process's CPU seconds (all its threads; not its DataLoader workers')."""
+    cpu0, start = cpu(), time.perf_counter()
+    if case == "scan":
+        batches = scan(open_delta(table).files, bs)
+    else:
+        batches = inplace(table, cache_dir, bs, int(case))
+    next(iter(batches))
+    print(json.dumps([time.perf_counter() - start, cpu() - cpu0]), flush=True)
+    os._exit(0)  # DataLoader workers: no teardown in the figure's process
+
+
+def cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def fresh_first_batch(case: str, table: str, tmp: str, bs: int, runs: int) -> str:
+    """Median seconds (and CPU seconds) to the first batch over ``runs`` fresh processes,
+    each with an empty disk cache: on a loaded machine the CPU figure is the steadier one."""
+    walls, cpus = [], []
+    for run in range(runs):
+        cache = f"{tmp}/first-{case}-{run}"
+        argv = [sys.executable, __file__, "--first-batch", case, table, cache, str(bs)]
+        out = subprocess.run(argv, capture_output=True, text=True, check=True)
+        wall, used = json.loads(out.stdout.strip().splitlines()[-1])
+        walls.append(wall)
+        cpus.append(used)
+    return f"{statistics.median(walls):7.3f} s (CPU {statistics.median(cpus):.3f} s)"
+
+
 def report(name: str, cold: tuple[float, float, int], warm: tuple[float, float, int]) -> float:
     rate = warm[2] / warm[1]
     print(
-        f"{name:<34} first batch {cold[0]:7.3f} s (cold)  epoch cold {cold[2] / cold[1]:>11,.0f}"
+        f"{name:<40} first batch {cold[0]:7.3f} s (cold)  epoch cold {cold[2] / cold[1]:>11,.0f}"
         f" rows/s  warm {rate:>11,.0f} rows/s"
     )
     return rate
@@ -146,66 +214,136 @@ def images_main(count: int, bs: int) -> None:
             print(f"images, {workers} workers: in place / MDS {ratio:.2f}x (warm, median of 3)")
 
 
+def quality(order: np.ndarray, shard_sizes: np.ndarray) -> str:
+    q = shuffle_quality(order, shard_sizes)
+    return (
+        f"adjacent source neighbours {q['adjacent_neighbours']:.2e}, same shard adjacent "
+        f"{q['same_shard_adjacent']:.3f}, position correlation {q['position_correlation']:+.4f}"
+        f", mean step {q['mean_step']:.3f}"
+    )
+
+
+def epoch_order(ds: Any, bs: int) -> np.ndarray:
+    """The epoch's global order as loaders read it (seed 0, epoch 0, the default window)."""
+    return np.concatenate(list(ds.sample_order(bs, shuffle=True, seed=0)))
+
+
+def anchors(python: str, table: str, version: int, bs: int) -> dict[str, dict[str, Any]]:
+    """Ray Data and Daft in the side environment (bench/delta_anchors.py), or nothing."""
+    probe = [python, "-c", "import ray.data, daft"]
+    if not os.path.exists(python) or subprocess.run(probe, capture_output=True).returncode:
+        print(f"Ray Data / Daft anchors skipped: no {python} with them; make it: {ANCHORS_INSTALL}")
+        return {}
+    argv = [python, os.path.join(HERE, "delta_anchors.py"), table, str(version)]
+    out = subprocess.run([*argv, "--batch-size", str(bs)], capture_output=True, text=True)
+    found = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("{"):
+            case = json.loads(line)
+            found[case["name"]] = case
+            print(
+                f"{case['name']}\n{'':<40} first batch {case['first_s']:7.3f} s (cold)  epoch "
+                f"cold {case['cold_rows_s']:>11,.0f} rows/s  warm {case['warm_rows_s']:>11,.0f}"
+                f" rows/s  rows {case['rows']}"
+            )
+    if out.returncode:
+        print(f"anchors failed ({out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
+    return found
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=4_000_000)
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--images", type=int, default=0, help="the image case, N JPEGs")
+    parser.add_argument("--table", help="an existing table of this shape (else one is built)")
+    parser.add_argument("--runs", type=int, default=3, help="fresh processes per first batch")
+    parser.add_argument("--anchors-python", default=ANCHORS_PYTHON)
+    parser.add_argument("--first-batch", nargs=4, metavar=("CASE", "TABLE", "CACHE", "BS"))
+    parser.add_argument("--first-only", action="store_true", help="only the first batches")
     args = parser.parse_args()
-    bs = args.batch_size
     if args.images:
-        return images_main(args.images, min(bs, 64))
+        return images_main(args.images, min(args.batch_size, 64))
+    if args.first_batch:
+        case, table, cache, bs = args.first_batch
+        first_batch(case, table, cache, int(bs))
     with tempfile.TemporaryDirectory() as tmp:
-        table = f"{tmp}/table"
-        build(table, args.rows)
-        print(f"{args.rows:,} rows of id int64 + x float32[{DIM}] in {FILES} files")
-        rates: dict[str, float] = {}
+        table = args.table or f"{tmp}/table"
+        if not args.table:
+            build(table, args.rows)
+        run(table, tmp, args)
 
-        def inplace(workers: int, cache: bool) -> Callable[[], Iterable[Any]]:
-            def make() -> Iterable[Any]:
-                # open counts toward the first batch; one cold disk cache per setting
-                snap = open_delta(table)
-                ds = snap.dataset(cache=cache, cache_dir=f"{tmp}/cache-{workers}")
-                return ds.to_torch(batch_size=bs, shuffle=True, seed=0, num_workers=workers)
 
-            return make
+def run(table: str, tmp: str, args: argparse.Namespace) -> None:
+    bs = args.batch_size
+    snap = open_delta(table)
+    ours = snap.dataset(cache=False)
+    print(
+        f"{len(ours):,} rows of id int64 + x float32[{DIM}] in "
+        f"{len(snap.files)} files, version {snap.version}, batch {bs}; {os.cpu_count()} CPUs, "
+        f"{load()}"
+    )
+    print(f"-- first batch after open, fresh processes, median of {args.runs}:")
+    for case, name in (
+        ("0", "in place, shuffled, 0 workers"),
+        ("2", "in place, shuffled, 2 workers (CPU: main)"),
+        ("scan", "pyarrow scan -> torch"),
+    ):
+        print(f"{name:<40} {fresh_first_batch(case, table, tmp, bs, args.runs)}")
+    if args.first_only:
+        return
+    print(f"-- passes (cold then warm), {load()}:")
+    rates: dict[str, float] = {}
+    for cache in (False, True):
+        for workers in (0, 2):
+            name = f"in place{'' if cache else ' no cache'}, shuffled, {workers} workers"
+            where = f"{tmp}/cache-{workers}" if cache else None
 
-        for cache in (False, True):
-            for workers in (0, 2):
-                name = f"in place{'' if cache else ' no cache'}, shuffled, {workers} workers"
-                make = inplace(workers, cache)
-                rates[name] = report(name, timed(make), timed(make))
-        files = open_delta(table).files
-        rates["pyarrow scan"] = report(
-            "pyarrow scan -> torch (no shuffle)",
-            timed(lambda: scan(files, bs)),
-            timed(lambda: scan(files, bs)),
+            def make(where: str | None = where, workers: int = workers) -> Iterable[Any]:
+                return inplace(table, where, bs, workers)
+
+            rates[name] = report(name, timed(make), timed(make))
+    files = snap.files
+    rates["scan"] = report(
+        "pyarrow scan -> torch (no shuffle)",
+        timed(lambda: scan(files, bs)),
+        timed(lambda: scan(files, bs)),
+    )
+    start = time.perf_counter()
+    snap.write_mds(f"{tmp}/mds")
+    export_s = time.perf_counter() - start
+    print(f"{'snap.write_mds (export)':<40} {export_s:7.3f} s")
+    for workers in (0, 2):
+        name = f"MDS export, shuffled, {workers} workers"
+
+        def mds(workers: int = workers) -> Iterable[Any]:
+            ds = open_dataset(f"{tmp}/mds")
+            return ds.to_torch(batch_size=bs, shuffle=True, seed=0, num_workers=workers)
+
+        cold = timed(mds)
+        rates[name] = report(name, cold, timed(mds))
+        if workers == 0:
+            print(f"{'':<40} first batch after export {export_s + cold[0]:.3f} s")
+    print("-- shuffle quality (seed 0, epoch 0, default window of 4 shards):")
+    export = open_dataset(f"{tmp}/mds")
+    for name, ds in (("in place", ours), ("MDS export", export)):
+        print(f"{name} ({ds.num_shards} shards): {quality(epoch_order(ds, bs), ds.shards.samples)}")
+    print(f"-- anchors, {load()}:")
+    found = anchors(args.anchors_python, table, snap.version, bs)
+    print(f"-- ratios (warm rows/s), {load()}:")
+    for workers in (0, 2):
+        mine = rates[f"in place, shuffled, {workers} workers"]
+        line = (
+            f"in place {workers} workers: {mine / rates['scan']:.2f}x pyarrow scan, "
+            f"{mine / rates[f'MDS export, shuffled, {workers} workers']:.2f}x MDS path"
         )
-        start = time.perf_counter()
-        open_delta(table).write_mds(f"{tmp}/mds")
-        export_s = time.perf_counter() - start
-        print(f"snap.write_mds (export)            {export_s:7.3f} s")
-
-        def mds(workers: int) -> Callable[[], Iterable[Any]]:
-            def make() -> Iterable[Any]:
-                ds = open_dataset(f"{tmp}/mds")
-                return ds.to_torch(batch_size=bs, shuffle=True, seed=0, num_workers=workers)
-
-            return make
-
-        for workers in (0, 2):
-            name = f"MDS export, shuffled, {workers} workers"
-            cold = timed(mds(workers))
-            rates[name] = report(name, cold, timed(mds(workers)))
-            if workers == 0:
-                print(f"{'':<34} first batch after export {export_s + cold[0]:.3f} s")
-        scan_rate = rates["pyarrow scan"]
-        for workers in (0, 2):
-            ours = rates[f"in place, shuffled, {workers} workers"]
-            print(
-                f"in place / pyarrow scan ({workers} workers): {ours / scan_rate:.2f}x;  "
-                f"in place / MDS: {ours / rates[f'MDS export, shuffled, {workers} workers']:.2f}x"
-            )
+        for name, case in found.items():
+            line += f", {mine / case['warm_rows_s']:.1f}x {name.split(' read')[0]}"
+        print(line)
 
 
 if __name__ == "__main__":
