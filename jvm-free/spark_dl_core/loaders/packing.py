@@ -690,6 +690,18 @@ def state_rows(state: dict[str, Any] | None, pack: PackSpec) -> int:
     return rows
 
 
+def packed_source(dataset: ShardSource, settings: LoaderSettings) -> ShardSource:
+    """The dataset a packed loader reads: a mixture whose schedule boundaries are in tokens
+    has them placed at documents for this loader's column, seed and shuffle (cached)."""
+    place = getattr(dataset, "at_tokens", None)
+    if place is None or settings.pack is None:
+        return dataset
+    placed: ShardSource = place(
+        settings.pack.column, settings.seed, settings.shuffle, settings.verify_hashes
+    )
+    return placed
+
+
 def packed_plan(
     dataset: ShardSource,
     settings: LoaderSettings,
@@ -700,6 +712,7 @@ def packed_plan(
     world_size: int,
 ) -> PackedPlan:
     """A rank's :class:`PackedPlan` for ``settings`` (with ``pack``)."""
+    dataset = packed_source(dataset, settings)
     pack = check_pack(dataset, settings.pack)
     packing = EpochPacking(
         dataset,
@@ -732,6 +745,7 @@ def resume_position(
     (checked against dataset, order and pack settings; ``strict=False`` lets the dataset
     take a state of another version of it, if it can), else the settings' epoch from its
     start."""
+    dataset = packed_source(dataset, settings)
     if state is None:
         return dataset, settings.epoch, 0
     loaded = LoaderState.from_dict(state)
@@ -766,6 +780,7 @@ def packed_state(
     dataset: ShardSource, settings: LoaderSettings, epoch: int, rows: int
 ) -> dict[str, Any]:
     """The loader state of a packed position (``consumed`` 0, rows in ``pack``)."""
+    dataset = packed_source(dataset, settings)
     pack = check_pack(dataset, settings.pack)
     return LoaderState(
         fingerprint=dataset.fingerprint,

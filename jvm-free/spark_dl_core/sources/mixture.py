@@ -25,10 +25,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from ..errors import ColumnNotFoundError, MixtureError
 from ..format.compact import ShardTable
@@ -72,6 +79,21 @@ def parse_count(value: int | str, field: str = "epoch_size") -> int:
     if count < 0:
         raise MixtureError(f"{field}={value!r}: must be >= 0")
     return count
+
+
+_TOKENS = re.compile(r"^(.*?)\s*tokens?\s*$", re.IGNORECASE)
+
+
+def parse_start(value: Any, field: str) -> tuple[int, Literal["samples", "tokens"]]:
+    """A stage start: (count, unit) from ``6000``, ``"27M"`` (samples) or ``"5M tokens"``,
+    ``"100B tokens"``, ``"5000000 tokens"`` (tokens of the pack column)."""
+    if isinstance(value, str):
+        match = _TOKENS.match(value)
+        if match:
+            if not match.group(1):
+                raise MixtureError(f"{field}={value!r}: a number of tokens, e.g. '100B tokens'")
+            return parse_count(match.group(1), field), "tokens"
+    return parse_count(value, field), "samples"
 
 
 @dataclass
@@ -132,12 +154,28 @@ class Stage(BaseModel):
 
     start: int
     weights: dict[str, float]
+    # "tokens": ``start`` counts real tokens of the pack column delivered since the start of
+    # the run (``"100B tokens"``); placed at a document by a loader with pack= (docs)
+    unit: Literal["samples", "tokens"] = "samples"
 
-    @field_validator("start", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _count(cls, value: Any) -> int:
-        # a hand-written spec (a SQL view's JSON) writes starts as mix() takes them: "27M"
-        return parse_count(value, "schedule stage start")
+    def _count(cls, value: Any) -> Any:
+        # a hand-written spec (a SQL view's JSON) writes starts as mix() takes them: "27M",
+        # "100B tokens"
+        if isinstance(value, dict) and "start" in value:
+            count, unit = parse_start(value["start"], "schedule stage start")
+            if unit == "tokens" and value.get("unit", "tokens") != "tokens":
+                raise ValueError(f"start={value['start']!r} is in tokens, unit={value['unit']!r}")
+            value = {**value, "start": count, "unit": value.get("unit", unit)}
+        return value
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        out = handler(self)
+        if isinstance(out, dict) and out.get("unit") == "samples":
+            out.pop("unit")  # sample boundaries are written as earlier versions wrote them
+        return out
 
 
 class MixtureSpec(BaseModel):
@@ -248,8 +286,15 @@ def schedule_stages(spec: MixtureSpec) -> Stages | None:
                 "the schedule gives every weight; leave it out of Source()"
             )
     out: Stages = []
+    unit = spec.schedule[-1].unit
     for k, stage in enumerate(spec.schedule):
-        where = f"schedule stage {k} (start={stage.start})"
+        shown = f"{stage.start} tokens" if stage.unit == "tokens" else stage.start
+        where = f"schedule stage {k} (start={shown})"
+        if k and stage.unit != unit:
+            raise MixtureError(
+                f"{where}: boundaries are in {stage.unit}, stage {len(spec.schedule) - 1}'s "
+                f"in {unit}: give every boundary in one unit"
+            )
         if k == 0 and stage.start != 0:
             raise MixtureError(f"{where}: the first stage must start at 0")
         if k and stage.start <= out[-1][0]:
@@ -293,7 +338,7 @@ def _parse_schedule(schedule: Any) -> list[Stage]:
             start, weights = item
         else:
             raise MixtureError(f"schedule stage {k}: {item!r} is not (start, {{name: weight}})")
-        at = parse_count(start if start is not None else "", f"schedule stage {k} start")
+        at, unit = parse_start(start if start is not None else "", f"schedule stage {k} start")
         if not isinstance(weights, dict):
             raise MixtureError(
                 f"schedule stage {k} (start={at}): weights {weights!r} are not "
@@ -304,7 +349,9 @@ def _parse_schedule(schedule: Any) -> list[Stage]:
                 raise MixtureError(
                     f"schedule stage {k} (start={at}): source {name!r} weight={w!r} is not a number"
                 )
-        stages.append(Stage(start=at, weights={str(n): float(w) for n, w in weights.items()}))
+        stages.append(
+            Stage(start=at, weights={str(n): float(w) for n, w in weights.items()}, unit=unit)
+        )
     return stages
 
 
@@ -332,8 +379,15 @@ class Mixture(Dataset):
         self.converters: list[Any] = []  # Spark side: cached copies of DataFrame sources
         self.stages = schedule_stages(spec)
         self.carry: Carry | None = None  # set on a copy by carry_on (a changed mixture)
+        # boundaries in tokens, until a packed loader places them (at_tokens); then the
+        # placed copy records the column and the token starts it placed
+        self.in_tokens = spec.schedule is not None and spec.schedule[-1].unit == "tokens"
+        self.placed: dict[str, Any] | None = None
+        self._placed_copies: dict[tuple[Any, ...], Mixture] = {}
         if self.stages is None:
             self.counts = epoch_counts(spec.sources, spec.epoch_size)
+        elif self.in_tokens:  # epoch 0 as if the first stage held it (placed: exact)
+            self.counts = proportional_counts(self.stages[0][1], int(spec.epoch_size or 0))
         else:
             self.counts = self.epoch_source_counts(0)
         self.path = "mixture(" + ", ".join(s.name or s.path for s in spec.sources) + ")"
@@ -468,6 +522,10 @@ class Mixture(Dataset):
         }
         if self.stages is not None:  # absent without one: unscheduled fingerprints hold
             content["schedule"] = [[start, list(w)] for start, w in self.stages]
+        if self.in_tokens:
+            content["schedule_unit"] = "tokens"
+        if self.placed is not None:
+            content["placed"] = self.placed
         if self.carry is not None:
             content["carry"] = self.carry.to_dict()
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
@@ -479,6 +537,7 @@ class Mixture(Dataset):
     def make_order(
         self, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int
     ) -> MixtureOrder | ScheduledOrder:
+        self._refuse_tokens()
         plan = MixturePlan(
             fingerprint=self.fingerprint,
             shard_sizes=tuple(np.diff(d.shard_offsets) for d in self.sources),
@@ -507,8 +566,49 @@ class Mixture(Dataset):
             )
         return MixtureOrder(plan, seed, epoch, shuffle, window, batch_size)
 
+    def at_tokens(
+        self, column: str, seed: int, shuffle: bool, verify: bool | None = None
+    ) -> Mixture:
+        """This mixture with its token boundaries placed at documents (a copy whose stages
+        start at sample positions; cached), for a packed loader reading ``column`` with
+        ``seed`` and ``shuffle`` (they decide which documents come first). Itself when its
+        boundaries are in samples. See :mod:`.token_stages`."""
+        if not self.in_tokens:
+            return self
+        key = (column, int(seed), bool(shuffle))
+        found = self._placed_copies.get(key)
+        if found is None:
+            from .token_stages import place_token_stages
+
+            starts = place_token_stages(self, column, int(seed), bool(shuffle), verify)
+            found = copy.copy(self)
+            found.__dict__.pop("fingerprint", None)
+            found._placed_copies = {}
+            found.in_tokens = False
+            found.stages = [(s, w) for s, (_, w) in zip(starts, self.stages or [])]
+            found.placed = {
+                "column": column,
+                "tokens": [int(t) for t, _ in self.stages or []],
+                "samples": starts,
+            }
+            found.counts = found.epoch_source_counts(0)
+            self._placed_copies[key] = found
+        return found
+
+    def _refuse_tokens(self) -> None:
+        if self.in_tokens:
+            stages = self.mixture.schedule or []
+            stage = stages[1] if len(stages) > 1 else None
+            at = f"stage 1 starts at {stage.start} tokens" if stage else "boundaries in tokens"
+            raise MixtureError(
+                f"schedule {at} (field start): token boundaries are placed at documents by a "
+                "loader with pack= (its token column, seed and shuffle decide which documents "
+                "come first); without pack= give the boundaries in samples"
+            )
+
     def _natural_parts(self, epoch: int) -> list[SchedulePart]:
         """The epoch's parts of this mixture's own order (one part without a schedule)."""
+        self._refuse_tokens()
         if self.stages is not None:
             return schedule_parts(self.stages, int(self.mixture.epoch_size or 0), epoch)
         starts = tuple(epoch * c for c in self.counts)
@@ -624,7 +724,21 @@ class Mixture(Dataset):
             return []
         size = int(self.mixture.epoch_size or 0)
         names = [self._label(i) for i in range(len(self.sources))]
-        out = []
+        out: list[dict[str, Any]] = []
+        if self.in_tokens:  # not placed yet: no sample counts
+            for k, (start, weights) in enumerate(self.stages):
+                end = self.stages[k + 1][0] if k + 1 < len(self.stages) else None
+                out.append(
+                    {
+                        "stage": k,
+                        "start": int(start),
+                        "end": end,
+                        "unit": "tokens",
+                        "weights": {n: w for n, w in zip(names, weights) if w},
+                        "counts": {},
+                    }
+                )
+            return out
         for k, (start, weights) in enumerate(self.stages):
             end = self.stages[k + 1][0] if k + 1 < len(self.stages) else None
             got = (

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ...errors import SpecError
 from ...order import epoch_position, plan_position
 from ..frameworks import register_framework
-from ..packing import PackedPlan, packed_plan, packed_state, resume_position
+from ..packing import PackedPlan, packed_plan, packed_source, packed_state, resume_position
 from ..settings import TORCH_ONLY, LoaderSettings, check_epoch, settings_from
 from ..telemetry import PassStats
 from . import resolve_rank, to_device
@@ -88,7 +88,8 @@ class PackedTorchLoader:
     ) -> None:
         settings = settings_from(settings, kwargs)
         settings.only("PyTorch", TORCH_ONLY)
-        self.dataset, self.settings = dataset, settings
+        # token schedule boundaries placed once here, not in every worker
+        self.dataset, self.settings = packed_source(dataset, settings), settings
         self.batch_size = settings.batch_size
         self.num_workers = settings.num_workers
         self.rank, self.world_size = resolve_rank(settings.rank, settings.world_size)
