@@ -30,6 +30,7 @@ from ..errors import DatasetError, SpecError
 from ..meta import column_names
 from .delta_columns import ColumnMapping, FileColumns, file_columns, mapping_of
 from .delta_errors import culprit_text, empty_commit, past_the_end, typed_errors
+from .delta_filter import filter_columns
 from .delta_log import (
     DeltaSnapshotError,
     Timestamp,
@@ -286,7 +287,11 @@ class DeltaSnapshot:
                 f"{f.type}: {first_line(exc)}",
             ) from None
 
-    def _finish(self, table: pa.Table, uri: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    def _finish(
+        self, table: pa.Table, uri: str, schema: pa.Schema, *, filtered: bool = True
+    ) -> Iterator[pa.RecordBatch]:
+        """A file's rows as the table's: partition columns, types, the filter (unless not
+        ``filtered``: the in-place reader evaluating the filter itself)."""
         n = table.num_rows
         arrays = []
         for f in schema:
@@ -305,7 +310,7 @@ class DeltaSnapshot:
             result.validate(full=True)
         except pa.ArrowException as exc:
             raise self._file_error(uri, f"holds invalid data: {first_line(exc)}") from None
-        if self.filter is not None:
+        if filtered and self.filter is not None:
             result = result.filter(self.filter)
         yield from result.combine_chunks().to_batches()
 
@@ -582,6 +587,8 @@ def open_delta(
         _sizes=sizes,
     )
     snap.output_schema  # noqa: B018 - validate columns now, not at first read
+    if snap.filter is not None:  # a column it names that is not read: refused now, typed
+        filter_columns(snap)
     if since is not None:
         snap = _extension("since")(snap, since, deltalake)  # sources.delta_since.new_since
     _check_files_exist(snap, asked)

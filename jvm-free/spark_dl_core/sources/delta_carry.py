@@ -133,6 +133,7 @@ def _reopen(plain: DeltaDataset, rec: dict[str, Any], fingerprint: str) -> Any:
             version=version,
             storage_options=snap.storage_options,
             columns=snap.columns,
+            filter=snap.filter,
             since=rec.get("since"),
         )
         old = old_snap.dataset(plain.user_spec, forms=plain._asked_forms or None, cache=False)

@@ -43,6 +43,7 @@ from .dataset import Dataset, _list_depth
 from .delta import DeltaSnapshot, install_in_place
 from .delta_cache import RowGroupCache
 from .delta_errors import past_the_end
+from .delta_filter import FileMasks, kept_digest
 from .delta_log import DeltaSnapshotError, file_key, first_line
 from .delta_remote import RemoteFiles, default_span_dir, is_remote_table
 
@@ -105,12 +106,6 @@ class DeltaDataset(Dataset):
         cache_dir: str | None = None,
         span_dir: str | None = None,
     ) -> None:
-        if snapshot.filter is not None:
-            raise SpecError(
-                f"{snapshot.table_uri} at version {snapshot.version}: a filter= cannot be read "
-                "in place (row groups' counts would need every row read); export it with "
-                "write_mds / to_dataset, or filter in a read transform"
-            )
         self.snapshot = snapshot
         self.user_spec = spec if isinstance(spec, DatasetSpec) else DatasetSpec(**(spec or {}))
         self.path = f"{snapshot.table_uri}@v{snapshot.version}"
@@ -130,6 +125,10 @@ class DeltaDataset(Dataset):
         self._asked_forms = dict(forms or {})
         self._plans = self._plan()
         self.layout = stored_layout(self._plans)
+        self.converted_dir = None
+        if cache:
+            self.converted_dir = cache_dir or default_cache_dir(f"{snapshot.table_uri}#inplace")
+        self._filter_keep: list[np.ndarray] = []  # per file, with a filter (.delta_filter)
         self._groups, self._leaf_values = self._read_footers()
         self.shards = ShardTable(
             np.array([g.live for g in self._groups], dtype=np.int64),
@@ -139,9 +138,6 @@ class DeltaDataset(Dataset):
         )
         self.shard_offsets = np.zeros(len(self._groups) + 1, dtype=np.int64)
         np.cumsum(self.shards.samples, out=self.shard_offsets[1:])
-        self.converted_dir = None
-        if cache:
-            self.converted_dir = cache_dir or default_cache_dir(f"{snapshot.table_uri}#inplace")
         self._reset_process_state()
 
     # -- per-process state (not pickled: a DataLoader worker starts with its own)
@@ -206,6 +202,9 @@ class DeltaDataset(Dataset):
             ThreadPoolExecutor(max_workers=min(16, max(1, len(snap.files)))) as pool,
         ):
             metas = list(pool.map(self._footer, range(len(snap.files))))
+        if snap.filter is not None:  # rows it keeps, per file: evaluated (or cached) now
+            masks = None if self.converted_dir is None else f"{self.converted_dir}/filter-masks"
+            self._filter_keep = FileMasks(self, metas, masks).all()
         lists = [p.name for p in self._plans if _list_depth(p.arrow_type) == 1]
         groups: list[_RowGroup] = []
         leaves: dict[str, list[tuple[int, int]]] = {name: [] for name in lists}
@@ -247,6 +246,12 @@ class DeltaDataset(Dataset):
             raise self._file_error(file, None, exc) from None
 
     def _keep_array(self, file: int) -> np.ndarray | None:
+        """The file's rows this dataset serves: its deletion vector's, and the filter's."""
+        if self._filter_keep:
+            return self._filter_keep[file]
+        return self._deletion_keep(file)
+
+    def _deletion_keep(self, file: int) -> np.ndarray | None:
         keep = self.snapshot._keep.get(file_key(self.snapshot.files[file]))
         return None if keep is None else np.asarray(keep, dtype=bool)
 
@@ -286,6 +291,8 @@ class DeltaDataset(Dataset):
         }
         if self.snapshot.since is not None:  # new rows since a version: another dataset
             content["since"] = self.snapshot.since
+        if self._filter_keep:  # its text, and the rows it keeps in each file
+            content["filter"] = [str(self.snapshot.filter), *map(kept_digest, self._filter_keep)]
         return _digest(content)
 
     @cached_property
@@ -295,7 +302,7 @@ class DeltaDataset(Dataset):
         base = snap.table_uri.rstrip("/") + "/"
         files = []
         for i, uri in enumerate(snap.files):
-            keep = self._keep_array(i)
+            keep = self._deletion_keep(i)
             deleted = None
             if keep is not None:
                 deleted = hashlib.sha256(np.flatnonzero(~keep).astype("<i8").tobytes()).hexdigest()
@@ -337,6 +344,8 @@ class DeltaDataset(Dataset):
             "row_group": g.group,
             **self._convert_identity,
         }
+        if self._filter_keep:  # the rows a filter keeps in the file
+            content["kept"] = kept_digest(self._filter_keep[g.file])
         return _digest(content)[:40]
 
     @cached_property
