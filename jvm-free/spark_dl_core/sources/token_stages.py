@@ -18,7 +18,7 @@ O(sources x log shards)).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -28,7 +28,16 @@ from ..order.dataset_order import _rng
 
 if TYPE_CHECKING:
     from .dataset import Dataset
-    from .mixture import Mixture
+
+
+class Staged(Protocol):
+    """What placing token boundaries reads of a mixture (a :class:`~.mixture.Mixture`, which
+    imports this module: it is named here by what it offers)."""
+
+    stages: list[tuple[int, Any]] | None
+    mixture: Any  # its MixtureSpec: epoch_size and the Source specs (fingerprints)
+    sources: list[Any]  # the opened sources, in the spec's order
+
 
 _LIMIT = 1 << 62  # run positions stay int64
 
@@ -122,7 +131,7 @@ class SourceTokens:
 
 
 def place_token_stages(
-    m: Mixture, column: str, seed: int, shuffle: bool, verify: bool | None = None
+    m: Staged, column: str, seed: int, shuffle: bool, verify: bool | None = None
 ) -> list[int]:
     """Each stage's start as a sample position (module docstring), stage by stage.
 
