@@ -90,11 +90,16 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading):
     # -- opening
 
     def _load(self, version: int | None) -> tuple[ShardTable, dict[str, Any] | None, bytes | None]:
-        held = self._open_followed(version)  # a followed table's dataset: its manifest
+        if version is not None:  # a version held by a dataset that follows a table
+            asked = self._open_followed(version)
+            assert asked is not None  # a version not held is a FollowError
+            return asked
+        # The compact index when present: per-shard JSON is never parsed on open. Read first,
+        # so an unreachable store is reported for the dataset's index, not its _follow/.
+        committed = read_meta(self.store, compact=True, cache_dir=self.cache_dir)
+        held = self._open_followed(None)  # a followed table's dataset: its latest manifest
         if held is not None:
             return held
-        # The compact index when present: per-shard JSON is never parsed on open.
-        committed = read_meta(self.store, compact=True, cache_dir=self.cache_dir)
         if committed is None:
             raise DatasetError(self._why_no_index())
         self._compact = committed.compact
