@@ -120,6 +120,60 @@ def test_parquet_footer_that_does_not_parse(read: Any, table: Path) -> None:
     _refused(read, table, "version 3", victim.name)
 
 
+def _varint(n: int) -> bytes:
+    """``n`` as a Thrift compact-protocol i32/i64 (zigzag, then a varint)."""
+    z, out = n << 1, b""
+    while z >= 0x80:
+        out, z = out + bytes([z & 0x7F | 0x80]), z >> 7
+    return out + bytes([z])
+
+
+def _footer_edit(victim: Path, old: bytes, new: bytes) -> None:
+    """Replace ``old`` in the file's bytes (same size, in the footer only)."""
+    data = victim.read_bytes()
+    footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    assert data.count(old) == data[footer:].count(old) >= 1 and len(old) == len(new)
+    victim.write_bytes(data.replace(old, new))
+
+
+@PATHS
+def test_footer_size_statistics_disagree_with_schema(read: Any, table: Path) -> None:
+    """The id column's repetition flipped OPTIONAL -> REQUIRED in the footer: its definition
+    level histogram (2 counts) no longer fits the schema (1). pyarrow's Python metadata
+    accessor (row_group(g).column(c)) ended the process ("terminate called") in place."""
+    victim = _data_file(table)
+    # SchemaElement: repetition_type (field 3, i32 1 = OPTIONAL) then name (field 4) "id"
+    _footer_edit(victim, b"\x25\x02\x18\x02id", b"\x25\x00\x18\x02id")
+    _refused(read, table, "version 3", victim.name)
+    if read is _in_place:
+        _refused(read, table, "histogram")
+
+
+@PATHS
+def test_footer_row_count_disagrees_with_pages(read: Any, table: Path) -> None:
+    """A row group's num_rows raised by 2 in the footer: the pages hold 16 rows. In place,
+    the deletion-vector mask (sized by the footer) failed with a bare ArrowInvalid "Filter
+    inputs must all be the same length"; the export reads the pages' rows (right data)."""
+    import pyarrow.parquet as pq
+
+    victim = _data_file(table)
+    rg = pq.read_metadata(victim).row_group(0)
+    head = b"\x16" + _varint(rg.total_byte_size) + b"\x16"  # RowGroup fields 2 and 3
+    _footer_edit(victim, head + _varint(rg.num_rows), head + _varint(rg.num_rows + 2))
+    if read is _in_place:
+        _refused(read, table, "version 3", victim.name, "row group 0", "16 rows", "says 18")
+    else:
+        assert open_delta(str(table)).to_arrow().num_rows == 112
+
+
+@PATHS
+def test_footer_column_name_not_utf8(read: Any, table: Path) -> None:
+    """The export's ParquetFile open raised a bare UnicodeDecodeError."""
+    victim = _data_file(table)
+    _footer_edit(victim, b"\x18\x04name", b"\x18\x04n\xeame")
+    _refused(read, table, "version 3", victim.name)
+
+
 @PATHS
 def test_string_page_with_invalid_utf8(read: Any, table: Path) -> None:
     """An uncompressed page's text bytes flipped: Parquet readers do not check UTF-8; the

@@ -235,7 +235,8 @@ class DeltaSnapshot:
                     asked=f"version {self.version}",
                     available=self.available,
                 ) from None
-            except (OSError, pa.ArrowException) as exc:  # not Parquet: truncated, overwritten
+            except (OSError, pa.ArrowException, UnicodeError) as exc:  # not Parquet, or a
+                # damaged footer: truncated, overwritten, a column name that is not UTF-8
                 raise self._file_error(uri, f"cannot be read: {first_line(exc)}") from None
             columns = self.file_columns(pf.schema_arrow, stored, uri)
             keep = self._keep.get(file_key(uri))

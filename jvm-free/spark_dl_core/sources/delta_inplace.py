@@ -46,6 +46,7 @@ from .delta_errors import past_the_end
 from .delta_filter import FileMasks, kept_digest
 from .delta_log import DeltaSnapshotError, file_key, first_line
 from .delta_remote import RemoteFiles, default_span_dir, is_remote_table
+from .parquet_footer import footer_problem, leaf_levels, parse_footer, read_footer
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..store.storage import Store
@@ -237,13 +238,22 @@ class DeltaDataset(Dataset):
         return {name: by_file[found[name]] for name in lists if found.get(name) in by_file}
 
     def _footer(self, file: int) -> Any:
+        """The file's Parquet metadata, its column chunks checked before Python reads them
+        (pyarrow aborts the process on some damaged ones: :mod:`.parquet_footer`)."""
+        snap = self.snapshot
         try:
             remote = self._remote_files()
-            if remote is not None:
+            if remote is not None:  # its footer span, parsed by pyarrow (not walked first)
                 return remote.footer(file)
-            return self._parquet(file, cache=False).metadata
+            filesystem, prefix = snap._filesystem()
+            footer = read_footer(filesystem, snap._fs_path(snap.files[file], prefix))
+            meta = parse_footer(footer) if footer else self._parquet(file, cache=False).metadata
         except Exception as exc:
             raise self._file_error(file, None, exc) from None
+        why = footer_problem(footer, leaf_levels(meta))
+        if why:
+            raise self._file_error(file, None, f"has a damaged Parquet footer: {why}")
+        return meta
 
     def _keep_array(self, file: int) -> np.ndarray | None:
         """The file's rows this dataset serves: its deletion vector's, and the filter's."""
@@ -602,6 +612,10 @@ class DeltaDataset(Dataset):
             raise
         except Exception as exc:
             raise self._file_error(g.file, g.group, exc) from None
+        if table.num_rows != g.rows:  # the plan's counts (and the mask) are the footer's
+            raise self._file_error(
+                g.file, g.group, f"holds {table.num_rows} rows, its footer says {g.rows}"
+            )
         keep = self._keep_array(g.file)
         if keep is not None:
             table = table.filter(pa.array(_mask(keep, g.start, g.rows)))

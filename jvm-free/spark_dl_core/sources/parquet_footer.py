@@ -1,0 +1,229 @@
+"""A Parquet footer's column-chunk metadata checked before pyarrow's Python accessors see it.
+
+pyarrow builds a column chunk's metadata (``meta.row_group(g).column(c)``) in C++ code that
+its Python binding calls without exception translation: a footer whose size statistics
+disagree with the schema (a definition or repetition level histogram longer than the
+column's maximum level + 1, after a flipped byte) throws a C++ exception there, which ends
+the process (``terminate called``) instead of raising. Reading rows with
+``read_row_group`` raises an ``OSError`` for the same footer; only the metadata accessors
+abort. :func:`footer_problem` walks the footer's Thrift (compact protocol) itself and says
+what pyarrow would throw on, so the caller can raise a typed error naming the file first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Thrift compact protocol type ids
+_TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY = 1, 2, 3, 4, 5, 6, 7, 8
+_LIST, _SET, _MAP, _STRUCT = 9, 10, 11, 12
+_MAX_DEPTH = 64
+
+
+class _Broken(ValueError):
+    """The footer bytes end early or hold a type the protocol does not have."""
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    out = shift = 0
+    while True:
+        b = data[at]  # IndexError past the end: the caller's _Broken
+        at += 1
+        out |= (b & 0x7F) << shift
+        if b < 0x80:
+            return out, at
+        shift += 7
+        if shift > 70:
+            raise _Broken("a varint runs past 10 bytes")
+
+
+def _field(data: bytes, at: int, last: int) -> tuple[int, int, int]:
+    """The next struct field's (id, type, position after its header); type 0: the stop."""
+    head = data[at]
+    at += 1
+    if head == 0:
+        return 0, 0, at
+    if head >> 4:
+        return last + (head >> 4), head & 0x0F, at
+    z, at = _varint(data, at)
+    return (z >> 1) ^ -(z & 1), head & 0x0F, at
+
+
+def _list_head(data: bytes, at: int) -> tuple[int, int, int]:
+    head = data[at]
+    size = head >> 4
+    if size == 15:
+        size, at = _varint(data, at + 1)
+        return size, head & 0x0F, at
+    return size, head & 0x0F, at + 1
+
+
+def _skip(data: bytes, at: int, kind: int, depth: int = 0) -> int:
+    """The position after a value of ``kind`` at ``at``."""
+    if kind in (_I32, _I64, _I16):
+        while data[at] >= 0x80:
+            at += 1
+        return at + 1
+    if kind == _BINARY:
+        length, at = _varint(data, at)
+        return at + length
+    if kind == _STRUCT:
+        if depth > _MAX_DEPTH:
+            raise _Broken("nested too deep")
+        fid = 0
+        while True:
+            fid, k, at = _field(data, at, fid)
+            if k == 0:
+                return at
+            at = _skip(data, at, k, depth + 1)
+    if kind in (_TRUE, _FALSE):
+        return at
+    if kind == _BYTE:
+        return at + 1
+    if kind == _DOUBLE:
+        return at + 8
+    if kind in (_LIST, _SET):
+        size, elem, at = _list_head(data, at)
+        if elem in (_TRUE, _FALSE, _BYTE):
+            return at + size
+        if elem == _DOUBLE:
+            return at + 8 * size
+        for _ in range(size):
+            at = _skip(data, at, elem, depth + 1)
+            if at > len(data):
+                raise _Broken("the footer ends early")
+        return at
+    if kind == _MAP:
+        size, at = _varint(data, at)
+        if size:
+            types, at = data[at], at + 1
+            for _ in range(size):
+                at = _skip(data, at, types >> 4, depth + 1)
+                at = _skip(data, at, types & 0x0F, depth + 1)
+        return at
+    raise _Broken(f"type {kind} is not a Thrift type")
+
+
+def footer_problem(footer: bytes, levels: list[tuple[int, int]]) -> str | None:
+    """Why pyarrow's metadata accessors would abort on ``footer`` (the Thrift FileMetaData
+    bytes), or None. ``levels``: each leaf column's (max definition, max repetition) level,
+    from the schema pyarrow parsed. Bytes this walk cannot follow are left to pyarrow (which
+    parsed them already and raises its own errors)."""
+    try:
+        return _file_metadata(footer, levels)
+    except (_Broken, IndexError, RecursionError):
+        return None
+
+
+def _file_metadata(data: bytes, levels: list[tuple[int, int]]) -> str | None:
+    at = fid = 0
+    while True:
+        fid, kind, at = _field(data, at, fid)
+        if kind == 0:
+            return None
+        if fid != 4 or kind != _LIST:
+            at = _skip(data, at, kind)
+            continue
+        size, _, at = _list_head(data, at)  # FileMetaData.row_groups: all the walk wants
+        for g in range(size):
+            why, at = _row_group(data, at, levels)
+            if why:
+                return f"row group {g}: {why}"
+        return None
+
+
+def _row_group(data: bytes, at: int, levels: list[tuple[int, int]]) -> tuple[str | None, int]:
+    found = None
+    fid = 0
+    while True:
+        fid, kind, at = _field(data, at, fid)
+        if kind == 0:
+            return found, at
+        if fid != 1 or kind != _LIST:
+            at = _skip(data, at, kind)
+            continue
+        size, _, at = _list_head(data, at)  # RowGroup.columns
+        for c in range(size):
+            why, at = _column_chunk(data, at, levels[c] if c < len(levels) else None)
+            if why and found is None:
+                found = f"column {c}: {why}"
+
+
+def _column_chunk(data: bytes, at: int, levels: tuple[int, int] | None) -> tuple[str | None, int]:
+    found = None
+    fid = 0
+    while True:
+        fid, kind, at = _field(data, at, fid)
+        if kind == 0:
+            return found, at
+        if fid != 3 or kind != _STRUCT or levels is None:
+            at = _skip(data, at, kind)
+            continue
+        mid = 0
+        while True:  # ColumnChunk.meta_data
+            mid, mkind, at = _field(data, at, mid)
+            if mkind == 0:
+                break
+            if mid == 16 and mkind == _STRUCT:  # size_statistics
+                found, at = _size_statistics(data, at, levels)
+            else:
+                at = _skip(data, at, mkind)
+
+
+def _size_statistics(data: bytes, at: int, levels: tuple[int, int]) -> tuple[str | None, int]:
+    """SizeStatistics: field 2 the repetition, field 3 the definition level histogram; each
+    empty or one count per level 0..max."""
+    found = None
+    fid = 0
+    while True:
+        fid, kind, at = _field(data, at, fid)
+        if kind == 0:
+            return found, at
+        if fid not in (2, 3) or kind != _LIST:
+            at = _skip(data, at, kind)
+            continue
+        size, elem, at = _list_head(data, at)
+        for _ in range(size):
+            at = _skip(data, at, elem)
+        top = levels[1] if fid == 2 else levels[0]
+        if size and size != top + 1 and found is None:
+            what = "repetition" if fid == 2 else "definition"
+            found = (
+                f"its {what} level histogram has {size} counts, the schema's maximum "
+                f"level {top} needs {top + 1}"
+            )
+
+
+def read_footer(filesystem: Any, path: str, guess: int = 64 << 10) -> bytes:
+    """The Thrift FileMetaData bytes at the end of the Parquet file ``path``, in one read
+    when the footer is under ``guess`` bytes (empty when the file is too short or its tail
+    is not Parquet's: pyarrow opening the file says why)."""
+    with filesystem.open_input_file(path) as f:
+        size = f.size()
+        if size < 12:
+            return b""
+        tail = f.read_at(min(size, guess), size - min(size, guess))
+        length = int.from_bytes(tail[-8:-4], "little")
+        if tail[-4:] != b"PAR1" or length > size - 12:
+            return b""
+        if length + 8 <= len(tail):
+            return bytes(tail[len(tail) - 8 - length : -8])
+        return bytes(f.read_at(length, size - 8 - length))
+
+
+def parse_footer(footer: bytes) -> Any:
+    """pyarrow's FileMetaData of ``footer`` (as :func:`read_footer` returns it)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tail = footer + len(footer).to_bytes(4, "little") + b"PAR1"
+    return pq.read_metadata(pa.BufferReader(tail))
+
+
+def leaf_levels(meta: Any) -> list[tuple[int, int]]:
+    """Each leaf column's (max definition, max repetition) level, from pyarrow's schema."""
+    schema = meta.schema
+    return [
+        (schema.column(i).max_definition_level, schema.column(i).max_repetition_level)
+        for i in range(len(schema))
+    ]
