@@ -150,6 +150,26 @@ def test_footer_size_statistics_disagree_with_schema(read: Any, table: Path) -> 
 
 
 @PATHS
+def test_footer_column_chunk_type_not_the_schemas(read: Any, table: Path) -> None:
+    """The list column's leaf chunk typed INT64 in the footer (its schema says FLOAT):
+    pyarrow's statistics accessor, which the in-place open reads for list columns, ended the
+    process (found by the fuzz). The export reads the pages by the schema's type."""
+    import re
+
+    victim = _data_file(table)
+    data = victim.read_bytes()
+    # ColumnMetaData: type (field 1, i32 4 = FLOAT), encodings, path_in_schema vec.list.element
+    chunk = re.compile(rb"\x1c\x15\x08(\x19[^\x19]{1,8}\x19\x38\x03vec)")
+    assert chunk.search(data)
+    expected = open_delta(str(table)).to_arrow()
+    victim.write_bytes(chunk.sub(lambda m: b"\x1c\x15\x04" + m.group(1), data))
+    if read is _in_place:
+        _refused(read, table, "version 3", victim.name, "physical type")
+    else:
+        assert open_delta(str(table)).to_arrow().equals(expected)
+
+
+@PATHS
 def test_footer_row_count_disagrees_with_pages(read: Any, table: Path) -> None:
     """A row group's num_rows raised by 2 in the footer: the pages hold 16 rows. In place,
     the deletion-vector mask (sized by the footer) failed with a bare ArrowInvalid "Filter

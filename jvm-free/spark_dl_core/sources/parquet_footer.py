@@ -4,7 +4,8 @@ pyarrow builds a column chunk's metadata (``meta.row_group(g).column(c)``) in C+
 its Python binding calls without exception translation: a footer whose size statistics
 disagree with the schema (a definition or repetition level histogram longer than the
 column's maximum level + 1, after a flipped byte) throws a C++ exception there, which ends
-the process (``terminate called``) instead of raising. Reading rows with
+the process (``terminate called``) instead of raising; so does a column chunk whose
+physical type is not the schema's. Reading rows with
 ``read_row_group`` raises an ``OSError`` for the same footer; only the metadata accessors
 abort. :func:`footer_problem` walks the footer's Thrift (compact protocol) itself and says
 what pyarrow would throw on, so the caller can raise a typed error naming the file first.
@@ -104,18 +105,18 @@ def _skip(data: bytes, at: int, kind: int, depth: int = 0) -> int:
     raise _Broken(f"type {kind} is not a Thrift type")
 
 
-def footer_problem(footer: bytes, levels: list[tuple[int, int]]) -> str | None:
+def footer_problem(footer: bytes, levels: list[tuple[int, int, int]]) -> str | None:
     """Why pyarrow's metadata accessors would abort on ``footer`` (the Thrift FileMetaData
-    bytes), or None. ``levels``: each leaf column's (max definition, max repetition) level,
-    from the schema pyarrow parsed. Bytes this walk cannot follow are left to pyarrow (which
-    parsed them already and raises its own errors)."""
+    bytes), or None. ``levels``: each leaf column's (max definition level, max repetition
+    level, physical type), from the schema pyarrow parsed (:func:`leaf_levels`). Bytes this
+    walk cannot follow are left to pyarrow (which parsed them already and raises its own)."""
     try:
         return _file_metadata(footer, levels)
     except (_Broken, IndexError, RecursionError):
         return None
 
 
-def _file_metadata(data: bytes, levels: list[tuple[int, int]]) -> str | None:
+def _file_metadata(data: bytes, levels: list[tuple[int, int, int]]) -> str | None:
     at = fid = 0
     while True:
         fid, kind, at = _field(data, at, fid)
@@ -132,7 +133,7 @@ def _file_metadata(data: bytes, levels: list[tuple[int, int]]) -> str | None:
         return None
 
 
-def _row_group(data: bytes, at: int, levels: list[tuple[int, int]]) -> tuple[str | None, int]:
+def _row_group(data: bytes, at: int, levels: list[tuple[int, int, int]]) -> tuple[str | None, int]:
     found = None
     fid = 0
     while True:
@@ -149,7 +150,9 @@ def _row_group(data: bytes, at: int, levels: list[tuple[int, int]]) -> tuple[str
                 found = f"column {c}: {why}"
 
 
-def _column_chunk(data: bytes, at: int, levels: tuple[int, int] | None) -> tuple[str | None, int]:
+def _column_chunk(
+    data: bytes, at: int, levels: tuple[int, int, int] | None
+) -> tuple[str | None, int]:
     found = None
     fid = 0
     while True:
@@ -164,13 +167,18 @@ def _column_chunk(data: bytes, at: int, levels: tuple[int, int] | None) -> tuple
             mid, mkind, at = _field(data, at, mid)
             if mkind == 0:
                 break
-            if mid == 16 and mkind == _STRUCT:  # size_statistics
-                found, at = _size_statistics(data, at, levels)
+            if mid == 1 and mkind == _I32:  # type: the schema's physical type
+                z, at = _varint(data, at)
+                if (z >> 1) ^ -(z & 1) != levels[2] and found is None:
+                    found = f"its physical type {(z >> 1) ^ -(z & 1)} is not the schema's"
+            elif mid == 16 and mkind == _STRUCT:  # size_statistics
+                why, at = _size_statistics(data, at, levels)
+                found = found or why
             else:
                 at = _skip(data, at, mkind)
 
 
-def _size_statistics(data: bytes, at: int, levels: tuple[int, int]) -> tuple[str | None, int]:
+def _size_statistics(data: bytes, at: int, levels: tuple[int, int, int]) -> tuple[str | None, int]:
     """SizeStatistics: field 2 the repetition, field 3 the definition level histogram; each
     empty or one count per level 0..max."""
     found = None
@@ -220,10 +228,17 @@ def parse_footer(footer: bytes) -> Any:
     return pq.read_metadata(pa.BufferReader(tail))
 
 
-def leaf_levels(meta: Any) -> list[tuple[int, int]]:
-    """Each leaf column's (max definition, max repetition) level, from pyarrow's schema."""
+_PHYSICAL = ("BOOLEAN", "INT32", "INT64", "INT96", "FLOAT", "DOUBLE", "BYTE_ARRAY")
+_PHYSICAL += ("FIXED_LEN_BYTE_ARRAY",)  # Thrift's Type enum, in order
+
+
+def leaf_levels(meta: Any) -> list[tuple[int, int, int]]:
+    """Each leaf column's (max definition level, max repetition level, physical type as
+    Thrift numbers it), from the schema pyarrow parsed."""
     schema = meta.schema
-    return [
-        (schema.column(i).max_definition_level, schema.column(i).max_repetition_level)
-        for i in range(len(schema))
-    ]
+    out = []
+    for i in range(len(schema)):
+        c = schema.column(i)
+        kind = _PHYSICAL.index(c.physical_type) if c.physical_type in _PHYSICAL else -1
+        out.append((c.max_definition_level, c.max_repetition_level, kind))
+    return out
