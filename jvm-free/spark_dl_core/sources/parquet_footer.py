@@ -228,8 +228,17 @@ def parse_footer(footer: bytes) -> Any:
     return pq.read_metadata(pa.BufferReader(tail))
 
 
-_PHYSICAL = ("BOOLEAN", "INT32", "INT64", "INT96", "FLOAT", "DOUBLE", "BYTE_ARRAY")
-_PHYSICAL += ("FIXED_LEN_BYTE_ARRAY",)  # Thrift's Type enum, in order
+# Thrift's Type enum, in order
+_PHYSICAL = [
+    "BOOLEAN",
+    "INT32",
+    "INT64",
+    "INT96",
+    "FLOAT",
+    "DOUBLE",
+    "BYTE_ARRAY",
+    "FIXED_LEN_BYTE_ARRAY",
+]
 
 
 def leaf_levels(meta: Any) -> list[tuple[int, int, int]]:
