@@ -168,12 +168,26 @@ _B85 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-
 
 
 def roaring64(rows: list[int]) -> bytes:
-    """A deletion vector's bitmap as Delta stores it: the magic, then a portable 64-bit
-    RoaringBitmap (array containers: fine for the few rows a test deletes)."""
+    """A deletion vector's bitmap as Delta stores it: the magic, the bucket count, then per
+    32-bit bucket its key and a portable 32-bit RoaringBitmap (array containers: fine for
+    the few rows a test deletes)."""
+    import struct
+
+    buckets: dict[int, list[int]] = {}
+    for v in sorted(set(rows)):
+        buckets.setdefault(v >> 32, []).append(v & 0xFFFFFFFF)
+    out = struct.pack("<iq", 1681511377, len(buckets))
+    for key, values in buckets.items():
+        out += struct.pack("<I", key) + _roaring32(values)
+    return out
+
+
+def _roaring32(values: list[int]) -> bytes:
+    """The portable serialization of a 32-bit RoaringBitmap of sorted ``values``."""
     import struct
 
     by_high: dict[int, list[int]] = {}
-    for v in sorted(rows):
+    for v in values:
         by_high.setdefault(v >> 16, []).append(v & 0xFFFF)
     head = struct.pack("<II", 12346, len(by_high))
     for key, vs in by_high.items():
@@ -183,7 +197,7 @@ def roaring64(rows: list[int]) -> bytes:
     for vs in by_high.values():
         offsets += struct.pack("<I", offset + len(data))
         data += struct.pack(f"<{len(vs)}H", *vs)
-    return struct.pack("<iqi", 1681511377, 1, 0) + head + offsets + data
+    return head + offsets + data
 
 
 def inline_dv(rows: list[int]) -> dict[str, Any]:

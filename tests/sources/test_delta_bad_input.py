@@ -239,6 +239,86 @@ def test_inline_deletion_vector_past_the_file(read: Any, table: Path) -> None:
     _refused(read, table, "version 3", name, "deletion vector deletes rows past")
 
 
+def _set_inline_dv(table: Path, dv: dict[str, Any], stats: bool = True) -> str:
+    """Give commit 3's first inline-vector add ``dv``; the data file's name."""
+    commit = table / "_delta_log" / f"{3:020}.json"
+    lines = commit.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if '"storageType": "i"' in line)
+    action = json.loads(lines[at])
+    action["add"]["deletionVector"] = dv
+    if not stats:
+        action["add"].pop("stats")
+    lines[at] = json.dumps(action)
+    commit.write_text("\n".join(lines) + "\n")
+    return str(action["add"]["path"]).rsplit("/", 1)[-1]
+
+
+@PATHS
+@pytest.mark.parametrize("stats", [True, False], ids=["stats", "no_stats"])
+def test_inline_deletion_vector_bucket_key_flipped(read: Any, table: Path, stats: bool) -> None:
+    """A structurally sound vector whose bucket key became 2^30 (row 2^62): delta-rs sized
+    the keep-mask by it before comparing with numRecords and aborted the process
+    ("memory allocation of 4611686018427387905 bytes failed")."""
+    name = _set_inline_dv(table, fuzz.inline_dv([1, 1 << 62]), stats)
+    _refused(read, table, "version 3", name, "00000000000000000003.json", "deletes row")
+
+
+@PATHS
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        ("magic", "magic"),
+        ("buckets", "bucket count"),
+        ("cookie", "cookie"),
+        ("card", "runs past"),
+        ("order", "not increasing"),
+        ("cardinality", "cardinality says 5"),
+        ("size", "sizeInBytes"),
+        ("z85", "alphabet"),
+    ],
+)
+def test_inline_deletion_vector_damaged(read: Any, table: Path, damage: str, why: str) -> None:
+    """Inline vectors have no CRC: their structure is checked before delta-rs decodes them
+    (magic, bucket count, cookie, a container's count against its bytes, sorted values,
+    the descriptor's cardinality and size, the Z85 alphabet)."""
+    import base64
+    import struct
+
+    blob = bytearray(fuzz.roaring64([1, 2, 19]))
+    if damage == "magic":
+        blob[0] ^= 1
+    elif damage == "buckets":
+        blob[4:12] = struct.pack("<q", 1 << 40)
+    elif damage == "cookie":
+        blob[17] ^= 0x40
+    elif damage == "card":  # container 0 says 4 values; 3 are there
+        blob[26:28] = struct.pack("<H", 3)
+    elif damage == "order":
+        blob[-2:] = struct.pack("<H", 0)
+    dv = fuzz.inline_dv([1, 2, 19])
+    padded = bytes(blob) + b"\0" * (-len(blob) % 4)
+    text = base64.b85encode(padded).decode().translate(str.maketrans(fuzz._B85, fuzz._Z85))
+    dv["pathOrInlineDv"] = text
+    if damage == "cardinality":
+        dv["cardinality"] = 5
+    elif damage == "size":
+        dv["sizeInBytes"] = len(blob) + 9
+    elif damage == "z85":
+        dv["pathOrInlineDv"] = "~" + text[1:]
+    name = _set_inline_dv(table, dv)
+    _refused(read, table, "version 3", name, "inline deletion vector", why)
+
+
+def test_inline_deletion_vector_damaged_in_a_checkpoint(table: Path) -> None:
+    """The live vectors of a checkpointed version come from the checkpoint's adds."""
+    from deltalake import DeltaTable
+
+    name = _set_inline_dv(table, fuzz.inline_dv([1, 1 << 62]))
+    DeltaTable(str(table)).create_checkpoint()
+    checkpoint = next(table.glob("_delta_log/*.checkpoint.parquet")).name
+    _refused(_export, table, "version 3", name, checkpoint, "deletes row")
+
+
 @PATHS
 @pytest.mark.parametrize("damage", ["garbled", "empty", "add_type"])
 def test_commit_json_damaged(read: Any, table: Path, damage: str) -> None:

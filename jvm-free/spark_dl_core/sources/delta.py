@@ -29,6 +29,7 @@ import pyarrow as pa
 from ..errors import DatasetError, SpecError
 from ..meta import column_names
 from .delta_columns import ColumnMapping, FileColumns, file_columns, mapping_of
+from .delta_dv import damaged_inline
 from .delta_errors import culprit_text, empty_commit, past_the_end, typed_errors
 from .delta_filter import filter_columns
 from .delta_log import (
@@ -557,6 +558,9 @@ def open_delta(
     # Every deletion vector the log names is applied, the table's reader features aside: a
     # log that adds files with deletion vectors but does not list the feature still deletes
     # those rows for delta-rs's own scan, and serving them would be wrong data.
+    damaged = damaged_inline(base, pinned)  # delta-rs aborts on some (sources/delta_dv)
+    if damaged:
+        raise DeltaSnapshotError(uri, damaged, asked=asked, available=available)
     try:
         dvs = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all()
     except Exception as exc:  # delta-rs names the vector's file (or says it is inline)
