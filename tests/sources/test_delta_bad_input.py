@@ -320,6 +320,22 @@ def test_inline_deletion_vector_damaged_in_a_checkpoint(table: Path) -> None:
 
 
 @PATHS
+def test_remove_action_path_damaged(read: Any, table: Path) -> None:
+    """Commit 3 removes each file and adds it back with a deletion vector; a flipped byte in
+    a remove's path left the old entry (no vector) live beside the new one: the file's rows
+    were read twice, once undeleted (found by bench/fuzz.py)."""
+    commit = table / "_delta_log" / f"{3:020}.json"
+    lines = commit.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if '"remove"' in line)
+    action = json.loads(lines[at])
+    path = action["remove"]["path"]
+    action["remove"]["path"] = path.replace("part-", "parx-")
+    lines[at] = json.dumps(action)
+    commit.write_text("\n".join(lines) + "\n")
+    _refused(read, table, "version 3", path.rsplit("/", 1)[-1], "live twice")
+
+
+@PATHS
 @pytest.mark.parametrize("damage", ["garbled", "empty", "add_type"])
 def test_commit_json_damaged(read: Any, table: Path, damage: str) -> None:
     """delta-rs's DeltaProtocolError / DeltaError were untyped and named no file; an empty

@@ -573,6 +573,15 @@ def open_delta(
     for fp, sel in zip(dvs.column("filepath").to_pylist(), dvs.column("selection_vector")):
         keep[file_key(log_location(fp))] = sel.as_py()
     order = sorted(range(len(uris)), key=lambda i: rel_paths[i])
+    twice = next((uris[a] for a, b in zip(order, order[1:]) if uris[a] == uris[b]), None)
+    if twice:  # (path, vector) is a log entry's key: a lost remove leaves both entries live
+        raise DeltaSnapshotError(
+            uri,
+            f"data file {twice} is live twice at this version (two add actions, e.g. with "
+            "and without a deletion vector): a remove action of the log is missing or damaged",
+            asked=asked,
+            available=available,
+        )
     files = [uris[i] for i in order]
     snap = DeltaSnapshot(
         table_uri=log_location(base) if base.startswith("file:") else base,
