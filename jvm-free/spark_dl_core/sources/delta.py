@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import operator
 import os
+from itertools import pairwise
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -573,7 +574,7 @@ def open_delta(
     for fp, sel in zip(dvs.column("filepath").to_pylist(), dvs.column("selection_vector")):
         keep[file_key(log_location(fp))] = sel.as_py()
     order = sorted(range(len(uris)), key=lambda i: rel_paths[i])
-    twice = next((uris[a] for a, b in zip(order, order[1:]) if uris[a] == uris[b]), None)
+    twice = next((uris[a] for a, b in pairwise(order) if uris[a] == uris[b]), None)
     if twice:  # (path, vector) is a log entry's key: a lost remove leaves both entries live
         raise DeltaSnapshotError(
             uri,
