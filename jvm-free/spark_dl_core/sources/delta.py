@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import operator
 import os
-from itertools import pairwise
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
