@@ -137,6 +137,17 @@ def _footer_edit(victim: Path, old: bytes, new: bytes) -> None:
 
 
 @PATHS
+def test_parquet_head_magic_damaged(read: Any, table: Path) -> None:
+    """pyarrow reads a Parquet file from its footer and never checks the leading PAR1: a
+    file whose head was overwritten (its pages likely too) was read as if whole."""
+    victim = _data_file(table)
+    data = bytearray(victim.read_bytes())
+    data[3] = ord("=")
+    victim.write_bytes(bytes(data))
+    _refused(read, table, "version 3", victim.name, "PAR1")
+
+
+@PATHS
 def test_footer_size_statistics_disagree_with_schema(read: Any, table: Path) -> None:
     """The id column's repetition flipped OPTIONAL -> REQUIRED in the footer: its definition
     level histogram (2 counts) no longer fits the schema (1). pyarrow's Python metadata

@@ -48,6 +48,7 @@ from .delta_log import (
     utc_ms,
     version_range,
 )
+from .parquet_footer import check_head
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..spec import DatasetSpec
@@ -225,6 +226,7 @@ class DeltaSnapshot:
             try:
                 # INT96 (Spark's legacy timestamps) as microseconds, Delta's unit: pyarrow's
                 # default, nanoseconds, cannot hold dates past 2262 (9999-12-31 wraps round)
+                check_head(filesystem, self._fs_path(uri, prefix))
                 pf = pq.ParquetFile(
                     self._fs_path(uri, prefix),
                     filesystem=filesystem,
@@ -237,8 +239,8 @@ class DeltaSnapshot:
                     asked=f"version {self.version}",
                     available=self.available,
                 ) from None
-            except (OSError, pa.ArrowException, UnicodeError) as exc:  # not Parquet, or a
-                # damaged footer: truncated, overwritten, a column name that is not UTF-8
+            except (OSError, pa.ArrowException, ValueError) as exc:  # not Parquet, or a
+                # damaged head or footer: truncated, overwritten, a name that is not UTF-8
                 raise self._file_error(uri, f"cannot be read: {first_line(exc)}") from None
             columns = self.file_columns(pf.schema_arrow, stored, uri)
             keep = self._keep.get(file_key(uri))

@@ -210,6 +210,7 @@ def read_footer(filesystem: Any, path: str, guess: int = 64 << 10) -> bytes:
         size = f.size()
         if size < 12:
             return b""
+        _check_head(f.read_at(4, 0))
         tail = f.read_at(min(size, guess), size - min(size, guess))
         length = int.from_bytes(tail[-8:-4], "little")
         if tail[-4:] != b"PAR1" or length > size - 12:
@@ -217,6 +218,19 @@ def read_footer(filesystem: Any, path: str, guess: int = 64 << 10) -> bytes:
         if length + 8 <= len(tail):
             return bytes(tail[len(tail) - 8 - length : -8])
         return bytes(f.read_at(length, size - 8 - length))
+
+
+def check_head(filesystem: Any, path: str) -> None:
+    """Raise ValueError when the file ``path`` does not start with Parquet's magic (pyarrow
+    reads from the footer and never looks: a damaged head would go unseen)."""
+    with filesystem.open_input_file(path) as f:
+        if f.size() >= 12:
+            _check_head(f.read_at(4, 0))
+
+
+def _check_head(head: bytes) -> None:
+    if head != b"PAR1":
+        raise ValueError(f"does not start with Parquet's magic PAR1 (starts {head!r})")
 
 
 def parse_footer(footer: bytes) -> Any:
