@@ -407,3 +407,23 @@ def test_schema_changed_under_a_resumed_state(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=rf"table '{path}' version 0.*version 1 \(fingerprint"):
         resumed.load_state_dict(state)
         next(iter(resumed))
+
+
+def test_fuzz_counts_valid_log_changes_unchecked(pristine: dict[str, Path]) -> None:
+    """The harness's ``unchecked`` for a commit changed into another valid log (a renamed
+    deletionVector key, a changed partition value, a sound inline vector), and not for a
+    damaged remove (which the reader refuses)."""
+    name = "_delta_log/00000000000000000003.json"
+    original = (pristine["delta-dv"] / name).read_bytes()
+    text = original.decode()
+
+    def changed(old: str, new: str) -> str | None:
+        return fuzz._valid_log_change(name, original, text.replace(old, new, 1).encode())
+
+    assert changed('"deletionVector"', '"deletionVecttr"') == "an add lost its deletion vector"
+    assert "partition value" in str(changed('{"part": "a"}, "size"', '{"part": "Q"}, "size"'))
+    inline = json.loads(next(line for line in text.splitlines() if '"storageType": "i"' in line))
+    dv = inline["add"]["deletionVector"]
+    sound = fuzz.inline_dv([4, 7, 9])["pathOrInlineDv"]
+    assert changed(dv["pathOrInlineDv"], sound) == "an inline vector changed to another sound one"
+    assert changed('"remove": {', '"removm": {') is None
