@@ -715,11 +715,13 @@ def _valid_log_change(name: str, original: bytes, mutated: bytes | None) -> str 
     """Why a Delta commit changed this way is still a valid log that no reader can tell
     from the one written (each changed action judged alone), or None:
 
-    - an add lost its deletion vector (the key removed or renamed: readers ignore unknown
-      keys, and an add without a vector is valid);
+    - an add lost its deletion vector (the key removed, renamed or null: readers ignore
+      unknown keys, and an add without a vector is valid);
     - an inline vector's text changed to another sound vector (inline vectors have no
       CRC: it deletes other rows);
-    - a whole action dropped (``{}``: a commit with one action less is valid);
+    - a whole action dropped or made an unknown action (``{}``, ``{"adc": ...}``: readers
+      skip unknown actions, and a commit with one action less is valid), or the commit cut
+      at a line boundary;
     - an add's partition value changed or lost its key (the value lives only in the log,
       and every reader takes a missing key as null);
     - the schema renamed a column (the files lack it: read as nulls, as a column added
@@ -727,7 +729,11 @@ def _valid_log_change(name: str, original: bytes, mutated: bytes | None) -> str 
     if mutated is None or not name.endswith(".json") or "_delta_log/" not in name:
         return None
     before, after = _actions(original), _actions(mutated)
-    if before is None or after is None or len(before) != len(after):
+    if before is None or after is None:
+        return None
+    if len(after) < len(before) and after == before[: len(after)]:
+        return "the commit lost its last actions (cut at a line boundary)"
+    if len(before) != len(after):
         return None
     reasons = set()
     for a, b in zip(before, after):
@@ -737,6 +743,10 @@ def _valid_log_change(name: str, original: bytes, mutated: bytes | None) -> str 
                 return None
             reasons.add(why)
     return "; ".join(sorted(reasons)) or None
+
+
+_ACTIONS = {"add", "remove", "metaData", "protocol", "commitInfo", "txn", "cdc"}
+_ACTIONS |= {"domainMetadata", "checkpointMetadata", "sidecar"}
 
 
 def _actions(data: bytes) -> list[Any] | None:
@@ -750,14 +760,14 @@ def _actions(data: bytes) -> list[Any] | None:
 def _valid_action_change(a: Any, b: Any) -> str | None:
     if not isinstance(a, dict) or not isinstance(b, dict):
         return None
-    if b == {}:
-        return "an action dropped"
+    if not set(b) & _ACTIONS:
+        return "an action dropped or replaced by an unknown one (readers skip it)"
     add_a, add_b = a.get("add"), b.get("add")
     if isinstance(add_a, dict) and isinstance(add_b, dict) and "deletionVector" in add_a:
         rest_a = {k: v for k, v in add_a.items() if k != "deletionVector"}
         rest_b = {k: v for k, v in add_b.items() if k != "deletionVector"}
         dv_a, dv_b = add_a["deletionVector"], add_b.get("deletionVector")
-        if "deletionVector" not in add_b and all(rest_b.get(k) == v for k, v in rest_a.items()):
+        if dv_b is None and all(rest_b.get(k) == v for k, v in rest_a.items()):
             return "an add lost its deletion vector"
         if rest_a == rest_b and _sound_inline(dv_a, dv_b):
             return "an inline vector changed to another sound one"

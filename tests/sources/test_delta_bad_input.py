@@ -411,8 +411,8 @@ def test_schema_changed_under_a_resumed_state(tmp_path: Path) -> None:
 
 def test_fuzz_counts_valid_log_changes_unchecked(pristine: dict[str, Path]) -> None:
     """The harness's ``unchecked`` for a commit changed into another valid log (a renamed
-    deletionVector key, a changed partition value, a sound inline vector), and not for a
-    damaged remove (which the reader refuses)."""
+    deletionVector key, a changed partition value, a sound inline vector, an unknown
+    action), and not for a damaged path (which the reader refuses)."""
     name = "_delta_log/00000000000000000003.json"
     original = (pristine["delta-dv"] / name).read_bytes()
     text = original.decode()
@@ -426,4 +426,6 @@ def test_fuzz_counts_valid_log_changes_unchecked(pristine: dict[str, Path]) -> N
     dv = inline["add"]["deletionVector"]
     sound = fuzz.inline_dv([4, 7, 9])["pathOrInlineDv"]
     assert changed(dv["pathOrInlineDv"], sound) == "an inline vector changed to another sound one"
-    assert changed('"remove": {', '"removm": {') is None
+    assert changed('"removm"', "") is None  # sanity: an unchanged commit is no change
+    assert "unknown" in str(changed('"add": {', '"adc": {'))
+    assert changed('"path": "part=', '"path": "parx=') is None  # the reader refuses it
