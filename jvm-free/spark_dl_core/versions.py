@@ -26,7 +26,7 @@ import numpy as np
 import xxhash
 
 from .errors import DatasetError, FollowError, MetadataError
-from .format.buffers import I64, Pieces
+from .format.buffers import I64, Pieces, offsets_from_lengths
 from .format.compact import index_digest
 from .format.index import ShardInfo, parse_index
 from .format.shard import build_shard
@@ -201,10 +201,11 @@ def sample_spans(raw: np.ndarray, where: str) -> tuple[np.ndarray, bytes]:
     return offsets, raw[head : int(offsets[0])].tobytes()
 
 
-def assemble(pieces: list[Piece], raw_of: Callable[[str, int, int], np.ndarray]) -> np.ndarray:
-    """A virtual shard's bytes: the pieces' samples, in order, under one MDS header (what a
-    fresh export writes for those samples). ``raw_of(basename, stored_bytes, raw_bytes)``
-    gives a shard on disk, decompressed."""
+def _runs(
+    pieces: list[Piece], raw_of: Callable[[str, int, int], np.ndarray]
+) -> tuple[list[np.ndarray], np.ndarray, bytes]:
+    """A virtual shard's sample bytes as runs of the shards on disk (views, not copies), the
+    samples' lengths, and the column config its header repeats."""
     data: list[np.ndarray] = []
     lengths: list[np.ndarray] = []
     config = b""
@@ -218,8 +219,33 @@ def assemble(pieces: list[Piece], raw_of: Callable[[str, int, int], np.ndarray])
             raise DatasetError(f"{name}: a virtual shard needs samples {start}..{stop}")
         data.append(raw[int(offsets[start]) : int(offsets[stop])])
         lengths.append(np.diff(offsets[start : stop + 1]))
-    n = int(sum(len(x) for x in lengths))
+    return data, (np.concatenate(lengths) if lengths else np.empty(0, I64)), config
+
+
+def assemble(pieces: list[Piece], raw_of: Callable[[str, int, int], np.ndarray]) -> np.ndarray:
+    """A virtual shard's bytes: the pieces' samples, in order, under one MDS header (what a
+    fresh export writes for those samples). ``raw_of(basename, stored_bytes, raw_bytes)``
+    gives a shard on disk, decompressed."""
+    data, lengths, config = _runs(pieces, raw_of)
     joined = np.concatenate(data) if data else np.empty(0, np.uint8)
-    offs = np.zeros(n + 1, dtype=I64)
-    np.cumsum(np.concatenate(lengths) if lengths else np.empty(0, I64), out=offs[1:])
-    return build_shard(Pieces(joined, offsets=offs), n, config)
+    return build_shard(Pieces(joined, offsets=offsets_from_lengths(lengths)), len(lengths), config)
+
+
+def assembled_hash(
+    pieces: list[Piece], raw_of: Callable[[str, int, int], np.ndarray]
+) -> tuple[str, int]:
+    """The content hash and size of :func:`assemble`'s bytes, streamed over the runs without
+    building the shard (an update records them; readers assemble it when they load it)."""
+    data, lengths, config = _runs(pieces, raw_of)
+    n = len(lengths)
+    head = 4 + 4 * (n + 1) + len(config)
+    offsets = offsets_from_lengths(lengths) + head
+    if int(offsets[-1]) >= 1 << 32:
+        raise ValueError("a shard reached 4 GiB; MDS offsets are uint32 (lower shard_size)")
+    hasher = xxhash.xxh3_128()
+    hasher.update(np.uint32(n).tobytes())
+    hasher.update(offsets.astype("<u4").tobytes())
+    hasher.update(config)
+    for run in data:
+        hasher.update(np.ascontiguousarray(run).data)
+    return hasher.hexdigest(), int(offsets[-1])

@@ -40,7 +40,6 @@ from ..errors import FollowError
 from ..format.compact import COMPACT_FILE
 from ..format.compression import parse_compression
 from ..format.encodings import merge_shapes
-from ..format.hashing import content_hash
 from ..format.index import INDEX_FILE, META_FILE, PREVIOUS_META_FILE, FileInfo, ShardInfo
 from ..format.index import index_text as _index_text
 from ..meta import ColumnPlan, ShardRecords, build_meta, plan_columns, plans_from_meta, read_meta
@@ -48,7 +47,7 @@ from ..spec import DatasetSpec, planned_spec
 from ..store.storage import Store
 from ..versions import (
     Piece,
-    assemble,
+    assembled_hash,
     held_versions,
     read_version,
     sample_spans,
@@ -320,14 +319,13 @@ def _masked(
     out = ShardRecords.empty()
     for a, b in _cuts(lengths_all[live], spec.shard_size, 8 + len(config)):
         pieces = _pieces(live_where[a:b], entry)
-        raw = assemble(pieces, raw_of)
-        digest = content_hash(raw)
+        digest, size = assembled_hash(pieces, raw_of)  # what assemble(pieces) hashes to
         name = f"v-{digest[:20]}-{len(built.virtual):05}.mds"
         built.virtual[name] = pieces
         shapes = _shapes([shapes_of.get(p[0]) for p in pieces])
         info = ShardInfo(
             samples=b - a,
-            raw_data=FileInfo(name, len(raw), {}),
+            raw_data=FileInfo(name, size, {}),
             zip_data=None,
             column_names=config_of["column_names"],
             column_encodings=config_of["column_encodings"],
@@ -354,21 +352,11 @@ def _pieces(live_where: np.ndarray, entry: dict[str, Any]) -> list[Piece]:
     """Runs of consecutive samples of one shard on disk, for ``(shard, sample)`` pairs."""
     shard, sample = live_where[:, 0], live_where[:, 1]
     breaks = np.flatnonzero((np.diff(shard) != 0) | (np.diff(sample) != 1)) + 1
-    starts = np.concatenate([[0], breaks])
-    stops = np.concatenate([breaks, [len(shard)]])
-    out: list[Piece] = []
-    for a, b in zip(starts, stops):
-        k = int(shard[a])
-        out.append(
-            (
-                entry["shards"][k],
-                int(entry["stored_bytes"][k]),
-                int(entry["raw_bytes"][k]),
-                int(sample[a]),
-                int(sample[b - 1]) + 1,
-            )
-        )
-    return out
+    starts = np.concatenate([[0], breaks]).astype(np.int64)
+    stops = np.concatenate([breaks, [len(shard)]]).astype(np.int64)
+    names, stored, raw = entry["shards"], entry["stored_bytes"], entry["raw_bytes"]
+    runs = zip(shard[starts].tolist(), sample[starts].tolist(), (sample[stops - 1] + 1).tolist())
+    return [(names[k], int(stored[k]), int(raw[k]), first, stop) for k, first, stop in runs]
 
 
 # --------------------------------------------------------------------------- held state
