@@ -45,6 +45,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.delta_helpers
+from tests.delta_helpers import roaring64
+
 BAD = ("untyped", "different", "crash", "hang")
 OUTCOMES = ("same", "typed", "typed_unnamed", "no_metadata", "unchecked", *BAD)
 METADATA = ("index.json", "spark_dl.json", "spark_dl.index.arrow")
@@ -165,39 +168,6 @@ DELTA_TARGETS = ("delta-export", "delta-inplace")
 DELTA_KINDS = (*KINDS, "footer", "json_dv", "json_line")
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _B85 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
-
-
-def roaring64(rows: list[int]) -> bytes:
-    """A deletion vector's bitmap as Delta stores it: the magic, the bucket count, then per
-    32-bit bucket its key and a portable 32-bit RoaringBitmap (array containers: fine for
-    the few rows a test deletes)."""
-    import struct
-
-    buckets: dict[int, list[int]] = {}
-    for v in sorted(set(rows)):
-        buckets.setdefault(v >> 32, []).append(v & 0xFFFFFFFF)
-    out = struct.pack("<iq", 1681511377, len(buckets))
-    for key, values in buckets.items():
-        out += struct.pack("<I", key) + _roaring32(values)
-    return out
-
-
-def _roaring32(values: list[int]) -> bytes:
-    """The portable serialization of a 32-bit RoaringBitmap of sorted ``values``."""
-    import struct
-
-    by_high: dict[int, list[int]] = {}
-    for v in values:
-        by_high.setdefault(v >> 16, []).append(v & 0xFFFF)
-    head = struct.pack("<II", 12346, len(by_high))
-    for key, vs in by_high.items():
-        head += struct.pack("<HH", key, len(vs) - 1)
-    offset = len(head) + 4 * len(by_high)
-    offsets, data = b"", b""
-    for vs in by_high.values():
-        offsets += struct.pack("<I", offset + len(data))
-        data += struct.pack(f"<{len(vs)}H", *vs)
-    return head + offsets + data
 
 
 def inline_dv(rows: list[int]) -> dict[str, Any]:

@@ -5,12 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import struct
 import subprocess
 import sys
 import time
 import uuid
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -19,67 +17,13 @@ import pyarrow.compute as pc
 import pytest
 
 deltalake = pytest.importorskip("deltalake")
+from delta_helpers import add_deletion_vector  # noqa: E402
 from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from spark_dl_core import DatasetSpec, open_dataset  # noqa: E402
 from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta  # noqa: E402
 
 # --------------------------------------------------------------------------- table builders
-
-
-def _roaring64(values: list[int]) -> bytes:
-    """Delta's deletion-vector bitmap: magic, then a 64-bit portable RoaringBitmap."""
-    by_high: dict[int, list[int]] = {}
-    for v in sorted(values):
-        by_high.setdefault(v >> 16, []).append(v & 0xFFFF)
-    head = struct.pack("<II", 12346, len(by_high))  # SERIAL_COOKIE_NO_RUNCONTAINER
-    for key, vs in by_high.items():
-        head += struct.pack("<HH", key, len(vs) - 1)
-    offset = len(head) + 4 * len(by_high)
-    offsets, data = b"", b""
-    for vs in by_high.values():
-        offsets += struct.pack("<I", offset + len(data))
-        data += struct.pack(f"<{len(vs)}H", *vs)
-    return struct.pack("<iqi", 1681511377, 1, 0) + head + offsets + data
-
-
-def add_deletion_vector(table: str, deleted_rows: list[int]) -> None:
-    """Commit a deletion vector on the table's single data file, as delta-spark would.
-
-    deltalake's own ``delete`` rewrites files instead, so a DV table is built by hand.
-    """
-    dt = DeltaTable(table)
-    version = dt.version()
-    log = Path(table, "_delta_log", f"{version:020}.json").read_text().splitlines()
-    add = next(json.loads(line)["add"] for line in log if '"add"' in line)
-    blob = _roaring64(deleted_rows)
-    name = f"deletion_vector_{uuid.uuid4()}.bin"
-    crc = struct.pack(">I", zlib.crc32(blob))
-    Path(table, name).write_bytes(b"\x01" + struct.pack(">i", len(blob)) + blob + crc)
-    dv = {
-        "storageType": "p",
-        "pathOrInlineDv": "file://" + os.path.join(os.path.abspath(table), name),
-        "offset": 1,
-        "sizeInBytes": len(blob),
-        "cardinality": len(deleted_rows),
-    }
-    ts = int(time.time() * 1000)
-    remove = {
-        "path": add["path"],
-        "deletionTimestamp": ts,
-        "dataChange": True,
-        "extendedFileMetadata": True,
-        "size": add["size"],
-        "partitionValues": add["partitionValues"],
-    }
-    actions = [
-        {"commitInfo": {"timestamp": ts, "operation": "DELETE"}},
-        {"remove": remove},
-        {"add": dict(add, deletionVector=dv, dataChange=True)},
-    ]
-    Path(table, "_delta_log", f"{version + 1:020}.json").write_text(
-        "\n".join(json.dumps(a) for a in actions) + "\n"
-    )
 
 
 def commit_parquet_directories(path: str, data: pa.Table) -> None:

@@ -12,13 +12,13 @@ import pytest
 
 deltalake = pytest.importorskip("deltalake")
 pytest.importorskip("torch")
+from delta_helpers import add_deletion_vector  # noqa: E402
 from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from spark_dl_core import SpecError  # noqa: E402
 from spark_dl_core.order import LoaderState  # noqa: E402
 from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta  # noqa: E402
 from spark_dl_core.sources.delta_carry import VersionCarryError  # noqa: E402
-from tests.sources.test_delta import add_deletion_vector  # noqa: E402
 
 KW: dict[str, Any] = {"batch_size": 8, "shuffle": True, "seed": 5, "even_batches": False}
 

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 import threading
-import time
-import uuid
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 deltalake = pytest.importorskip("deltalake")
+from delta_helpers import delete_by_dv  # noqa: E402
 from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from spark_dl_core import open_dataset  # noqa: E402
@@ -42,79 +38,6 @@ def _rows(start: int, n: int, tag: bool = False) -> pa.Table:
 
 
 # ------------------------------------------------------------------ deletion vectors by hand
-
-
-def _roaring64(values: list[int]) -> bytes:
-    """Delta's deletion-vector bitmap: magic, then a 64-bit portable RoaringBitmap."""
-    by_high: dict[int, list[int]] = {}
-    for v in sorted(values):
-        by_high.setdefault(v >> 16, []).append(v & 0xFFFF)
-    head = struct.pack("<II", 12346, len(by_high))
-    for key, vs in by_high.items():
-        head += struct.pack("<HH", key, len(vs) - 1)
-    offset = len(head) + 4 * len(by_high)
-    offsets, data = b"", b""
-    for vs in by_high.values():
-        offsets += struct.pack("<I", offset + len(data))
-        data += struct.pack(f"<{len(vs)}H", *vs)
-    return struct.pack("<iqi", 1681511377, 1, 0) + head + offsets + data
-
-
-def _live_adds(table: str) -> dict[str, dict[str, Any]]:
-    """The add action of every live file, from the JSON log (no checkpoints in these tests)."""
-    live: dict[str, dict[str, Any]] = {}
-    for log in sorted(Path(table, "_delta_log").glob("*.json")):
-        for line in log.read_text().splitlines():
-            action = json.loads(line)
-            if "add" in action:
-                live[action["add"]["path"]] = action["add"]
-            elif "remove" in action:
-                live.pop(action["remove"]["path"], None)
-    return live
-
-
-def delete_by_dv(table: str, ids: list[int]) -> None:
-    """Commit deletion vectors removing the rows of these ``id`` values, as delta-spark does
-    (each file's vector: the rows deleted before, and now these).
-
-    deltalake 1.6.6's ``DeltaTable.delete`` rewrites files even on a table with
-    ``delta.enableDeletionVectors``, so DVs are written here."""
-    import pyarrow.parquet as pq
-
-    dt = DeltaTable(table)
-    version = dt.version()
-    before = {os.path.basename(k): v for k, v in open_delta(table).deleted_rows().items()}
-    adds = _live_adds(table)
-    rows: dict[str, list[int]] = {}
-    for path in sorted(adds):
-        found = pq.read_table(os.path.join(table, path), columns=["id"]).column("id")
-        hit = np.flatnonzero(np.isin(found.to_numpy(), ids)).tolist()
-        if hit:
-            rows[path] = hit
-    ts = int(time.time() * 1000)
-    actions: list[dict[str, Any]] = [{"commitInfo": {"timestamp": ts, "operation": "DELETE"}}]
-    for path, new in rows.items():
-        add = adds[path]
-        gone = sorted(set(before.get(os.path.basename(add["path"]), [])) | set(new))
-        blob = _roaring64(gone)
-        name = f"deletion_vector_{uuid.uuid4()}.bin"
-        crc = struct.pack(">I", zlib.crc32(blob))
-        Path(table, name).write_bytes(b"\x01" + struct.pack(">i", len(blob)) + blob + crc)
-        dv = {
-            "storageType": "p",
-            "pathOrInlineDv": "file://" + os.path.join(os.path.abspath(table), name),
-            "offset": 1,
-            "sizeInBytes": len(blob),
-            "cardinality": len(gone),
-        }
-        remove = {"path": add["path"], "deletionTimestamp": ts, "dataChange": True}
-        remove |= {"size": add["size"], "partitionValues": add["partitionValues"]}
-        if "deletionVector" in add:
-            remove["deletionVector"] = add["deletionVector"]
-        actions += [{"remove": remove}, {"add": dict(add, deletionVector=dv, dataChange=True)}]
-    Path(table, "_delta_log", f"{version + 1:020}.json").write_text(
-        "\n".join(json.dumps(a) for a in actions) + "\n"
-    )
 
 
 # ------------------------------------------------------------------ the comparison

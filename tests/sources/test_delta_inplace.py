@@ -18,12 +18,12 @@ import pyarrow as pa
 import pytest
 
 deltalake = pytest.importorskip("deltalake")
+from delta_helpers import add_deletion_vector  # noqa: E402
 from deltalake import WriterProperties, write_deltalake  # noqa: E402
 
 from spark_dl_core import SpecError, mix  # noqa: E402
 from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta  # noqa: E402
 from spark_dl_core.sources.mixture import Source  # noqa: E402
-from tests.sources.test_delta import add_deletion_vector  # noqa: E402
 
 ROWS_PER_APPEND = 400
 APPENDS = 3

@@ -16,12 +16,12 @@ import pyarrow.compute as pc
 import pytest
 
 deltalake = pytest.importorskip("deltalake")
+from delta_helpers import delete_by_dv  # noqa: E402
 from deltalake import WriterProperties, write_deltalake  # noqa: E402
 
 from spark_dl_core import SpecError  # noqa: E402
 from spark_dl_core.sources.delta import open_delta  # noqa: E402
 from spark_dl_core.sources.delta_filter import DeltaFilterError  # noqa: E402
-from tests.sources.test_delta_follow import delete_by_dv  # noqa: E402
 
 GROUP = 70  # rows per row group: every file holds several
 # a stored column and the partition column: some row groups keep nothing

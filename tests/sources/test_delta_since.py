@@ -11,12 +11,12 @@ import pyarrow as pa
 import pytest
 
 deltalake = pytest.importorskip("deltalake")
+from delta_helpers import add_deletion_vector  # noqa: E402
 from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from spark_dl_core import Source, mix, open_dataset  # noqa: E402
 from spark_dl_core.sources.delta import open_delta  # noqa: E402
 from spark_dl_core.sources.delta_since import SinceError  # noqa: E402
-from tests.sources.test_delta import add_deletion_vector  # noqa: E402
 
 
 def _ids(a: int, b: int) -> pa.Table:

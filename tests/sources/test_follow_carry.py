@@ -14,6 +14,7 @@ import pytest
 
 deltalake = pytest.importorskip("deltalake")
 pytest.importorskip("torch")
+from delta_helpers import delete_by_dv  # noqa: E402
 from deltalake import write_deltalake  # noqa: E402
 
 from spark_dl_core import SpecError, open_dataset  # noqa: E402
@@ -21,7 +22,7 @@ from spark_dl_core.errors import FollowError  # noqa: E402
 from spark_dl_core.maintenance import vacuum  # noqa: E402
 from spark_dl_core.sources.delta import open_delta  # noqa: E402
 from spark_dl_core.sources.delta_carry import VersionCarryError  # noqa: E402
-from tests.sources.test_delta_follow import DV_TABLE, SPEC, _rows, delete_by_dv  # noqa: E402
+from tests.sources.test_delta_follow import DV_TABLE, SPEC, _rows  # noqa: E402
 
 KW: dict[str, Any] = {"batch_size": 8, "shuffle": True, "seed": 5, "even_batches": False}
 DELETED = [*range(5, 20), 100, 303, 307, 450]  # rows of both of M's files

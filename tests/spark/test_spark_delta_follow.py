@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("deltalake")
+from delta_helpers import delete_by_dv
 from deltalake import write_deltalake
 
 from spark_dl_core import SpecError, open_dataset
@@ -24,7 +25,6 @@ from tests.sources.test_delta_follow import (
     _fresh,
     _rows,
     _same,
-    delete_by_dv,
 )
 
 pytestmark = pytest.mark.spark

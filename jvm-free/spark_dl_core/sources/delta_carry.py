@@ -15,21 +15,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import SpecError
 from ..order.state import epoch_total
 from .delta import open_delta
 from .delta_inplace import DeltaDataset
 from .delta_log import DeltaSnapshotError
-from .row_carry import CarriedRows, RowCarry, RowLayout, carried
+from .row_carry import (
+    CarriedRows,
+    RowCarry,
+    RowLayout,
+    VersionCarryError,
+    carried,
+    carry_from,
+    check_carry,
+    own_carry,
+)
 
 if TYPE_CHECKING:
     from ..order.state import LoaderState
-
-
-class VersionCarryError(SpecError):
-    """A loader state of another version of a Delta table that cannot be carried on here:
-    names the tables and both versions (``strict``, another table, no version recorded, a
-    packed position inside an epoch)."""
 
 
 def row_layout(ds: DeltaDataset) -> RowLayout:
@@ -80,45 +82,20 @@ def carry_on(ds: DeltaDataset, state: LoaderState, strict: bool) -> tuple[Any, i
     the carried run's own states resume as they are; with ``strict`` anything else is
     refused; else the run carries on from the state's version (or a typed error says why)."""
     plain = ds.plain if isinstance(ds, CarriedDelta) else ds
+    own = own_carry(plain, CarriedDelta, state, plain.snapshot.version)
+    if own is not None:
+        return own  # the carried run's own state
     rec = state.source or {}
-    if rec.get("carry") is not None and rec.get("version") == plain.snapshot.version:
-        same = carried(plain, CarriedDelta, RowCarry.from_dict(rec["carry"]))
-        if same.fingerprint == state.fingerprint:
-            return (same, *state.position(epoch_total(same, state.epoch)))
     snap = plain.snapshot
     here = f"table {snap.table_uri!r} version {snap.version}"
-    if strict:
-        raise VersionCarryError(
-            f"loader state is for dataset {state.fingerprint[:16]}… ({_named(rec)}), but this "
-            f"loader reads {here} (fingerprint {plain.fingerprint[:16]}…): resuming would mix "
-            "up samples; load_state_dict(state, strict=False) carries the run on to this "
-            "version (docs/delta.md)"
-        )
+    check_carry(plain, state, strict, _named(rec), here)
     if rec.get("kind") != "delta":
         raise VersionCarryError(
             f"loader state (dataset {state.fingerprint[:16]}…) records no Delta table version "
             f"(field source): it was saved over another dataset or by an older spark-dl, so "
             f"{here} cannot tell which of its rows the run served"
         )
-    if state.pack is not None and int(state.pack.get("rows", 0)):
-        raise VersionCarryError(
-            f"loader state ({_named(rec)}) is a packed position inside an epoch (field pack): "
-            f"a packed run carries on to {here} only from an epoch's start"
-        )
-    old = _reopen(plain, rec, state.fingerprint)
-    epoch, consumed = state.position(epoch_total(old, state.epoch))
-    if not consumed:
-        return plain, epoch, 0
-    carry = RowCarry(
-        epoch,
-        consumed,
-        state.seed,
-        state.shuffle,
-        state.shuffle_window,
-        state.fingerprint,
-        rec,
-    )
-    return carried(plain, CarriedDelta, carry, old), epoch, consumed
+    return carry_from(plain, CarriedDelta, state, _reopen(plain, rec, state.fingerprint), rec)
 
 
 def _reopen(plain: DeltaDataset, rec: dict[str, Any], fingerprint: str) -> Any:

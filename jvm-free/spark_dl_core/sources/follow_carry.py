@@ -23,9 +23,17 @@ from ..errors import FollowError
 from ..order.state import epoch_total
 from ..versions import held_versions, read_version
 from .dataset import Dataset
-from .delta_carry import VersionCarryError
 from .followed_version import FollowedVersion
-from .row_carry import CarriedRows, RowCarry, RowLayout, carried
+from .row_carry import (
+    CarriedRows,
+    RowCarry,
+    RowLayout,
+    VersionCarryError,
+    carried,
+    carry_from,
+    check_carry,
+    own_carry,
+)
 
 if TYPE_CHECKING:
     from ..order.state import LoaderState
@@ -122,22 +130,15 @@ def carry_on(ds: Dataset, state: LoaderState, strict: bool) -> tuple[Any, int, i
     """(the dataset to read, epoch, consumed) for a state whose fingerprint is not ``ds``'s
     (see :func:`.delta_carry.carry_on`, which this follows for a followed export)."""
     plain = ds.plain if isinstance(ds, CarriedFollow) else ds
+    own = own_carry(plain, CarriedFollow, state, plain.version)
+    if own is not None:
+        return own  # the carried run's own state
     rec = state.source or {}
-    if rec.get("carry") is not None and rec.get("version") == plain.version:
-        same = carried(plain, CarriedFollow, RowCarry.from_dict(rec["carry"]))
-        if same.fingerprint == state.fingerprint:
-            return (same, *state.position(epoch_total(same, state.epoch)))
     table = _table(plain)
     version = _state_version(plain, rec, state.fingerprint)
     theirs = _named(rec, rec.get("table", table), version)
     here = f"table {table!r} version {plain.version} (followed in {plain.shown})"
-    if strict:
-        raise VersionCarryError(
-            f"loader state is for dataset {state.fingerprint[:16]}… ({theirs}), but this "
-            f"loader reads {here} (fingerprint {plain.fingerprint[:16]}…): resuming would mix "
-            "up samples; load_state_dict(state, strict=False) carries the run on to this "
-            "version (docs/delta.md)"
-        )
+    check_carry(plain, state, strict, theirs, here)
     if version is None:
         raise VersionCarryError(
             f"loader state (dataset {state.fingerprint[:16]}…) records no table version and "
@@ -147,20 +148,9 @@ def carry_on(ds: Dataset, state: LoaderState, strict: bool) -> tuple[Any, int, i
         raise VersionCarryError(
             f"loader state was saved on {theirs}, another table than {here}: it cannot carry on"
         )
-    if state.pack is not None and int(state.pack.get("rows", 0)):
-        raise VersionCarryError(
-            f"loader state ({theirs}) is a packed position inside an epoch (field pack): "
-            f"a packed run carries on to {here} only from an epoch's start"
-        )
     old = _reopen(plain, version, rec, state.fingerprint)
-    epoch, consumed = state.position(epoch_total(old, state.epoch))
-    if not consumed:
-        return plain, epoch, 0
     rec = {**rec, "kind": "delta", "table": table, "version": version, "export": True}
-    carry = RowCarry(
-        epoch, consumed, state.seed, state.shuffle, state.shuffle_window, state.fingerprint, rec
-    )
-    return carried(plain, CarriedFollow, carry, old), epoch, consumed
+    return carry_from(plain, CarriedFollow, state, old, rec)
 
 
 def _reopen(plain: Dataset, version: int, rec: dict[str, Any], fingerprint: str) -> Any:

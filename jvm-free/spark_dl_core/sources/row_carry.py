@@ -23,12 +23,16 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import SpecError
 from ..order.dataset_order import GlobalOrder, _order_of
+from ..order.state import epoch_total
+
+if TYPE_CHECKING:
+    from ..order.state import LoaderState
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,12 @@ class RowLayout:
             live = self._live_rows(s)
             table[live] = self.shard_offsets[s] + np.arange(len(live), dtype=np.int64)
         return table
+
+
+class VersionCarryError(SpecError):
+    """A loader state of another version of a Delta table that cannot be carried on here:
+    names the tables and both versions (``strict``, another table, no version recorded, a
+    packed position inside an epoch)."""
 
 
 @dataclass(frozen=True)
@@ -215,3 +225,46 @@ def carried(plain: Any, kind: type, carry: RowCarry, old: Any = None) -> Any:
     out.__dict__.pop("fingerprint", None)
     out.plain, out.carry, out._old, out._rest = plain, carry, old, None
     return out
+
+
+def own_carry(plain: Any, kind: type, state: LoaderState, version: Any) -> Any:
+    """A carried run's own state on the version it carried on to: it resumes as it is
+    ((dataset, epoch, consumed)); None for any other state."""
+    rec = state.source or {}
+    if rec.get("carry") is None or rec.get("version") != version:
+        return None
+    same = carried(plain, kind, RowCarry.from_dict(rec["carry"]))
+    if same.fingerprint != state.fingerprint:
+        return None
+    return (same, *state.position(epoch_total(same, state.epoch)))
+
+
+def check_carry(plain: Any, state: LoaderState, strict: bool, theirs: str, here: str) -> None:
+    """What refuses any version's state: ``strict``, and a packed position inside an epoch
+    (a packed run carries on only from an epoch's start)."""
+    if strict:
+        raise VersionCarryError(
+            f"loader state is for dataset {state.fingerprint[:16]}… ({theirs}), but this "
+            f"loader reads {here} (fingerprint {plain.fingerprint[:16]}…): resuming would mix "
+            "up samples; load_state_dict(state, strict=False) carries the run on to this "
+            "version (docs/delta.md)"
+        )
+    if state.pack is not None and int(state.pack.get("rows", 0)):
+        raise VersionCarryError(
+            f"loader state ({theirs}) is a packed position inside an epoch (field pack): "
+            f"a packed run carries on to {here} only from an epoch's start"
+        )
+
+
+def carry_from(
+    plain: Any, kind: type, state: LoaderState, old: Any, rec: dict[str, Any]
+) -> tuple[Any, int, int]:
+    """(dataset, epoch, consumed): ``plain`` finishing the state's epoch of ``old`` (the
+    version it was saved on, reopened), or ``plain`` itself at an epoch's start."""
+    epoch, consumed = state.position(epoch_total(old, state.epoch))
+    if not consumed:
+        return plain, epoch, 0
+    carry = RowCarry(
+        epoch, consumed, state.seed, state.shuffle, state.shuffle_window, state.fingerprint, rec
+    )
+    return carried(plain, kind, carry, old), epoch, consumed

@@ -1,0 +1,121 @@
+"""Deletion vectors committed by hand, as delta-spark writes them: deltalake 1.6.6's own
+``DeltaTable.delete`` rewrites files even on a table with ``delta.enableDeletionVectors``, so
+tests (and the benches that reuse them) that need real deletion vectors write them here."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+import uuid
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAGIC = 1681511377  # RoaringBitmapArray, Delta's deletion-vector bitmap
+
+
+def roaring64(rows: list[int]) -> bytes:
+    """A deletion vector's bitmap as Delta stores it: the magic, the bucket count, then per
+    32-bit bucket its key and a portable 32-bit RoaringBitmap (array containers: fine for
+    the few rows a test deletes)."""
+    buckets: dict[int, list[int]] = {}
+    for v in sorted(set(rows)):
+        buckets.setdefault(v >> 32, []).append(v & 0xFFFFFFFF)
+    out = struct.pack("<iq", MAGIC, len(buckets))
+    for key, values in buckets.items():
+        out += struct.pack("<I", key) + _roaring32(values)
+    return out
+
+
+def _roaring32(values: list[int]) -> bytes:
+    """The portable serialization of a 32-bit RoaringBitmap of sorted ``values``."""
+    by_high: dict[int, list[int]] = {}
+    for v in values:
+        by_high.setdefault(v >> 16, []).append(v & 0xFFFF)
+    head = struct.pack("<II", 12346, len(by_high))  # SERIAL_COOKIE_NO_RUNCONTAINER
+    for key, vs in by_high.items():
+        head += struct.pack("<HH", key, len(vs) - 1)
+    offset = len(head) + 4 * len(by_high)
+    offsets, data = b"", b""
+    for vs in by_high.values():
+        offsets += struct.pack("<I", offset + len(data))
+        data += struct.pack(f"<{len(vs)}H", *vs)
+    return head + offsets + data
+
+
+def live_adds(table: str) -> dict[str, dict[str, Any]]:
+    """The add action of every live file, from the JSON log (no checkpoints in these tests)."""
+    live: dict[str, dict[str, Any]] = {}
+    for log in sorted(Path(table, "_delta_log").glob("*.json")):
+        for line in log.read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action:
+                live[action["add"]["path"]] = action["add"]
+            elif "remove" in action:
+                live.pop(action["remove"]["path"], None)
+    return live
+
+
+def commit_deletion_vectors(table: str, deleted: dict[str, list[int]]) -> None:
+    """Commit, for each live file ``path -> rows``, an on-disk deletion vector deleting exactly
+    those rows (replacing the file's vector, as delta-spark's DELETE does)."""
+    from deltalake import DeltaTable
+
+    adds = live_adds(table)
+    version = DeltaTable(table).version()
+    ts = int(time.time() * 1000)
+    actions: list[dict[str, Any]] = [{"commitInfo": {"timestamp": ts, "operation": "DELETE"}}]
+    for path, rows in deleted.items():
+        add = adds[path]
+        blob = roaring64(rows)
+        name = f"deletion_vector_{uuid.uuid4()}.bin"
+        crc = struct.pack(">I", zlib.crc32(blob))
+        Path(table, name).write_bytes(b"\x01" + struct.pack(">i", len(blob)) + blob + crc)
+        dv = {
+            "storageType": "p",
+            "pathOrInlineDv": "file://" + os.path.join(os.path.abspath(table), name),
+            "offset": 1,
+            "sizeInBytes": len(blob),
+            "cardinality": len(set(rows)),
+        }
+        remove = {"path": add["path"], "deletionTimestamp": ts, "dataChange": True}
+        remove |= {"extendedFileMetadata": True, "size": add["size"]}
+        remove |= {"partitionValues": add["partitionValues"]}
+        if "deletionVector" in add:
+            remove["deletionVector"] = add["deletionVector"]
+        actions += [{"remove": remove}, {"add": dict(add, deletionVector=dv, dataChange=True)}]
+    Path(table, "_delta_log", f"{version + 1:020}.json").write_text(
+        "\n".join(json.dumps(a) for a in actions) + "\n"
+    )
+
+
+def add_deletion_vector(table: str, deleted_rows: list[int]) -> None:
+    """A deletion vector of ``deleted_rows`` on the data file the latest commit added."""
+    from deltalake import DeltaTable
+
+    latest = Path(table, "_delta_log", f"{DeltaTable(table).version():020}.json")
+    lines = latest.read_text().splitlines()
+    add = next(json.loads(line)["add"] for line in lines if '"add"' in line)
+    commit_deletion_vectors(table, {add["path"]: deleted_rows})
+
+
+def delete_by_dv(table: str, ids: list[int]) -> None:
+    """Delete the rows holding these ``id`` values by deletion vectors: each file's vector
+    is the rows it deleted before, and now these."""
+    import pyarrow.parquet as pq
+
+    from spark_dl_core.sources.delta import open_delta
+
+    before = {os.path.basename(k): v for k, v in open_delta(table).deleted_rows().items()}
+    deleted: dict[str, list[int]] = {}
+    for path, add in sorted(live_adds(table).items()):
+        found = pq.read_table(os.path.join(table, path), columns=["id"]).column("id")
+        hit = np.flatnonzero(np.isin(found.to_numpy(), ids)).tolist()
+        if hit:
+            old = before.get(os.path.basename(add["path"]), [])
+            deleted[path] = sorted(set(old) | set(hit))
+    commit_deletion_vectors(table, deleted)
