@@ -12,6 +12,7 @@ import pytest
 
 deltalake = pytest.importorskip("deltalake")
 pytest.importorskip("torch")
+from carry_helpers import KW, carried, flat, global_batches, saved  # noqa: E402
 from delta_helpers import add_deletion_vector  # noqa: E402
 from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
@@ -19,8 +20,6 @@ from spark_dl_core import SpecError  # noqa: E402
 from spark_dl_core.order import LoaderState  # noqa: E402
 from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta  # noqa: E402
 from spark_dl_core.sources.delta_carry import VersionCarryError  # noqa: E402
-
-KW: dict[str, Any] = {"batch_size": 8, "shuffle": True, "seed": 5, "even_batches": False}
 
 
 def _ids(a: int, b: int) -> pa.Table:
@@ -43,39 +42,12 @@ def changing(tmp_path_factory: pytest.TempPathFactory) -> str:
     return table
 
 
-def _flat(batches: Any) -> list[int]:
-    return [int(i) for b in batches for i in b["id"]]
-
-
 def _saved(table: str, version: int, steps: int, world: int) -> tuple[dict[str, Any], list[int]]:
-    """The state after ``steps`` batches on each of ``world`` ranks over ``version``, and
-    the ids served."""
-    seen: list[int] = []
-    states = []
-    for rank in range(world):
-        loader = open_delta(table, version=version).to_torch(rank=rank, world_size=world, **KW)
-        it = iter(loader)
-        for _ in range(steps):
-            seen += _flat([next(it)])
-        states.append(loader.state_dict())
-    assert all(s == states[0] for s in states)
-    return states[0], seen
+    return saved(lambda: open_delta(table, version=version), steps, world)
 
 
-def _carried(table: str, version: int, state: dict[str, Any], world: int) -> list[list[int]]:
-    """Each rank's batches of the rest of the carried epoch, in its order."""
-    out = []
-    for rank in range(world):
-        loader = open_delta(table, version=version).to_torch(rank=rank, world_size=world, **KW)
-        loader.load_state_dict(state, strict=False)
-        out.append([_flat([b]) for b in loader])
-    return out
-
-
-def _global(per_rank: list[list[list[int]]]) -> list[list[int]]:
-    """Global batches from ranks' batches (global batch g went to rank g % world)."""
-    world = len(per_rank)
-    return [per_rank[g % world][g // world] for g in range(sum(len(r) for r in per_rank))]
+def _carried(table: str, version: int, state: dict[str, Any], world: int) -> list[list[list[int]]]:
+    return carried(lambda: open_delta(table, version=version), state, world)
 
 
 def test_strict_state_of_another_version_names_table_and_versions(changing: str) -> None:
@@ -102,19 +74,19 @@ def test_append_and_deletion_vector(changing: str, world: int) -> None:
     assert sorted(served) == sorted((live_m - set(seen)) & live_n)
     assert not {62, 65, 90, 99} & set(served) and max(served) < 100
     reference = _carried(changing, 3, state, 1)[0]
-    assert _global(rest) == reference  # exact across world sizes
+    assert global_batches(rest) == reference  # exact across world sizes
     # the carried epoch's order is M's order with the dead rows left out
-    whole_m = _flat(open_delta(changing, version=1).to_torch(**KW))
+    whole_m = flat(open_delta(changing, version=1).to_torch(**KW))
     assert served and [i for i in whole_m[48:] if i in live_n] == [i for b in reference for i in b]
     # len(loader): the carried epoch counted whole (served before the switch + live rest)
     loader = open_delta(changing, version=3).to_torch(**KW)
     loader.load_state_dict(state, strict=False)
     assert len(loader) == -(-(48 + len(served)) // 8) and loader.remaining == len(reference)
     assert len(open_delta(changing, version=3)) == 116  # the dataset: version N's size
-    _flat(loader)
+    flat(loader)
     fresh = open_delta(changing, version=3).to_torch(**KW)
     fresh.set_epoch(1)
-    assert _flat(loader) == _flat(fresh)  # from the next epoch on: N's own order
+    assert flat(loader) == flat(fresh)  # from the next epoch on: N's own order
 
 
 @pytest.mark.parametrize(("before", "after"), [(1, 2), (2, 1)])
@@ -137,8 +109,8 @@ def test_carried_states_resume_strictly_at_any_world_size(
     for rank in range(after):
         loader = open_delta(changing, version=3).to_torch(rank=rank, world_size=after, **KW)
         loader.load_state_dict(inner[0])  # strict: the carried run's own state
-        per_rank.append([_flat([b]) for b in loader])
-    assert _global(per_rank) == reference[4:]
+        per_rank.append([flat([b]) for b in loader])
+    assert global_batches(per_rank) == reference[4:]
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -148,7 +120,7 @@ def test_iter_batches_carries_on_like_the_torch_loader(changing: str, world: int
     snap = open_delta(changing, version=3)
     for rank in range(world):
         got = snap.iter_batches(state=state, strict=False, rank=rank, world_size=world, **KW)
-        assert [_flat([b]) for b in got] == torch_rest[rank]
+        assert [flat([b]) for b in got] == torch_rest[rank]
     with pytest.raises(VersionCarryError, match="version 1"):
         next(snap.iter_batches(state=state, **KW))
 
@@ -175,9 +147,9 @@ def test_optimize_rewritten_rows_wait_for_the_next_epoch(tmp_path: Path) -> None
         assert served == kept - set(seen) and len(served) < 30
         loader = open_delta(table, version=3).to_torch(**KW)
         loader.load_state_dict(state, strict=False)
-        assert loader.epoch == 0 and sorted(_flat(loader)) == sorted(served)
+        assert loader.epoch == 0 and sorted(flat(loader)) == sorted(served)
         everything = sorted([*range(80), *range(100, 110)])
-        assert loader.epoch == 1 and sorted(_flat(loader)) == everything
+        assert loader.epoch == 1 and sorted(flat(loader)) == everything
 
 
 def test_nothing_left_live_starts_the_next_epoch(tmp_path: Path) -> None:
@@ -192,7 +164,7 @@ def test_nothing_left_live_starts_the_next_epoch(tmp_path: Path) -> None:
     loader.load_state_dict(state, strict=False)
     fresh = open_delta(table, version=2).to_torch(**KW)
     fresh.set_epoch(1)
-    assert loader.epoch == 1 and _flat(loader) == _flat(fresh)
+    assert loader.epoch == 1 and flat(loader) == flat(fresh)
 
 
 def test_state_of_another_table_is_refused(changing: str, tmp_path: Path) -> None:
@@ -237,12 +209,12 @@ def test_carried_twice_with_dataloader_workers(changing: str) -> None:
     first = open_delta(changing, version=1).to_torch(**KW)
     first.load_state_dict(state, strict=False)
     it = iter(first)
-    seen += _flat([next(it), next(it)])
+    seen += flat([next(it), next(it)])
     again = first.state_dict()
     reference = _carried(changing, 3, again, 1)[0]
     loader = open_delta(changing, version=3).to_torch(num_workers=2, **KW)
     loader.load_state_dict(again, strict=False)
-    rest = [_flat([b]) for b in loader]
+    rest = [flat([b]) for b in loader]
     assert rest == reference and sorted(seen + _flat_ids(rest)) == list(range(60))
 
 

@@ -14,6 +14,7 @@ import pytest
 
 deltalake = pytest.importorskip("deltalake")
 pytest.importorskip("torch")
+from carry_helpers import KW, carried, flat, global_batches, saved  # noqa: E402
 from delta_helpers import delete_by_dv  # noqa: E402
 from deltalake import write_deltalake  # noqa: E402
 
@@ -24,7 +25,6 @@ from spark_dl_core.sources.delta import open_delta  # noqa: E402
 from spark_dl_core.sources.delta_carry import VersionCarryError  # noqa: E402
 from tests.sources.test_delta_follow import DV_TABLE, SPEC, _rows  # noqa: E402
 
-KW: dict[str, Any] = {"batch_size": 8, "shuffle": True, "seed": 5, "even_batches": False}
 DELETED = [*range(5, 20), 100, 303, 307, 450]  # rows of both of M's files
 
 
@@ -51,10 +51,6 @@ def followed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     return table, out
 
 
-def _flat(batches: Any) -> list[int]:
-    return [int(i) for b in batches for i in b["id"]]
-
-
 def _ids(ds: Any) -> set[int]:
     return set(ds.to_arrow()["id"].to_pylist())
 
@@ -62,33 +58,13 @@ def _ids(ds: Any) -> set[int]:
 def _saved(
     out: str, version: int | None, steps: int, world: int
 ) -> tuple[dict[str, Any], list[int]]:
-    """The state after ``steps`` batches on each of ``world`` ranks over the dataset at
-    ``out`` (``version``: a held version, None: as it opens), and the ids served."""
-    seen: list[int] = []
-    states = []
-    for rank in range(world):
-        loader = open_dataset(out, version=version).to_torch(rank=rank, world_size=world, **KW)
-        it = iter(loader)
-        for _ in range(steps):
-            seen += _flat([next(it)])
-        states.append(loader.state_dict())
-    assert all(s == states[0] for s in states)
-    return states[0], seen
+    """``version``: a held version, None: the dataset as it opens."""
+    return saved(lambda: open_dataset(out, version=version), steps, world)
 
 
 def _carried(out: str, state: dict[str, Any], world: int, **extra: Any) -> list[list[list[int]]]:
-    """Each rank's batches of the rest of the carried epoch over the latest version."""
-    result = []
-    for rank in range(world):
-        loader = open_dataset(out).to_torch(rank=rank, world_size=world, **KW, **extra)
-        loader.load_state_dict(state, strict=False)
-        result.append([_flat([b]) for b in loader])
-    return result
-
-
-def _global(per_rank: list[list[list[int]]]) -> list[list[int]]:
-    world = len(per_rank)
-    return [per_rank[g % world][g // world] for g in range(sum(len(r) for r in per_rank))]
+    """Over the latest version held."""
+    return carried(lambda: open_dataset(out), state, world, **extra)
 
 
 def test_strict_state_of_another_version_names_table_and_versions(
@@ -122,19 +98,19 @@ def test_append_and_deletion_vector(followed: tuple[str, str], world: int) -> No
     assert sorted(served) == sorted((live_m - set(seen)) & live_n)
     assert not set(DELETED) & set(served) and max(served) < 500
     reference = _carried(out, state, 1)[0]
-    assert _global(rest) == reference  # exact across world sizes
-    whole_m = _flat(open_dataset(out, version=1).to_torch(**KW))
+    assert global_batches(rest) == reference  # exact across world sizes
+    whole_m = flat(open_dataset(out, version=1).to_torch(**KW))
     assert [i for i in whole_m[48:] if i in live_n] == [i for b in reference for i in b]
     loader = open_dataset(out).to_torch(**KW)
     loader.load_state_dict(state, strict=False)
     assert len(loader) == -(-(48 + len(served)) // 8) and loader.remaining == len(reference)
     assert len(open_dataset(out)) == 600 - len(DELETED)
-    _flat(loader)
+    flat(loader)
     fresh_path = str(Path(out).parent / f"fresh-3-{world}")
     open_delta(table, version=3).write_mds(fresh_path, SPEC)
     fresh = open_dataset(fresh_path).to_torch(**KW)
     fresh.set_epoch(1)
-    assert _flat(loader) == _flat(fresh)  # from the next epoch on: version N's own order
+    assert flat(loader) == flat(fresh)  # from the next epoch on: version N's own order
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -147,7 +123,7 @@ def test_iter_batches_carries_on_like_the_torch_loader(
     ds = open_dataset(out)
     for rank in range(world):
         got = ds.iter_batches(state=state, strict=False, rank=rank, world_size=world, **KW)
-        assert [_flat([b]) for b in got] == torch_rest[rank]
+        assert [flat([b]) for b in got] == torch_rest[rank]
     with pytest.raises(VersionCarryError, match="version 1"):
         next(ds.iter_batches(state=state, **KW))
 
@@ -174,8 +150,8 @@ def test_carried_states_resume_strictly_with_workers(
     for rank in range(after):
         loader = open_dataset(out).to_torch(rank=rank, world_size=after, num_workers=2, **KW)
         loader.load_state_dict(inner[0])  # strict: the carried run's own state
-        per_rank.append([_flat([b]) for b in loader])
-    assert _global(per_rank) == reference[4:]
+        per_rank.append([flat([b]) for b in loader])
+    assert global_batches(per_rank) == reference[4:]
 
 
 def test_adopted_plain_export_and_carrying_twice(tmp_path: Path) -> None:
@@ -194,13 +170,13 @@ def test_adopted_plain_export_and_carrying_twice(tmp_path: Path) -> None:
     first = open_dataset(out).to_torch(**KW)
     first.load_state_dict(state, strict=False)
     it = iter(first)
-    seen += _flat([next(it), next(it)])
+    seen += flat([next(it), next(it)])
     again = first.state_dict()
     assert again["source"]["version"] == 2 and again["source"]["carry"]["epoch"] == 0
     open_delta(table, version=3).write_mds(out, SPEC, mode="update")
     loader = open_dataset(out).to_torch(**KW)
     loader.load_state_dict(again, strict=False)
-    rest = _flat(loader)
+    rest = flat(loader)
     live_2 = set(range(500)) - set(DELETED)
     assert sorted(rest) == sorted(live_2 - set(seen)) and len(set(seen)) == len(seen) == 32
 
