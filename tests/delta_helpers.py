@@ -106,6 +106,8 @@ def add_deletion_vector(table: str, deleted_rows: list[int]) -> None:
 def delete_by_dv(table: str, ids: list[int]) -> None:
     """Delete the rows holding these ``id`` values by deletion vectors: each file's vector
     is the rows it deleted before, and now these."""
+    from urllib.parse import unquote
+
     import pyarrow.parquet as pq
 
     from spark_dl_core.sources.delta import open_delta
@@ -113,7 +115,8 @@ def delete_by_dv(table: str, ids: list[int]) -> None:
     before = {os.path.basename(k): v for k, v in open_delta(table).deleted_rows().items()}
     deleted: dict[str, list[int]] = {}
     for path, add in sorted(live_adds(table).items()):
-        found = pq.read_table(os.path.join(table, path), columns=["id"]).column("id")
+        # the log escapes paths once more than the directories (part=a%20b -> part=a%2520b)
+        found = pq.read_table(os.path.join(table, unquote(path)), columns=["id"]).column("id")
         hit = np.flatnonzero(np.isin(found.to_numpy(), ids)).tolist()
         if hit:
             old = before.get(os.path.basename(add["path"]), [])
