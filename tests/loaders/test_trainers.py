@@ -255,6 +255,8 @@ for epoch in range(2):
     seen.append(rows)
 with open(os.path.join(out, f"rank{accelerator.process_index}.json"), "w") as f:
     json.dump({"seen": seen, "same": prepared is loader, "len": len(prepared)}, f)
+accelerator.wait_for_everyone()
+accelerator.end_training()  # destroys the process group: gloo's threads abort an exit without it
 """
 
 
