@@ -4,7 +4,12 @@ Writes one small Parquet file (a copy per 50,000 names) and hard-links it under 
 names (distinct paths, each opened and its footer read on its own; the page cache is warm,
 as it is for a table read a second time), with a hand-written log of one add action per
 file (``numRecords`` in its stats), then times ``open_delta(...)``,
-``.dataset(cache=False)`` and the first shuffled batch.
+``.dataset(cache=False)`` and the first shuffled batch, each in a fresh process: ``cold``
+the first open on the machine (no plan cache: every footer read), ``warm`` the second (the
+footers' row-group metadata from the per-machine plan cache, sources/delta_footers). The
+caches live under the bench's own temporary directory (``TMPDIR``). ``--table DIR`` reuses
+(or builds once into) ``DIR``: an A/B against another checkout runs this script with that
+checkout's ``PYTHONPATH``.
 
     python bench/delta_plan_bench.py --files 100000
 """
@@ -14,6 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -84,18 +92,42 @@ def measure(table: Path) -> dict[str, float]:
     return out
 
 
+def fresh(table: Path, tmp: Path) -> dict[str, float]:
+    """:func:`measure` in a new process whose caches live in ``tmp``."""
+    env = dict(os.environ, TMPDIR=str(tmp))
+    code = f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+    code += "import spark_dl_core, delta_plan_bench as b; "  # imported before the clock
+    code += f"print(json.dumps(b.measure(__import__('pathlib').Path({str(table)!r}))))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    result: dict[str, float] = json.loads(out.stdout.decode().strip().splitlines()[-1])
+    return {k: round(v, 3) for k, v in result.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--table", help="build the table here once (or reuse it)")
     args = parser.parse_args()
-    import spark_dl_core  # noqa: F401  (imported before the clock)
 
     with tempfile.TemporaryDirectory(prefix="delta-plan-") as root:
         started = time.perf_counter()
-        table = build(Path(root), args.files, args.rows)
+        where = Path(args.table) if args.table else Path(root)
+        table = where / "t"
+        if not table.exists():
+            where.mkdir(parents=True, exist_ok=True)
+            build(where, args.files, args.rows)
         built = time.perf_counter() - started
-        print(json.dumps({"files": args.files, "build_s": round(built, 2), **measure(table)}))
+        tmp = Path(root) / "tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        cold = fresh(table, tmp)
+        warm = fresh(table, tmp)
+        print(
+            json.dumps(
+                {"files": args.files, "build_s": round(built, 2), "cold": cold, "warm": warm}
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -124,6 +124,9 @@ class DeltaSnapshot:
     _partition_values: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     _keep: dict[str, Any] = field(default_factory=dict, repr=False)
     _sizes: dict[str, int] = field(default_factory=dict, repr=False)
+    # local data files' modification times (ns) as listed at open: part of their identity in
+    # the per-machine footer cache (sources/delta_footers)
+    _mtimes: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     _inplace: Any = field(default=None, repr=False, compare=False)
 
     # -- facts
@@ -678,6 +681,7 @@ def _check_files_exist(snap: DeltaSnapshot, asked: str) -> None:
             available=snap.available,
         )
     for uri, info in zip(snap.files, infos):  # truncated, or overwritten outside Delta
+        snap._mtimes[file_key(uri)] = info.mtime_ns
         logged = snap.file_size(uri)
         if info.size is not None and logged is not None and info.size != logged:
             raise snap._file_error(uri, f"has {info.size} bytes, its add action says {logged}")

@@ -91,10 +91,10 @@ def kept_digest(keep: np.ndarray) -> str:
 class FileMasks:
     """Each data file's keep-mask for ``ds`` (a DeltaDataset being opened with a filter)."""
 
-    def __init__(self, ds: Any, metas: list[Any], directory: str | None) -> None:
+    def __init__(self, ds: Any, footers: list[Any], directory: str | None) -> None:
         self.ds = ds
         self.snap: Any = ds.snapshot
-        self.metas = metas
+        self.footers = footers  # each file's FileFooter (sources/delta_footers)
         self.refs = filter_columns(self.snap)
         self.ref_schema = pa.schema([self.snap.output_schema.field(n) for n in self.refs])
         self.stored = [n for n in self.refs if n not in self.snap.partition_columns]
@@ -108,7 +108,7 @@ class FileMasks:
             return list(pool.map(self.mask, files))
 
     def mask(self, file: int) -> np.ndarray:
-        rows = int(self.metas[file].num_rows)
+        rows = self.footers[file].num_rows
         key = self._key(file)
         if self.cache is not None:
             raw = self.cache.read(key, verify=True)
@@ -139,11 +139,9 @@ class FileMasks:
         keep = _padded(deletion, rows)
         if not self.stored:  # partition columns only: one value per file
             return keep & self._passes(file, pa.table({_ROW: [0]}))[0]
-        meta = self.metas[file]
         pf = None if self.ds._remote_files() is not None else self.ds._parquet(file, cache=False)
         start = 0
-        for group in range(meta.num_row_groups):
-            n = meta.row_group(group).num_rows
+        for group, n in enumerate(self.footers[file].rows.tolist()):
             live = keep[start : start + n]
             if live.any():
                 table = read_columns(self.ds, pf, file, group, self.stored)

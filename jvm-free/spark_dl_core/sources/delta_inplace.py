@@ -44,6 +44,7 @@ from .delta import DeltaSnapshot, install_in_place
 from .delta_cache import RowGroupCache
 from .delta_errors import past_the_end
 from .delta_filter import FileMasks, kept_digest
+from .delta_footers import FileFooter, PlanCache, footer_key, summarize
 from .delta_log import DeltaSnapshotError, file_key, first_line
 from .delta_remote import RemoteFiles, default_span_dir, is_remote_table
 from .parquet_footer import footer_problem, leaf_levels, parse_footer, read_footer
@@ -54,8 +55,11 @@ if TYPE_CHECKING:  # pragma: no cover
 INPLACE_VERSION = 1
 CONVERTED_FORMAT = 1  # bump when a converted row group's bytes change for the same inputs
 DEFAULT_CACHED_SHARDS = 4  # converted row groups kept per process (a shuffle window's worth)
+_FOOTER_CHUNK = 256  # footers read per thread task at open (a task per file cost more)
 # Row groups converted by this process (Parquet decode + MDS encode): tests and telemetry.
 conversions = 0
+# Data files whose Parquet footer this process read to plan (not found in the plan cache).
+footers_read = 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,9 @@ class DeltaDataset(Dataset):
     ``<tmp>/spark-dl-cache/<hash of the table URI and "#inplace">``). ``span_dir``: where a
     remote table's footers and row groups are fetched to, once per machine (default
     ``<tmp>/spark-dl-cache/<hash of the table URI and "#spans">``; see :mod:`.delta_remote`).
+    ``plan_cache``: keep the footers' row-group metadata on local disk, so the next open of
+    this or a later version reads one file, not every footer (a directory, default
+    ``<tmp>/spark-dl-cache/<hash of the table URI and "#plan">``; False: read every footer).
     """
 
     def __init__(
@@ -106,6 +113,7 @@ class DeltaDataset(Dataset):
         cache: bool = True,
         cache_dir: str | None = None,
         span_dir: str | None = None,
+        plan_cache: bool | str = True,
     ) -> None:
         self.snapshot = snapshot
         self.user_spec = spec if isinstance(spec, DatasetSpec) else DatasetSpec(**(spec or {}))
@@ -115,6 +123,10 @@ class DeltaDataset(Dataset):
         self.shown = self.path
         self.cache_dir = None
         self.span_dir = span_dir
+        self.plan_dir: str | None = None  # the footers' cache (sources/delta_footers)
+        if plan_cache:
+            where = plan_cache if isinstance(plan_cache, str) else None
+            self.plan_dir = where or default_cache_dir(f"{snapshot.table_uri}#plan")
         self.allow_unsafe = allow_unsafe
         self.meta = None
         self._index_text = None
@@ -197,63 +209,104 @@ class DeltaDataset(Dataset):
         """Every non-empty row group (after deletions), in file order; and per stored list
         column, each row group's (rows, leaf values) from the footers (for :attr:`forms`)."""
         snap = self.snapshot
-        remote = self._remote_files()
-        with (
-            remote.footers() if remote is not None else contextlib.nullcontext(),
-            ThreadPoolExecutor(max_workers=min(16, max(1, len(snap.files)))) as pool,
-        ):
-            metas = list(pool.map(self._footer, range(len(snap.files))))
+        footers = self._footers()
         if snap.filter is not None:  # rows it keeps, per file: evaluated (or cached) now
             masks = None if self.converted_dir is None else f"{self.converted_dir}/filter-masks"
-            self._filter_keep = FileMasks(self, metas, masks).all()
+            self._filter_keep = FileMasks(self, footers, masks).all()
         lists = [p.name for p in self._plans if _list_depth(p.arrow_type) == 1]
         groups: list[_RowGroup] = []
         leaves: dict[str, list[tuple[int, int]]] = {name: [] for name in lists}
-        for i, meta in enumerate(metas):
+        resolved: dict[int, dict[str, str]] = {}  # per file schema: logical -> stored name
+        for i, foot in enumerate(footers):
             keep = self._keep_array(i)
+            found = resolved.get(id(foot.schema))
+            if found is None:  # once per distinct schema object (files share one)
+                found = resolved[id(foot.schema)] = self._leaf_names(i, foot, lists)
+            rows = foot.rows.tolist()
+            for name in lists:
+                values = foot.leaves.get(found.get(name, ""))
+                counts = [-1] * len(rows) if values is None else values.tolist()
+                leaves[name].extend(zip(rows, counts))
             start = 0
-            paths = self._leaf_paths(i, meta, lists)
-            for g in range(meta.num_row_groups):
-                rg = meta.row_group(g)
-                rows = rg.num_rows
-                live = rows if keep is None else int(_mask(keep, start, rows).sum())
-                for name in lists:
-                    leaves[name].append((rows, _leaf_values(rg, paths.get(name))))
+            for g, (n, raw, stored) in enumerate(
+                zip(rows, foot.raw_bytes.tolist(), foot.stored_bytes.tolist())
+            ):
+                live = n if keep is None else int(_mask(keep, start, n).sum())
                 if live:
-                    stored = sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
-                    groups.append(_RowGroup(i, g, start, rows, live, rg.total_byte_size, stored))
-                start += rows
+                    groups.append(_RowGroup(i, g, start, n, live, raw, stored))
+                start += n
             if keep is not None and not keep[start:].all():
                 raise self._file_error(i, None, past_the_end(start))
         return groups, leaves
 
-    def _leaf_paths(self, file: int, meta: Any, lists: list[str]) -> dict[str, int]:
-        """Logical list column -> its leaf column's index in the file (physical names under
+    def _leaf_names(self, file: int, foot: FileFooter, lists: list[str]) -> dict[str, str]:
+        """Logical list column -> the name of its column in the file (physical names under
         column mapping: a column the file should hold but lacks is refused here, at open)."""
         snap = self.snapshot
         stored = [n for n in snap.output_schema.names if n not in snap.partition_columns]
-        columns = snap.file_columns(meta.schema.to_arrow_schema(), stored, snap.files[file])
-        by_file = _leaf_paths(meta)
-        found = dict(zip(columns.names, columns.read))
-        return {name: by_file[found[name]] for name in lists if found.get(name) in by_file}
+        columns = snap.file_columns(foot.schema, stored, snap.files[file])
+        return {name: read for name, read in zip(columns.names, columns.read) if name in lists}
 
-    def _footer(self, file: int) -> Any:
-        """The file's Parquet metadata, its column chunks checked before Python reads them
+    def _footers(self) -> list[FileFooter]:
+        """Every data file's footer summary: from this machine's plan cache, else read (on
+        threads, in chunks of files) and cached for the next open of this or a later
+        version (:mod:`.delta_footers`)."""
+        snap = self.snapshot
+        cache = None if self.plan_dir is None else PlanCache(self.plan_dir)
+        keys = [
+            footer_key(relative, size, snap._mtimes.get(file_key(uri)))
+            for (relative, size, _), uri in zip(self._file_identities, snap.files)
+        ]
+        cached = cache.load() if cache is not None else {}
+        missing = [i for i, key in enumerate(keys) if key not in cached]
+        read = dict(zip(missing, _shared_schemas(self._read_missing(missing))))
+        footers = [read[i] if i in read else cached[key] for i, key in enumerate(keys)]
+        if cache is not None and missing:
+            cache.save(keys, footers)
+        return footers
+
+    def _read_missing(self, files: list[int]) -> list[FileFooter]:
+        """The footers of ``files``, in order; the first (in order) that cannot be read is
+        a typed error naming it, and the reads not started yet are cancelled."""
+        global footers_read
+        if not files:
+            return []
+        footers_read += len(files)
+        remote = self._remote_files()
+        size = max(1, min(_FOOTER_CHUNK, len(files) // 32))
+        chunks = [files[k : k + size] for k in range(0, len(files), size)]
+        out: list[FileFooter] = []
+        with remote.footers(files) if remote is not None else contextlib.nullcontext():
+            pool = ThreadPoolExecutor(max_workers=min(16, len(chunks)))
+            try:
+                for part in pool.map(lambda chunk: [self._footer(f) for f in chunk], chunks):
+                    out.extend(part)
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+        return out
+
+    def _footer(self, file: int) -> FileFooter:
+        """The file's footer summary, its column chunks checked before Python reads them
         (pyarrow aborts the process on some damaged ones: :mod:`.parquet_footer`)."""
         snap = self.snapshot
+        footer = b""
         try:
             remote = self._remote_files()
             if remote is not None:  # its footer span, parsed by pyarrow (not walked first)
-                return remote.footer(file)
-            filesystem, prefix = snap._filesystem()
-            footer = read_footer(filesystem, snap._fs_path(snap.files[file], prefix))
-            meta = parse_footer(footer) if footer else self._parquet(file, cache=False).metadata
+                meta = remote.footer(file)
+            else:
+                filesystem, prefix = snap._filesystem()
+                footer = read_footer(filesystem, snap._fs_path(snap.files[file], prefix))
+                meta = parse_footer(footer) if footer else self._parquet(file, cache=False).metadata
+            levels = leaf_levels(meta)
+            why = footer_problem(footer, levels) if footer else None
+            if why:
+                raise self._file_error(file, None, f"has a damaged Parquet footer: {why}")
+            return summarize(meta, levels)
+        except DeltaSnapshotError:
+            raise
         except Exception as exc:
             raise self._file_error(file, None, exc) from None
-        why = footer_problem(footer, leaf_levels(meta))
-        if why:
-            raise self._file_error(file, None, f"has a damaged Parquet footer: {why}")
-        return meta
 
     def _keep_array(self, file: int) -> np.ndarray | None:
         """The file's rows this dataset serves: its deletion vector's, and the filter's."""
@@ -686,26 +739,17 @@ def _mask(keep: np.ndarray, start: int, rows: int) -> np.ndarray:
     return part
 
 
-def _leaf_paths(meta: Any) -> dict[str, int]:
-    """Top-level column name -> its one leaf column's index, for 1-D list columns."""
-    by_top: dict[str, list[int]] = {}
-    schema = meta.schema
-    for i in range(len(schema)):
-        top = schema.column(i).path.split(".", 1)[0]
-        by_top.setdefault(top, []).append(i)
-    return {name: at[0] for name, at in by_top.items() if len(at) == 1}
-
-
-def _leaf_values(rg: Any, at: int | None) -> int:
-    """A list column's leaf values in a row group; -1 when unknown or when some are null
-    (null or empty lists count one null leaf each: not a fixed width)."""
-    if at is None:
-        return -1
-    column = rg.column(at)
-    stats = column.statistics
-    if stats is None or not stats.has_null_count or stats.null_count:
-        return -1
-    return int(column.num_values)
+def _shared_schemas(footers: list[FileFooter]) -> list[FileFooter]:
+    """``footers`` with equal schemas made one object (files written together share one):
+    columns are then resolved once per schema, not per file."""
+    seen: list[pa.Schema] = []
+    for foot in footers:
+        same = next((s for s in reversed(seen) if s.equals(foot.schema, check_metadata=True)), None)
+        if same is None:
+            seen.append(foot.schema)
+        else:
+            foot.schema = same
+    return footers
 
 
 def _one_width(counts: list[tuple[int, int]]) -> int | None:

@@ -266,24 +266,24 @@ class RemoteFiles:
         return self._span(file, start, end, "footer"), start, end
 
     @contextlib.contextmanager
-    def footers(self) -> Iterator[None]:
-        """While footers are read: every tail queued, on at least :data:`FOOTER_THREADS`
-        threads (small GETs: their round trips, not the link, bound them)."""
+    def footers(self, files: list[int] | None = None) -> Iterator[None]:
+        """While footers are read: the tails of ``files`` (default: all) queued, on at
+        least :data:`FOOTER_THREADS` threads (small GETs: their round trips, not the link,
+        bound them)."""
         threads = self.cache.threads
         self.cache.set_threads(max(threads, FOOTER_THREADS))
         try:
-            self.prefetch_footers()
+            self.prefetch_footers(files)
             yield
         finally:
             self.cache.set_threads(threads)
 
-    def prefetch_footers(self) -> None:
-        """Queue every file's footer tail, in file order (the threads fetch them at once)."""
+    def prefetch_footers(self, files: list[int] | None = None) -> None:
+        """Queue the footer tails of ``files`` (default: all), in file order (the threads
+        fetch them at once)."""
+        which = range(len(self.paths)) if files is None else files
         self.cache.prefetch(
-            [
-                (name, end - start, None)
-                for name, start, end in map(self._tail, range(len(self.paths)))
-            ]
+            [(name, end - start, None) for name, start, end in map(self._tail, which)]
         )
 
     def footer(self, file: int) -> Any:
