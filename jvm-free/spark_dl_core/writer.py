@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from .commit import WriteMode, abort_write, finish_write, plan_write, spec_for
 from .errors import EncodingError, SpecError
-from .format.buffers import Pieces
+from .format.buffers import U8, Pieces
 from .format.compression import parse_compression
 from .format.encodings import get_encoding, merge_shapes, uniform_shape
 from .format.hashing import STORED_HASH, content_hash, digest
@@ -217,6 +217,70 @@ class ShardWriter:
         self._add(samples, n)
         self.rows += n
 
+    def one_shard(self, table: pa.Table) -> tuple[np.ndarray, dict[str, list[int] | None]] | None:
+        """All of ``table`` as one uncompressed shard's bytes, and its arrays' shapes, when
+        every sample has the same layout (fixed-width columns, arrays of one shape...): each
+        column's bytes are copied once, straight into place, rather than assembled per
+        chunk and then joined. The bytes are those :meth:`write` then :meth:`finish` give.
+        None when that does not apply (nulls, samples of other sizes, more than one shard,
+        write ops, compression): then write it."""
+        assert self.plans is not None and self._layout is not None
+        n = table.num_rows
+        if not n or self.spec.transforms or self._codec is not None:
+            return None
+        parts: list[tuple[int, list[np.ndarray]]] = []
+        shapes: dict[str, list[int] | None] = {}
+        try:
+            self._check_schema(table.schema)
+            for batch in table.to_batches():
+                blocks = self._row_blocks(batch, shapes)
+                if blocks is None:
+                    return None
+                parts.append((batch.num_rows, blocks))
+        except (EncodingError, SpecError):  # write() says where, and why
+            return None
+        widths = [[b.shape[1] for b in blocks] for _, blocks in parts]
+        if any(w != widths[0] for w in widths):
+            return None
+        row = sum(widths[0])
+        head = 4 + 4 * (n + 1) + len(self._config_bytes)
+        if 8 + len(self._config_bytes) + n * (row + 4) > self.spec.shard_size:
+            return None
+        if head + n * row >= 1 << 32:
+            return None
+        return _rows_shard(parts, n, row, self._config_bytes), shapes
+
+    def _row_blocks(
+        self, batch: pa.RecordBatch, shapes: dict[str, list[int] | None]
+    ) -> list[np.ndarray] | None:
+        """One batch's samples as blocks laid side by side (the size header of variable
+        columns first, then each column), or None when its samples differ in layout."""
+        assert self.plans is not None
+        sizes: list[int] = []
+        blocks: list[np.ndarray] = []
+        for plan in self.plans:
+            array = batch.column(plan.name)
+            if pa.types.is_dictionary(array.type):
+                array = array.dictionary_decode()
+            if array.null_count:
+                return None
+            encoding = get_encoding(plan.encoding)
+            rows = encoding.encode_rows(array, plan.name)
+            if rows is None:
+                return None
+            if encoding.size is None:
+                sizes.append(sum(b.shape[1] for b in rows))
+                if encoding.ndarray:
+                    shape = uniform_shape(array, plan.name)
+                    same = shapes.get(plan.name, shape) == shape
+                    shapes[plan.name] = shape if same else None
+            blocks.extend(rows)
+            if plan.null_mask:
+                blocks.append(np.zeros((1, 1), dtype=U8))
+        if sizes:
+            blocks.insert(0, np.asarray(sizes, dtype="<u4").view(U8).reshape(1, -1))
+        return blocks
+
     def _row_at(self, row: int) -> str:
         """Where row ``row`` of the chunk being written lies in this writer's input."""
         row += self.rows
@@ -283,6 +347,30 @@ class ShardWriter:
     def finish(self) -> list[ShardInfo]:
         self.flush()
         return self.shards
+
+
+def _rows_shard(
+    parts: list[tuple[int, list[np.ndarray]]], n: int, row: int, config: bytes
+) -> np.ndarray:
+    """The bytes of one shard of ``n`` samples of ``row`` bytes each, filled from each
+    batch's blocks (``(rows, width)`` arrays, or one ``(1, width)`` row they all share)."""
+    head = 4 + 4 * (n + 1) + len(config)
+    out = np.empty(head + n * row, dtype=U8)
+    out[:4] = np.frombuffer(np.uint32(n).tobytes(), dtype=U8)
+    offsets = np.arange(n + 1, dtype=np.int64) * row + head
+    out[4 : 4 + 4 * (n + 1)] = offsets.astype("<u4").view(U8)
+    out[4 + 4 * (n + 1) : head] = np.frombuffer(config, dtype=U8)
+    rows = out[head:].reshape(n, row)
+    start = 0
+    for count, blocks in parts:
+        at = 0
+        for block in blocks:
+            width = block.shape[1]
+            if width:
+                rows[start : start + count, at : at + width] = block
+            at += width
+        start += count
+    return out
 
 
 # --------------------------------------------------------------------------- write_mds

@@ -591,3 +591,80 @@ def test_a_shard_built_from_chunks_equals_one_built_from_their_concatenation() -
     fixed = [Pieces(np.arange(8 * n, dtype=np.uint8), width=8) for n in (2, 3)]
     whole = Pieces(np.concatenate([c.data for c in fixed]), width=8)
     assert build_shard(fixed, 5, b"{}").tobytes() == build_shard(whole, 5, b"{}").tobytes()
+
+
+def _shards_both_ways(table: pa.Table, spec: DatasetSpec) -> tuple[Any, bytes]:
+    """``ShardWriter.one_shard``'s answer and the bytes write() + finish() give."""
+    from spark_dl_core.writer import ShardWriter
+
+    class Memory:
+        def __init__(self) -> None:
+            self.files: dict[str, bytes] = {}
+
+        def write_bytes(self, name: str, data: Any) -> None:
+            self.files[name] = bytes(data)
+
+    writer = ShardWriter(Memory(), spec)  # type: ignore[arg-type]
+    writer.start(table.schema)
+    whole = writer.one_shard(table)
+    for batch in table.to_batches():
+        writer.write(batch)
+    infos = writer.finish()
+    assert len(infos) == 1
+    if whole is not None:
+        assert whole[1] == (infos[0].shapes or {})
+    return whole, writer.store.files[infos[0].raw_data.basename]  # type: ignore[attr-defined]
+
+
+def test_a_shard_of_alike_rows_is_written_once_with_the_writers_bytes() -> None:
+    """``one_shard`` (the in-place reader's conversion of a row group) lays fixed-width
+    columns and arrays of one shape straight into the shard: its bytes are the writer's,
+    over several batches, with a null mask column and an explicit fixed ndarray too."""
+    n = 300
+    rng = np.random.default_rng(1)
+    emb = rng.random((n, 4), dtype=np.float32)
+    grid = rng.integers(0, 300, (n, 2, 3)).tolist()  # uint16 shape widths: 300 > 255
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(n), pa.int64()),
+            "emb": pa.array(emb.tolist(), pa.list_(pa.float32())),
+            "grid": pa.array(grid, pa.list_(pa.list_(pa.int32()))),
+            "big": pa.array([[0] * 300] * n, pa.list_(pa.int16())),
+            "code": pa.array([f"c{i % 10}" for i in range(n)]),  # strings of one length
+            "when": pa.array(np.arange(n).astype("datetime64[us]")),
+            "flag": pa.array(np.arange(n) % 2 == 0),
+            "fixed": pa.array(emb.tolist(), pa.list_(pa.float32(), 4)),
+        }
+    )
+    cases = [
+        (table, DatasetSpec()),
+        (pa.Table.from_batches(table.to_batches(max_chunksize=70)), DatasetSpec()),
+        (table, DatasetSpec(nulls="mask")),
+        (table, DatasetSpec(columns={"fixed": "ndarray:float32:4", "emb": "ndarray"})),
+    ]
+    for data, spec in cases:
+        whole, written = _shards_both_ways(data, spec)
+        assert whole is not None
+        assert whole[0].tobytes() == written
+
+
+def test_a_shard_of_rows_that_differ_is_left_to_the_writer() -> None:
+    """Ragged arrays, strings of other lengths, nulls, shapes that change between batches:
+    ``one_shard`` declines (None) and the writer's chunked path writes them."""
+    ragged = pa.table({"v": pa.array([[1.0], [1.0, 2.0]], pa.list_(pa.float32()))})
+    texts = pa.table({"s": ["a", "bb"]})
+    nulls = pa.table({"x": pa.array([1, None], pa.int64())})
+    shapes = pa.Table.from_batches(
+        [
+            pa.record_batch({"v": pa.array([[1.0, 2.0]], pa.list_(pa.float32()))}),
+            pa.record_batch({"v": pa.array([[1.0, 2.0, 3.0]], pa.list_(pa.float32()))}),
+        ]
+    )
+    for data, spec in (
+        (ragged, DatasetSpec()),
+        (texts, DatasetSpec()),
+        (nulls, DatasetSpec(nulls="mask")),
+        (shapes, DatasetSpec()),
+    ):
+        whole, _ = _shards_both_ways(data, spec)
+        assert whole is None

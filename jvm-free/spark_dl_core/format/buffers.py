@@ -7,6 +7,7 @@ per sample. Buffers are 1-D ``uint8`` arrays; offsets are ``int64``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -119,18 +120,39 @@ def gather_fixed(buf: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
     return buf[starts.astype(I64, copy=False)[:, None] + np.arange(width, dtype=I64)]
 
 
+def one_width(part: Pieces, n: int) -> tuple[np.ndarray, int] | None:
+    """The bytes of a part whose ``n`` values all have one width, and that width; None
+    when their widths differ."""
+    if part.offsets is None:
+        width = int(part.width or 0)
+        return part.data[: n * width], width
+    offsets = part.offsets[: n + 1]
+    if n == 0:
+        return part.data[:0], 0
+    first, width = int(offsets[0]), int(offsets[1] - offsets[0])
+    if int(offsets[-1]) - first != n * width or not np.all(np.diff(offsets) == width):
+        return None
+    return part.data[first : first + n * width], width
+
+
 def interleave(parts: list[Pieces], n: int) -> Pieces:
-    """Concatenate, sample by sample, one piece of each part: the MDS sample layout."""
-    if all(p.offsets is None for p in parts):
-        widths = [int(p.width or 0) for p in parts]
-        row = sum(widths)
+    """Concatenate, sample by sample, one piece of each part: the MDS sample layout.
+    Parts whose values are all one width each (fixed columns, and equal-length arrays such
+    as Spark's ``array<float>``) are laid out with one strided copy per part, not a copy
+    per value; the result keeps offsets when any part had them."""
+    uniform = [one_width(p, n) for p in parts]
+    if all(u is not None for u in uniform):
+        found = cast("list[tuple[np.ndarray, int]]", uniform)
+        row = sum(width for _, width in found)
         out = np.empty((n, row), dtype=U8)
         at = 0
-        for part, width in zip(parts, widths):
+        for data, width in found:
             if width:
-                out[:, at : at + width] = part.data[: n * width].reshape(n, width)
+                out[:, at : at + width] = data.reshape(n, width)
             at += width
-        return Pieces(out.reshape(-1), width=row)
+        if all(p.offsets is None for p in parts):
+            return Pieces(out.reshape(-1), width=row)
+        return Pieces(out.reshape(-1), offsets=np.arange(n + 1, dtype=I64) * row)
     source = np.concatenate([p.data for p in parts]) if len(parts) > 1 else parts[0].data
     bases = np.cumsum([0] + [len(p.data) for p in parts[:-1]])
     starts = np.stack([p.starts(n) + base for p, base in zip(parts, bases)], axis=1)

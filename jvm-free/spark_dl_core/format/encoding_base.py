@@ -18,6 +18,7 @@ from .buffers import (
     U8,
     Pieces,
     offsets_from_lengths,
+    one_width,
 )
 
 ImageMode = Literal["bytes", "numpy", "pil"]
@@ -136,6 +137,18 @@ class Encoding(ABC):
     @abstractmethod
     def encode(self, array: pa.Array, column: str) -> Pieces:
         """Per-sample bytes of a null-free Arrow array."""
+
+    def encode_rows(self, array: pa.Array, column: str) -> list[np.ndarray] | None:
+        """The values of a null-free Arrow array as blocks to lay side by side, each
+        ``(n, width)`` bytes or one ``(1, width)`` row every sample shares, when every value
+        has the same width; None when they differ. A shard whose samples are all alike is
+        then written with one strided copy per block (:meth:`ShardWriter.one_shard`)."""
+        n = len(array)
+        found = one_width(self.encode(array, column), n)
+        if found is None:
+            return None
+        data, width = found
+        return [data.reshape(n, width)]
 
     @abstractmethod
     def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> np.ndarray:

@@ -60,7 +60,9 @@ def _nested_values(array: pa.Array, column: str) -> tuple[pa.Array, np.ndarray]:
             raise _array_nulls(column, level, owner)
         lengths = pc.list_value_length(level).to_numpy(zero_copy_only=False).astype(I64)
         dim = np.zeros(n, dtype=I64)
-        if len(lengths):
+        if level is array:  # the top level: one list per sample, its length is the dim
+            dim = lengths
+        elif len(lengths):
             lo = np.full(n, np.iinfo(np.int64).max, dtype=I64)
             hi = np.full(n, -1, dtype=I64)
             np.minimum.at(lo, owner, lengths)
@@ -131,7 +133,8 @@ class NDArrayEncoding(Encoding):
 
     # -- encode
 
-    def encode(self, array: pa.Array, column: str) -> Pieces:
+    def _values(self, array: pa.Array, column: str) -> tuple[np.ndarray, np.ndarray]:
+        """The leaf values (contiguous, in the stored dtype) and each sample's shape."""
         leaves, shapes = _nested_values(array, column)
         t = leaves.type
         if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
@@ -141,7 +144,6 @@ class NDArrayEncoding(Encoding):
         if dtype.name not in _DTYPE_CODES:
             raise EncodingError(column, f"element dtype {dtype} has no ndarray code")
         values = np.ascontiguousarray(_cast_checked(values, dtype, column))
-        n = len(array)
         if shapes.shape[1] == 0:
             raise EncodingError(column, "scalars need a scalar encoding, not ndarray")
         if self.shape is not None:
@@ -152,15 +154,39 @@ class NDArrayEncoding(Encoding):
                     f"row {int(bad[0])} has shape {tuple(shapes[bad[0]].tolist())}, "
                     f"encoding {self.name!r} needs {self.shape}",
                 )
-            return Pieces(values.view(U8).reshape(-1), width=self.size)
-        counts = np.prod(shapes, axis=1)
-        value_part = Pieces(values.view(U8), offsets=offsets_from_lengths(counts * dtype.itemsize))
+        return values, shapes
+
+    def _headers(self, dtype: np.dtype[Any], shapes: np.ndarray) -> list[Pieces]:
+        """Each sample's header parts: the dtype code (unless fixed), the shape."""
         parts = []
         if self.dtype is None:
-            parts.append(Pieces(np.full(n, _DTYPE_CODES[dtype.name], dtype=U8), width=1))
+            code = _DTYPE_CODES[dtype.name]
+            parts.append(Pieces(np.full(len(shapes), code, dtype=U8), width=1))
         parts.append(self._shape_headers(shapes))
-        parts.append(value_part)
-        return interleave(parts, n)
+        return parts
+
+    def encode(self, array: pa.Array, column: str) -> Pieces:
+        values, shapes = self._values(array, column)
+        if self.shape is not None:
+            return Pieces(values.view(U8).reshape(-1), width=self.size)
+        counts = np.prod(shapes, axis=1)
+        nbytes = counts * values.dtype.itemsize
+        value_part = Pieces(values.view(U8), offsets=offsets_from_lengths(nbytes))
+        return interleave([*self._headers(values.dtype, shapes), value_part], len(array))
+
+    def encode_rows(self, array: pa.Array, column: str) -> list[np.ndarray] | None:
+        """Arrays of one shape: the header every sample shares, then the values as an
+        ``(n, width)`` view of the Arrow buffer (nothing copied here)."""
+        n = len(array)
+        values, shapes = self._values(array, column)
+        if n == 0 or not np.all(shapes == shapes[0]):
+            return None
+        width = int(np.prod(shapes[0])) * values.dtype.itemsize
+        rows = values.view(U8).reshape(n, width)
+        if self.shape is not None:
+            return [rows]
+        header = interleave(self._headers(values.dtype, shapes[:1]), 1).data
+        return [header.reshape(1, -1), rows]
 
     @staticmethod
     def _shape_headers(shapes: np.ndarray) -> Pieces:
@@ -174,6 +200,12 @@ class NDArrayEncoding(Encoding):
             + (biggest >= 1 << 32).astype(np.int64)
         )
         lengths = 1 + ndim * (1 << code)
+        if n and int(code.min()) == int(code.max()):  # one header width (the usual case)
+            c, width = int(code[0]), int(lengths[0])
+            block = np.empty((n, width), dtype=U8)
+            block[:, 0] = (ndim << 2) | c
+            block[:, 1:] = shapes.astype(_SHAPE_DTYPES[c]).view(U8).reshape(n, -1)
+            return Pieces(block.reshape(-1), offsets=np.arange(n + 1, dtype=I64) * width)
         offsets = offsets_from_lengths(lengths)
         out = np.empty(int(offsets[-1]), dtype=U8)
         for c in np.unique(code).tolist():

@@ -617,18 +617,23 @@ class DeltaDataset(Dataset):
         memory = _MemoryStore()
         writer = ShardWriter(cast("Store", memory), spec, plans=self._plans)
         writer.where = self._shard_name(shard)
-        for batch in table.to_batches():
-            writer.write(batch)
-        infos = writer.finish()
-        if len(infos) != 1:
-            raise self._file_error(
-                g.file,
-                g.group,
-                "is larger than one MDS shard can hold (4 GiB): rewrite the "
-                "table with smaller row groups, or export it",
-            )
-        self._check_shapes(g, infos[0].shapes or {})
-        raw = np.frombuffer(memory.files[infos[0].raw_data.basename], dtype=np.uint8)
+        whole = writer.one_shard(table)  # rows all alike: each column copied once into place
+        if whole is not None:
+            raw, shapes = whole
+        else:
+            for batch in table.to_batches():
+                writer.write(batch)
+            infos = writer.finish()
+            if len(infos) != 1:
+                raise self._file_error(
+                    g.file,
+                    g.group,
+                    "is larger than one MDS shard can hold (4 GiB): rewrite the "
+                    "table with smaller row groups, or export it",
+                )
+            shapes = infos[0].shapes or {}
+            raw = np.frombuffer(memory.files[infos[0].raw_data.basename], dtype=np.uint8)
+        self._check_shapes(g, shapes)
         return ShardData(raw, self._shard_name(shard), self.layout, g.live)
 
     def _check_shapes(self, g: _RowGroup, shapes: dict[str, list[int] | None]) -> None:
