@@ -185,3 +185,41 @@ def test_setting_is_checked() -> None:
     assert LoaderSettings().persistent_workers is True
     with pytest.raises(SpecError, match="persistent_workers"):
         LoaderSettings(persistent_workers=1)  # type: ignore[arg-type]
+
+
+def test_workers_start_with_the_loader(rows_path: str) -> None:
+    """A loader's workers start when it is made (its first pass begins while the caller
+    builds a model), the first pass is served by them, a position moved before it (
+    ``set_epoch``, ``load_state_dict``) still yields exactly that position's batches, and
+    making and iterating the loader draws nothing from torch's global RNG."""
+    ds = open_dataset(rows_path)
+    kw = dict(batch_size=64, shuffle=True, seed=5, num_workers=2, columns=["id", "x"])
+    reference = ds.to_torch(**{**kw, "num_workers": 0})
+    reference.set_epoch(3)
+    expected = [_canon(b) for b in reference]
+    before = _workers()
+    torch.manual_seed(0)
+    drawn = torch.rand(4)
+    torch.manual_seed(0)
+    loader = ds.to_torch(**kw)
+    started = _workers() - before
+    assert len(started) == 2, "the workers did not start with the loader"
+    loader.set_epoch(3)  # the pass started ahead was epoch 0's
+    got = []
+    for b in loader:
+        got.append(_canon(b))
+        if len(got) == 1:
+            assert _workers() - before == started
+    assert got == expected
+    assert torch.equal(torch.rand(4), drawn), "the loader drew from the global RNG"
+    state = loader.state_dict()
+    fresh = ds.to_torch(**kw)  # started ahead on epoch 0, then moved to the saved state
+    fresh.load_state_dict(state)
+    reference.load_state_dict(state)
+    assert [_canon(b) for b in fresh] == [_canon(b) for b in reference]
+    del loader, fresh
+    gc.collect()
+    deadline = time.monotonic() + 20
+    while _workers() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _workers() - before, "DataLoader workers outlived their loader"

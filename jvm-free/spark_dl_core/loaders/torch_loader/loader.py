@@ -226,6 +226,21 @@ class _Workers:
     ) -> None:
         self.loader, self.control, self.slabs, self.leases = loader, control, slabs, leases
         self.busy = False  # a pass is iterating it
+        # A pass started before anyone asked for it (the loader's first, begun when the
+        # loader was made): (epoch, consumed, DataLoader iterator).
+        self.ahead: tuple[int, int, Iterator[Any]] | None = None
+
+    def start(self, epoch: int, consumed: int) -> Iterator[Any]:
+        """The DataLoader iterator of a pass from (epoch, consumed): the one started ahead
+        when it is for this position, else a new pass (one started ahead for another
+        position, e.g. before a ``load_state_dict``, is ended first: its workers stop)."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            if ahead[:2] == (epoch, consumed):
+                return ahead[2]
+            self.control.end()
+        self.control.start(epoch, consumed)  # before its workers read it
+        return iter(self.loader)
 
 
 class _Grouped(Sequence[np.ndarray]):
@@ -369,6 +384,7 @@ class TorchLoader:
         self._pool: _Workers | None = None  # persistent DataLoader workers, once started
         self.sampler = EpochHook(self)  # where trainers call set_epoch (as on a sampler)
         self._set_position(settings.epoch, 0)  # validates the order settings eagerly
+        self._start_ahead()
 
     # -- order
 
@@ -413,6 +429,27 @@ class TorchLoader:
         depth = (self.loader_kwargs.get("prefetch_factor") or 2) + 3
         return _Leases(self.num_workers, depth)
 
+    def _read_for_pass(self) -> dict[str, Any]:
+        return {**self.read, "seed": self.seed, "epoch": self.epoch, "jagged": True}
+
+    def _start_ahead(self) -> None:
+        """Start the persistent workers now, on the first pass from the saved position: a
+        fresh process's first pass then does not wait for the workers to start, plan and
+        read their first shards (that overlaps whatever runs before the first ``iter``; a
+        position moved meanwhile just restarts the pass). Local datasets only (a pass not
+        taken would download for nothing); any failure here is left to the first pass."""
+        if not (self.num_workers > 0 and self.settings.persistent_workers):
+            return
+        if self.dataset.download_stats() is not None:
+            return
+        try:
+            pool = self._workers_for_pass(self._read_for_pass())
+            pool.ahead = (self.epoch, self._consumed, pool.start(self.epoch, self._consumed))
+        except Exception:
+            self._pool = None  # the first pass starts them, and says what went wrong
+            return
+        pool.busy = False
+
     def _workers_for_pass(self, read: dict[str, Any]) -> _Workers:
         """The DataLoader a pass iterates: the loader's persistent one (started on the first
         pass), or one for this pass alone when ``persistent_workers=False`` or an earlier
@@ -428,12 +465,17 @@ class TorchLoader:
         plans = _PassPlans(control, self.settings, self.rank, self.world_size)
         trace = self.settings.trace_path is not None
         source = _Batches(self.dataset, plans, read, self.group, slabs, trace, leases)
+        # The workers' torch seed comes from the loader's own generator: starting them
+        # (maybe when the loader is made) draws nothing from the global RNG a model's
+        # initialization uses. No output depends on it (read-time ops seed themselves).
+        generator = torch.Generator().manual_seed(self.seed) if persistent else None
         loader = DataLoader(
             source,
             batch_size=None,
             num_workers=self.num_workers,
             collate_fn=_identity,
             persistent_workers=persistent,
+            generator=generator,
             **self.loader_kwargs,
         )
         fresh = _Workers(loader, control, slabs, leases)
@@ -467,7 +509,7 @@ class TorchLoader:
         trace_path = self.settings.trace_path
         tracing = trace_path is not None
         stats = self._stats = PassStats(self.epoch, trace=tracing).follow(self.dataset, plan)
-        read = {**self.read, "seed": self.seed, "epoch": self.epoch, "jagged": True}
+        read = self._read_for_pass()
         pool: _Workers | None = None
         slabs: _Slabs | None = None
         leases: _Leases | None = None
@@ -477,9 +519,8 @@ class TorchLoader:
         else:
             pool = self._workers_for_pass(read)
             slabs, leases = pool.slabs, pool.leases
-            pool.control.start(self.epoch, self._consumed)  # before its workers read it
             try:
-                items = iter(pool.loader)
+                items = pool.start(self.epoch, self._consumed)
             except BaseException:
                 pool.control.end()
                 pool.busy = False
