@@ -186,7 +186,13 @@ class _Slabs:
 
     def __init__(self, workers: int, depth: int, nbytes: int, context: Any) -> None:
         self.depth = depth
-        self.tensor = torch.empty((workers, depth, nbytes), dtype=torch.uint8).share_memory_()
+        # Made in shared memory at once: ``share_memory_()`` would first allocate private
+        # memory and copy all of it (every page touched twice before the first pass).
+        storage = torch.UntypedStorage._new_shared(workers * depth * nbytes)
+        shape = (workers, depth, nbytes)
+        self.tensor = torch.empty(0, dtype=torch.uint8).set_(
+            storage, 0, shape, (depth * nbytes, nbytes, 1)
+        )
         self.free = [context.Semaphore(depth) for _ in range(workers)]
 
     def acquire(self, worker: int, live: Callable[[], bool]) -> bool:
