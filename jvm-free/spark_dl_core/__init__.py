@@ -22,7 +22,9 @@ from .sources.delta_follow import install as _install_follow
 from .sources.delta_inplace import install as _install_in_place
 from .sources.delta_since import install as _install_since
 from .sources.follow_carry import install as _install_follow_carry
-from .sources.mixture import Mixture, MixtureSpec, Source, mix, open_mixture
+from .sources.mixture import Mixture
+from .sources.mixture_open import mix, open_mixture
+from .sources.mixture_spec import MixtureSpec, Source
 from .spec import DatasetSpec, parse_size
 from .store.indexing import write_compact_index
 from .writer import ShardWriter, WriteResult, write_mds

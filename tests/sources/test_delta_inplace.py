@@ -23,7 +23,7 @@ from deltalake import WriterProperties, write_deltalake  # noqa: E402
 
 from spark_dl_core import SpecError, mix  # noqa: E402
 from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta  # noqa: E402
-from spark_dl_core.sources.mixture import Source  # noqa: E402
+from spark_dl_core.sources.mixture_spec import Source  # noqa: E402
 
 ROWS_PER_APPEND = 400
 APPENDS = 3
