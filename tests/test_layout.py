@@ -21,6 +21,7 @@ RANKS = {
     "_version": 0,
     "_jpeg": 0,
     "_buffers": 0,
+    "_shuffle": 0,
     "format": 1,
     "shard_source": 2,
     "order": 3,

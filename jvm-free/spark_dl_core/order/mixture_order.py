@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import SpecError
 from .dataset_order import DEFAULT_WINDOW, DENSE_WORLD, GlobalOrder, _key, _rng
+from .seeding import BatchShuffles
 
 if TYPE_CHECKING:
     pass
@@ -297,6 +298,8 @@ class MixtureOrder:
         self._key = _key(plan.fingerprint, seed, epoch)
         self._dense = len(self.counts) <= DENSE_WORLD
         self._merged: dict[int, list[int]] = {}
+        # stratified: batch b shuffled by _rng(f"batch:{fingerprint}:{b}", seed, epoch)
+        self._shuffles = BatchShuffles(f"batch:{plan.fingerprint}:", seed, epoch)
 
     @property
     def nbytes(self) -> int:
@@ -374,12 +377,8 @@ class MixtureOrder:
         where = np.repeat(block_from - block_to, lengths) + np.arange(int(lengths.sum()))
         ids = streams[where]
         per_batch = np.diff(bounds)
-        if self.shuffle:
-            at, fingerprint = 0, self.plan.fingerprint
-            for b, n in enumerate(per_batch.tolist(), start=first):
-                # in place: the same swaps as indexing by ``permutation(n)`` of this generator
-                _rng(f"batch:{fingerprint}:{b}", self.seed, self.epoch).shuffle(ids[at : at + n])
-                at += n
+        if self.shuffle:  # in place: the same swaps as ``permutation(n)`` of each generator
+            self._shuffles.shuffle(ids, first, per_batch.tolist())
             return ids
         # each batch in merge time, as :meth:`_from_streams` computes it
         source = np.repeat(np.tile(np.arange(n_src), len(per_batch)), lengths)
