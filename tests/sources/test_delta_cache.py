@@ -66,3 +66,41 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path: Path) -> None:
     expected = open_delta(path).dataset(cache=False).load_shard(0).raw.tobytes()
     assert ds.load_shard(0).raw.tobytes() == expected
     assert time.monotonic() - started < 20 and not lock.exists()
+
+
+def test_a_cached_row_group_is_hashed_once_per_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every pass's fresh process (a DataLoader worker, the next epoch's loader) hashed
+    every cached row group again; a file that passed once is trusted until it changes."""
+    from spark_dl_core.sources import delta_cache, shard_loading
+
+    hashed: list[int] = []
+    digest = delta_cache.digest
+
+    def counted(name: str, data: Any) -> str:
+        hashed.append(len(data))
+        return digest(name, data)
+
+    monkeypatch.setattr(delta_cache, "digest", counted)
+    monkeypatch.setattr(shard_loading, "_SETTLED_S", 0.0)  # written just now: trust it anyway
+    path, cache = _table(tmp_path), str(tmp_path / "cache")
+    expected = open_delta(path).dataset(cache=False).to_arrow()
+    open_delta(path).dataset(cache_dir=cache).to_arrow()  # converts and caches
+    open_delta(path).dataset(cache_dir=cache).to_arrow()  # reads, hashes, notes
+    hashed.clear()
+    again = open_delta(path).dataset(cache_dir=cache)  # as a fresh process
+    before = delta_inplace.conversions
+    assert again.to_arrow().equals(expected)
+    assert hashed == [] and delta_inplace.conversions == before
+    open_delta(path).dataset(cache_dir=cache).load_shard(1, verify_hashes=True)
+    assert hashed
+    time.sleep(0.05)  # past the file system's timestamp tick
+    victim = Path(RowGroupCache(cache).path(again._cache_key(1)))
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 3] ^= 0x10  # in place, same size: a value inside a row
+    with open(victim, "r+b") as f:
+        f.write(data)
+    fresh = open_delta(path).dataset(cache_dir=cache)
+    assert fresh.to_arrow().equals(expected)
+    assert delta_inplace.conversions == before + 1  # caught, converted again

@@ -9,19 +9,27 @@ Why each mechanism:
 - *Temporary file, then rename*: readers (DataLoader workers, other processes) see a whole
   file or none; two processes converting the same row group write the same bytes, and the
   last rename wins. No fsync: a file torn by a crash fails the checks below.
-- *A trailer with the payload's size and xxh3_64*: a cached file is checked once per process
-  before it is parsed; a truncated or altered one is deleted and converted again.
+- *A trailer with the payload's size and xxh3_64*: a cached file is checked before it is
+  parsed, once per machine: a pass leaves a note named by the file's identity (path, inode,
+  size, modification and change times, recorded hash) in the private directory the MDS
+  path's shard notes use (:mod:`.shard_loading`), and later processes (DataLoader workers
+  forked for each pass) skip the hash of that very file. A file truncated or rewritten since
+  has another identity and is hashed again; a bad one is deleted and converted again.
 - *One converter per row group*: a process converting a row group holds ``<key>.lock``
   (created exclusively, holding its pid); another that needs it meanwhile waits for the
   file rather than convert it too (2 DataLoader workers need the same first window). A lock
   whose process is gone is removed; a wait past ``CLAIM_WAIT_S`` converts anyway.
 - *Oldest first eviction* under ``SPARK_DL_CACHE_BYTES`` (default 32 GiB), as the remote
-  shard cache; hits touch the file. The directory may be deleted at any time.
+  shard cache; a hit touches a file not touched for :data:`_TOUCH_S` (touching changes the
+  change time, which would void its note on every read). The directory may be deleted at
+  any time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import struct
 import time
@@ -32,6 +40,7 @@ import numpy as np
 
 from ..format.hashing import STORED_HASH, as_buffer, digest
 from ..store.cache import DEFAULT_LIMIT
+from . import shard_loading
 
 _MAGIC = b"SDLRG01\0"
 _TRAILER = struct.Struct("<8sQ16s")  # magic, payload bytes, xxh3_64 hex of the payload
@@ -41,6 +50,7 @@ _STALE_TMP_S = 3600.0  # a temporary file this old was left by a killed writer
 _LOCK = ".lock"
 CLAIM_WAIT_S = 300.0  # longest wait for another process's conversion of one row group
 _CLAIM_POLL_S = 0.01
+_TOUCH_S = 600.0  # a hit touches a file (for eviction) at most this often
 
 
 class RowGroupCache:
@@ -54,14 +64,15 @@ class RowGroupCache:
     def path(self, key: str) -> str:
         return os.path.join(self.directory, key + _SUFFIX)
 
-    def read(self, key: str, verify: bool) -> np.ndarray | None:
+    def read(self, key: str, verify: bool, noted: bool = False) -> np.ndarray | None:
         """The cached payload of ``key`` memory-mapped, or None (absent, or bad: deleted).
-        ``verify`` hashes it (the caller does so once per process and shard)."""
+        ``verify`` hashes it (the caller does so once per process and shard); ``noted``: not
+        when this very file already passed on this machine (its note, :func:`_note`)."""
         path = self.path(key)
         try:
             with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size <= _TRAILER.size:
+                status = os.fstat(f.fileno())
+                if status.st_size <= _TRAILER.size:
                     self._drop(path)
                     return None
                 mapped = np.memmap(f, dtype=np.uint8, mode="r")
@@ -72,13 +83,31 @@ class RowGroupCache:
             return None
         magic, nbytes, recorded = _TRAILER.unpack(mapped[-_TRAILER.size :].tobytes())
         payload = mapped[: -_TRAILER.size]
-        bad = magic != _MAGIC or nbytes != len(payload)
-        if bad or (verify and digest(STORED_HASH, payload).encode() != recorded):
+        if magic != _MAGIC or nbytes != len(payload):
             self._drop(path)
             return None
-        with contextlib.suppress(OSError):
-            os.utime(path)  # recently used: evicted last
+        if verify and not self._checked(path, status, recorded, payload, noted):
+            self._drop(path)
+            return None
+        if time.time() - status.st_mtime > _TOUCH_S:
+            with contextlib.suppress(OSError):
+                os.utime(path)  # recently used: evicted last
         return payload
+
+    @staticmethod
+    def _checked(
+        path: str, status: os.stat_result, recorded: bytes, payload: np.ndarray, noted: bool
+    ) -> bool:
+        """Whether ``payload`` hashes to its trailer's ``recorded`` hash: known from a note
+        of this very file when ``noted``, else hashed now (and noted when it passes)."""
+        note = _note(path, status, recorded) if noted else None
+        if note is not None and os.path.exists(note):
+            return True
+        if digest(STORED_HASH, payload).encode() != recorded:
+            return False
+        if note is not None:
+            shard_loading._remember_verified(note)
+        return True
 
     @contextlib.contextmanager
     def claim(self, key: str) -> Iterator[bool]:
@@ -178,6 +207,30 @@ def _holder_alive(lock: str) -> bool:
     except OSError:
         return True  # alive, another user's
     return True
+
+
+def _note(path: str, status: os.stat_result, recorded: bytes) -> str | None:
+    """The machine-wide note that this cached file passed its hash check: named by its
+    identity (any rewrite, truncation or touch changes its change time) and the hash it
+    passed. None for a file changed in the last seconds (a rewrite within one timestamp
+    tick would look unchanged) or without a private note directory."""
+    if time.time() - status.st_ctime < shard_loading._SETTLED_S:
+        return None
+    directory = shard_loading._verified_dir()
+    if directory is None:
+        return None
+    identity = [
+        "delta row group",
+        os.path.realpath(path),
+        status.st_dev,
+        status.st_ino,
+        status.st_size,
+        status.st_mtime_ns,
+        status.st_ctime_ns,
+        recorded.decode("ascii", "replace"),
+    ]
+    key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()
+    return os.path.join(directory, key[:40])
 
 
 def _size(path: str) -> int:

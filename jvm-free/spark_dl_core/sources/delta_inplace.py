@@ -534,8 +534,8 @@ class DeltaDataset(Dataset):
         timings: dict[str, float] | None = None,
     ) -> ShardData:
         """One row group as an MDS shard: from the per-process LRU, else the disk cache
-        (size and hash checked once per process; ``verify_hashes=True``: every load), else
-        converted (and written to the disk cache)."""
+        (size and hash checked once per machine and file; ``verify_hashes=True``: every
+        load), else converted (and written to the disk cache)."""
         self._own_process()
         with self._lock:
             found = self._lru.get(shard)
@@ -581,7 +581,7 @@ class DeltaDataset(Dataset):
             return None
         key = self._cache_key(shard)
         verify = shard not in self._disk_checked if verify_hashes is None else verify_hashes
-        raw = disk.read(key, verify)
+        raw = disk.read(key, verify, noted=verify_hashes is None)
         if raw is None:
             return None
         try:
