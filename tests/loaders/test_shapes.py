@@ -257,6 +257,27 @@ def test_equal_length_variable_arrays_take_the_row_gather(written: Path) -> None
     assert batch["f"].shape == (50, 8) and batch["f"].dtype == np.float32
 
 
+def test_row_matrix_needs_every_size_header_equal(tmp_path: Path) -> None:
+    """Two variable columns whose sizes trade places keep every sample's length equal: the
+    size headers (checked as strided columns of the rows) tell them apart."""
+    a = [[1.0, 2.0], [3.0, 4.0, 5.0]] * 20
+    b = [[6.0, 7.0, 8.0], [9.0, 1.0]] * 20
+    table = pa.table(
+        {"a": pa.array(a, pa.list_(pa.float32())), "b": pa.array(b, pa.list_(pa.int32()))}
+    )
+    write_mds(table, str(tmp_path / "swap"))
+    ds = open_dataset(tmp_path / "swap")
+    data = ds.load_shard(0)
+    assert len(set(np.diff(data.offsets).tolist())) == 1 and data.row_matrix is None
+    got = ds.to_arrow()
+    assert got["a"].to_pylist() == a and got["b"].to_pylist() == b
+    same = pa.table({"a": pa.array(a[:1] * 9, pa.list_(pa.float32())), "b": pa.array(b[:1] * 9)})
+    write_mds(same, str(tmp_path / "same"))
+    equal = open_dataset(tmp_path / "same")
+    assert equal.load_shard(0).row_matrix is not None
+    assert equal.to_arrow()["b"].to_pylist() == b[:1] * 9
+
+
 def test_a_batch_across_shards_keeps_the_requested_order(written: Path) -> None:
     ds = open_dataset(written)
     wanted = np.array([N - 1, 0, 5, N - 2, 300, 1])

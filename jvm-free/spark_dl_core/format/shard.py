@@ -91,7 +91,8 @@ class ShardData:
         if 4 + 4 * (count + 1) > len(raw):
             raise ShardError(file, "is truncated inside its offset table")
         offsets = raw[4 : 4 + 4 * (count + 1)].view("<u4").astype(I64)
-        if offsets[0] < 4 + 4 * (count + 1) or np.any(np.diff(offsets) < 0):
+        lengths = np.diff(offsets)
+        if offsets[0] < 4 + 4 * (count + 1) or np.any(lengths < 0):
             raise ShardError(file, "has a corrupted offset table")
         if offsets[-1] != len(raw):
             raise ShardError(
@@ -105,11 +106,11 @@ class ShardData:
         self._widths: list[int] = []
         row = layout.row_size
         if row is not None and count:
-            if np.any(np.diff(offsets) != row):
+            if np.any(lengths != row):
                 raise ShardError(file, f"samples are not all {row} bytes as its columns imply")
             self._set_rows(row, [s or 0 for s in layout.sizes], 0)
         elif count:
-            self._uniform_variable()
+            self._uniform_variable(lengths)
 
     def _set_rows(self, row: int, widths: list[int], head: int) -> None:
         offsets = self.offsets
@@ -117,24 +118,24 @@ class ShardData:
         self._widths = widths
         self._at = (head + np.cumsum([0, *widths[:-1]])).astype(int).tolist()
 
-    def _uniform_variable(self) -> None:
+    def _uniform_variable(self, lengths: np.ndarray) -> None:
         """Variable-width columns whose every sample has the same sizes (Spark's equal-length
         ``array<float>``) make a row matrix too: they take the fixed-width gather."""
-        lengths = np.diff(self.offsets)
         if np.any(lengths != lengths[0]):
             return
         variable = self.layout.variable
         head = 4 * len(variable)
         if int(lengths[0]) < head:
             return  # reported as corrupt when read
-        # every sample is lengths[0] bytes: their size headers are one strided view
-        rows = self.raw[int(self.offsets[0]) : int(self.offsets[-1])]
-        sizes = rows.reshape(self.count, int(lengths[0]))[:, :head].view("<u4")
-        if np.any(sizes != sizes[0]):
-            return
+        # Equal lengths: each size header is a strided uint32 column of the rows (no
+        # per-byte index: a 500k-row shard is checked in a few ms, not tens).
+        start, row = int(self.offsets[0]), int(lengths[0])
         widths = [s or 0 for s in self.layout.sizes]
         for j, i in enumerate(variable):
-            widths[i] = int(sizes[0][j])
+            sizes = np.ndarray((self.count,), "<u4", self.raw, offset=start + 4 * j, strides=(row,))
+            if np.any(sizes != sizes[0]):
+                return
+            widths[i] = int(sizes[0])
         if head + sum(widths) != int(lengths[0]):
             return
         self._set_rows(int(lengths[0]), widths, head)
