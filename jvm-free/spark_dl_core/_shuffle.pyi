@@ -1,5 +1,9 @@
-"""Many keyed shuffles in one call (optional C extension, csrc/shuffle.c)."""
+"""Keyed shuffles and the order's window permutation (optional C extension, csrc/shuffle.c)."""
 
 import numpy as np
 
 def shuffle_slices(ids: np.ndarray, sizes: np.ndarray, words: np.ndarray) -> None: ...
+def permute_range(out: np.ndarray, key: int) -> None: ...
+def window_permute(
+    positions: np.ndarray, sizes: np.ndarray, keys: np.ndarray, out: np.ndarray
+) -> None: ...

@@ -40,6 +40,11 @@ import numpy as np
 
 from ..errors import SpecError
 
+try:  # the same permutation computed in C (csrc/shuffle.c); numpy below is the definition
+    from .. import _shuffle
+except ImportError:  # pragma: no cover - a build without the C extensions
+    _shuffle = None  # type: ignore[assignment]
+
 if TYPE_CHECKING:
     from ..shard_source import ShardSource
 
@@ -90,6 +95,17 @@ def window_permute(positions: np.ndarray, sizes: np.ndarray, keys: np.ndarray) -
     keys = np.asarray(keys, dtype=np.uint64)
     if x.size == 0:
         return x.astype(np.int64)
+    if _shuffle is not None and x.ndim == 1:
+        out = np.empty(x.size, dtype=np.int64)
+        each_n = np.ascontiguousarray(np.broadcast_to(n, x.shape))
+        each_key = np.ascontiguousarray(np.broadcast_to(keys, x.shape))
+        _shuffle.window_permute(x, each_n, each_key, out)
+        return out
+    return _window_permute_numpy(x, n, keys)
+
+
+def _window_permute_numpy(x: np.ndarray, n: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """:func:`window_permute` in numpy: the definition the C extension reproduces."""
     bits = np.ceil(np.log2(np.maximum(n, 2).astype(np.float64))).astype(np.int64)
     # float log2 may round near powers of two: fix up so that 2**bits >= n exactly.
     bits += (np.left_shift(np.uint64(1), bits.astype(np.uint64)) < n).astype(np.int64)
@@ -111,6 +127,15 @@ def window_permute(positions: np.ndarray, sizes: np.ndarray, keys: np.ndarray) -
 def _permute_range(n: int, key: np.uint64) -> np.ndarray:
     """``window_permute(arange(n), n, key)`` for a whole range with one key: the same
     bijection with scalar widths and key (several times fewer array operations)."""
+    if _shuffle is not None:
+        out = np.empty(n, dtype=np.int64)
+        _shuffle.permute_range(out, int(key))
+        return out
+    return _permute_range_numpy(n, key)
+
+
+def _permute_range_numpy(n: int, key: np.uint64) -> np.ndarray:
+    """:func:`_permute_range` in numpy (the definition; the C extension's fallback)."""
     bits = max(1, (n - 1).bit_length())
     half = np.uint64(max(1, (bits + 1) // 2))
     mask = (np.uint64(1) << half) - np.uint64(1)
