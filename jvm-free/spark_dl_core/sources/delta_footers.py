@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import struct
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -34,11 +35,13 @@ import numpy as np
 import pyarrow as pa
 
 from ..format.hashing import STORED_HASH, digest
+from .footer_scan import Groups, Layout, layout_of, scan
 
 _MAGIC = b"SDLPLAN1"
 _TRAILER = struct.Struct("<8sQ16s")  # magic, payload bytes, xxh3_64 hex of the payload
 _NAME = "plan.arrow"
 FORMAT = "1"  # bump when what a FileFooter holds changes
+_LAYOUTS = 64  # footer layouts a snapshot's reads keep (each new one: pyarrow once)
 
 
 @dataclass
@@ -79,6 +82,76 @@ def summarize(meta: Any, levels: list[tuple[int, int, int]]) -> FileFooter:
         for top, at in repeated.items():
             leaves[top][g] = _leaf_values(rg.column(at))
     return FileFooter(parquet.to_arrow_schema(), rows, raw, stored, leaves)
+
+
+class Summaries:
+    """Footer bytes to :class:`FileFooter`: pyarrow (:func:`summarize`) for the first file
+    of each footer layout (its bytes but the row groups: schema, metadata, writer), a scan
+    of the others' row-group bytes (:mod:`.footer_scan`). A scan is used only where it
+    agreed with pyarrow on an earlier file of the layout, statistics included; one
+    disagreement and the layout is pyarrow's for good. Shared by the threads reading one
+    snapshot's footers."""
+
+    def __init__(self) -> None:
+        self.layouts: list[Layout] = []
+        self._lock = threading.Lock()
+
+    def scanned(self, footer: bytes) -> FileFooter | None:
+        """``footer``'s summary without pyarrow, or None: take pyarrow's path (and
+        :meth:`learn` from it)."""
+        found = scan(footer, self.layouts)
+        if found is None:
+            return None
+        layout, groups = found
+        if not layout.usable:
+            return None
+        if groups.with_stats and not (layout.trusted_stats and groups.with_stats <= layout.checked):
+            return None  # statistics pyarrow has not been seen to use alike on this layout
+        return _from_scan(layout, groups)
+
+    def learn(self, footer: bytes, meta: Any, levels: list[tuple[int, int, int]]) -> FileFooter:
+        """pyarrow's summary of ``footer`` (parsed as ``meta``, checked by
+        :func:`.parquet_footer.footer_problem`), compared with the scan's."""
+        found = summarize(meta, levels)
+        with self._lock:
+            scanned = scan(footer, self.layouts)
+            if scanned is None:
+                layout = layout_of(footer, meta, levels)
+                if layout is None or len(self.layouts) >= _LAYOUTS:
+                    return found
+                self.layouts.insert(0, layout)
+                scanned = scan(footer, self.layouts)
+        if scanned is None:
+            return found
+        layout, groups = scanned
+        if _same(_from_scan(layout, groups), found):
+            layout.checked |= groups.with_stats
+        else:
+            layout.usable = False
+        return found
+
+
+def _from_scan(layout: Layout, groups: Groups) -> FileFooter:
+    leaves = {
+        top: np.array(groups.leaves[at], dtype=np.int64) for top, at in layout.repeated.items()
+    }
+    return FileFooter(
+        layout.schema,
+        np.array(groups.rows, dtype=np.int64),
+        np.array(groups.raw, dtype=np.int64),
+        np.array(groups.stored, dtype=np.int64),
+        leaves,
+    )
+
+
+def _same(a: FileFooter, b: FileFooter) -> bool:
+    arrays = ("rows", "raw_bytes", "stored_bytes")
+    return (
+        all(np.array_equal(getattr(a, k), getattr(b, k)) for k in arrays)
+        and list(a.leaves) == list(b.leaves)
+        and all(np.array_equal(a.leaves[k], b.leaves[k]) for k in a.leaves)
+        and a.schema.equals(b.schema, check_metadata=True)
+    )
 
 
 def _leaf_values(column: Any) -> int:

@@ -44,7 +44,7 @@ from .delta import DeltaSnapshot, install_in_place
 from .delta_cache import RowGroupCache
 from .delta_errors import past_the_end
 from .delta_filter import FileMasks, kept_digest
-from .delta_footers import FileFooter, PlanCache, footer_key, summarize
+from .delta_footers import FileFooter, PlanCache, Summaries, footer_key, summarize
 from .delta_log import DeltaSnapshotError, file_key, first_line
 from .delta_remote import RemoteFiles, default_span_dir, is_remote_table
 from .parquet_footer import footer_problem, leaf_levels, parse_footer, read_footer
@@ -60,6 +60,8 @@ _FOOTER_CHUNK = 256  # footers read per thread task at open (a task per file cos
 conversions = 0
 # Data files whose Parquet footer this process read to plan (not found in the plan cache).
 footers_read = 0
+# Of those, footers parsed by pyarrow (the others' row groups scanned: sources/footer_scan).
+footers_parsed = 0
 
 
 @dataclass(frozen=True)
@@ -275,19 +277,27 @@ class DeltaDataset(Dataset):
         remote = self._remote_files()
         size = max(1, min(_FOOTER_CHUNK, len(files) // 32))
         chunks = [files[k : k + size] for k in range(0, len(files), size)]
-        out: list[FileFooter] = []
+        summaries = Summaries()
         with remote.footers(files) if remote is not None else contextlib.nullcontext():
+            out = [self._footer(files[0], summaries)]  # its layout learnt before the threads
+            chunks[0] = chunks[0][1:]
             pool = ThreadPoolExecutor(max_workers=min(16, len(chunks)))
             try:
-                for part in pool.map(lambda chunk: [self._footer(f) for f in chunk], chunks):
+                read = functools.partial(self._footers_of, summaries=summaries)
+                for part in pool.map(read, chunks):
                     out.extend(part)
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
         return out
 
-    def _footer(self, file: int) -> FileFooter:
+    def _footers_of(self, files: list[int], summaries: Summaries) -> list[FileFooter]:
+        return [self._footer(f, summaries) for f in files]
+
+    def _footer(self, file: int, summaries: Summaries) -> FileFooter:
         """The file's footer summary, its column chunks checked before Python reads them
-        (pyarrow aborts the process on some damaged ones: :mod:`.parquet_footer`)."""
+        (pyarrow aborts the process on some damaged ones: :mod:`.parquet_footer`); a local
+        file whose footer key pyarrow has parsed once is scanned without it (:class:`~.
+        delta_footers.Summaries`)."""
         snap = self.snapshot
         footer = b""
         try:
@@ -297,12 +307,17 @@ class DeltaDataset(Dataset):
             else:
                 filesystem, prefix = snap._filesystem()
                 footer = read_footer(filesystem, snap._fs_path(snap.files[file], prefix))
+                scanned = summaries.scanned(footer) if footer else None
+                if scanned is not None:
+                    return scanned
+                global footers_parsed
+                footers_parsed += 1
                 meta = parse_footer(footer) if footer else self._parquet(file, cache=False).metadata
             levels = leaf_levels(meta)
             why = footer_problem(footer, levels) if footer else None
             if why:
                 raise self._file_error(file, None, f"has a damaged Parquet footer: {why}")
-            return summarize(meta, levels)
+            return summaries.learn(footer, meta, levels) if footer else summarize(meta, levels)
         except DeltaSnapshotError:
             raise
         except Exception as exc:
