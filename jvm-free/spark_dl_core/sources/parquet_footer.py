@@ -13,6 +13,8 @@ what pyarrow would throw on, so the caller can raise a typed error naming the fi
 
 from __future__ import annotations
 
+import os
+import stat
 from typing import Any
 
 # Thrift compact protocol type ids
@@ -218,6 +220,41 @@ def read_footer(filesystem: Any, path: str, guess: int = 64 << 10) -> bytes:
         if length + 8 <= len(tail):
             return bytes(tail[len(tail) - 8 - length : -8])
         return bytes(f.read_at(length, size - 8 - length))
+
+
+def read_local_footer(path: str, guess: int = 64 << 10) -> bytes:
+    """:func:`read_footer` of a local file with ``os.pread`` (a pyarrow filesystem and file
+    object cost ~20-35 µs a file: seconds at 10⁵ files). Anything but a regular file that
+    opens and reads is read again through pyarrow, so errors stay pyarrow's, word for word."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return read_footer(_local_fs(), path, guess)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return read_footer(_local_fs(), path, guess)
+        size = info.st_size
+        if size < 12:
+            return b""
+        _check_head(os.pread(fd, 4, 0))
+        tail = os.pread(fd, min(size, guess), size - min(size, guess))
+        length = int.from_bytes(tail[-8:-4], "little")
+        if tail[-4:] != b"PAR1" or length > size - 12:
+            return b""
+        if length + 8 <= len(tail):
+            return tail[len(tail) - 8 - length : -8]
+        return os.pread(fd, length, size - 8 - length)
+    except OSError:
+        return read_footer(_local_fs(), path, guess)
+    finally:
+        os.close(fd)
+
+
+def _local_fs() -> Any:
+    from pyarrow import fs as pafs
+
+    return pafs.LocalFileSystem()
 
 
 def check_head(filesystem: Any, path: str) -> None:
