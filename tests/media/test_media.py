@@ -686,6 +686,73 @@ def test_wav_windows_read_from_the_bytes_equal_libsndfile(subtype: str) -> None:
         assert np.array_equal(whole, sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)[0].T)
 
 
+@pytest.mark.parametrize(
+    ("fmt", "subtype"), [("FLAC", "PCM_16"), ("FLAC", "PCM_24"), ("OGG", "VORBIS")]
+)
+def test_libsndfile_windows_equal_soundfiles_seek_and_read(fmt: str, subtype: str) -> None:
+    """FLAC / OGG windows are read with one libsndfile seek and read (not soundfile's read,
+    which seeks again after reading): the same samples as soundfile's seek + read."""
+    from spark_dl_core.media.clips import AudioPipeline, _wav_layout
+    from spark_dl_core.media.images import sample_rngs
+    from spark_dl_core.ops.transforms import parse_transforms
+
+    rng = np.random.default_rng(7)
+    raws = []
+    for channels, rate, seconds in [(1, 48_000, 2.7), (2, 22_050, 0.6), (1, 44_100, 1.0)]:
+        wave = rng.uniform(-1, 1, (round(rate * seconds), channels)).astype(np.float32)
+        raws.append(_encode(wave, rate, fmt, subtype))
+        assert _wav_layout(raws[-1]) is None  # through libsndfile
+    index = np.arange(len(raws))
+    decode = {"op": "audio_decode", "column": "a", "sample_rate": 16_000, "mono": True}
+    for start in ("random", "begin", "center"):
+        crop = {"op": "audio_crop", "column": "a", "seconds": 1.0, "start": start}
+        pipeline = AudioPipeline(parse_transforms([decode])[0])
+        pipeline.crop = parse_transforms([crop])[0]
+        got = pipeline.run([memoryview(r) for r in raws], b"s" * 16, index, lambda i, m: m)
+        rngs = sample_rngs(b"s" * 16, index)
+        for i, raw in enumerate(raws):
+            want = _soundfile_reference(raw, crop, rngs[i] if start == "random" else None)
+            assert np.array_equal(got[i], want), (fmt, start, i)
+    whole_clips = {**decode, "mono": False, "sample_rate": None}
+    pipeline = AudioPipeline(parse_transforms([whole_clips])[0])
+    for raw in raws:
+        whole = pipeline.run([raw], b"s" * 16, index[:1], lambda i, m: m)[0]
+        assert np.array_equal(whole, sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)[0].T)
+
+
+def test_worker_audio_batches_are_decoded_into_shared_memory() -> None:
+    """In a DataLoader worker a cropped audio batch is written into the worker's shared
+    memory and sent as that tensor: a batch in private memory is copied into a fresh
+    shared segment when sent (8-12 ms a batch, whatever its size)."""
+    torch = pytest.importorskip("torch")
+    from spark_dl_core.loaders.torch_loader.shared import _shared_bytes
+    from spark_dl_core.loaders.torch_loader.tensors import to_tensors
+    from spark_dl_core.media.clips import AudioPipeline
+    from spark_dl_core.ops.transforms import parse_transforms
+
+    raws = [
+        _encode(_tone(rate, 1.3, channels), rate, fmt, None)
+        for rate, channels, fmt in [(44_100, 2, "WAV"), (16_000, 1, "FLAC"), (22_050, 1, "WAV")]
+    ]
+    ops = parse_transforms(
+        [
+            {"op": "audio_decode", "column": "a", "sample_rate": 16_000, "mono": True},
+            {"op": "audio_crop", "column": "a", "seconds": 1.0, "start": "random"},
+        ]
+    )
+    pipeline = AudioPipeline(ops[0])
+    pipeline.add(ops[1])
+    index = np.arange(3)
+    private = pipeline.run(raws, b"w" * 16, index, lambda i, m: m)
+    shared = pipeline.run(raws, b"w" * 16, index, lambda i, m: m, _shared_bytes)
+    assert shared.shape == private.shape == (3, 1, 16_000)
+    assert shared.dtype == np.float32 and np.array_equal(shared, private)
+    tensor = to_tensors({"a": shared})["a"]
+    assert tensor.is_shared() and tensor.dtype == torch.float32
+    assert tensor.data_ptr() == shared.ctypes.data  # the same memory: nothing to copy
+    assert not to_tensors({"a": private})["a"].is_shared()
+
+
 def test_mono_mix_equals_numpy_mean() -> None:
     from spark_dl_core.media.clips import _mono
 
