@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,45 @@ def test_video_frames_at_a_stride_resized_per_frame(video: str) -> None:
     assert torch.allclose(levels[0], torch.tensor([0.0, 16, 32, 48]), atol=3)
     # a 5-frame clip repeats its last frame for the picks beyond it (0, 2, 4, 4)
     assert torch.allclose(levels[2], torch.tensor([0.0, 16, 32, 32]), atol=3)
+
+
+def test_a_batchs_clips_decode_on_two_threads_as_one_by_one(tmp_path: Path) -> None:
+    """A batch's clips are decoded on the process's two decoding threads (a forked child
+    makes its own), in order: the same frames as clips decoded one at a time, and a batch
+    with bad clips names the first of them."""
+    import multiprocessing
+    import threading
+
+    from spark_dl_core.media.clips import MediaError, VideoPipeline
+    from spark_dl_core.ops.transforms import compile_read_ops, parse_transforms
+
+    ops = [
+        {"op": "video_decode", "column": "v", "num_frames": 3, "stride": 3, "start": "random"},
+        {"op": "random_resized_crop", "column": "v", "size": [24, 24]},
+    ]
+    pipeline = compile_read_ops(parse_transforms(ops), {"v": "bytes"})[0]["v"]
+    assert isinstance(pipeline, VideoPipeline)
+    raws = [_video(n, 64 + 16 * (n % 2), 48) for n in (12, 25, 9, 30, 17)]
+    index = np.arange(10, 15)
+    batch = pipeline.run(raws, b"t" * 16, index, lambda i, m: m)
+    names = {t.name for t in threading.enumerate()}
+    if (os.cpu_count() or 1) > 1:
+        assert {"spark-dl-video_0", "spark-dl-video_1"} <= names
+    for i, raw in enumerate(raws):
+        alone = pipeline.run([raw], b"t" * 16, index[i : i + 1], lambda i, m: m)
+        assert np.array_equal(batch[i], alone[0]), i
+    bad = [raws[0], raws[1], b"not a clip", raws[2], b"nor this"]
+    with pytest.raises(MediaError, match=r"^sample 2: video_decode"):
+        pipeline.run(bad, b"t" * 16, index, lambda i, m: f"sample {i}: {m}")
+    # a child forked after the threads started decodes on threads of its own
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        child = pool.apply_async(pipeline.run, (raws, b"t" * 16, index, _where_plain))
+        assert np.array_equal(child.get(timeout=60), batch)
+
+
+def _where_plain(i: int, message: str) -> str:
+    return message
 
 
 def test_random_video_windows_are_seeded(video: str) -> None:
