@@ -7,7 +7,7 @@ table, a batch iterator or a pandas frame and commits the dataset.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,11 +217,15 @@ class ShardWriter:
         self._add(samples, n)
         self.rows += n
 
-    def one_shard(self, table: pa.Table) -> tuple[np.ndarray, dict[str, list[int] | None]] | None:
+    def one_shard(
+        self, table: pa.Table, alloc: Callable[[int], np.ndarray] | None = None
+    ) -> tuple[np.ndarray, dict[str, list[int] | None]] | None:
         """All of ``table`` as one uncompressed shard's bytes, and its arrays' shapes, when
         every sample has the same layout (fixed-width columns, arrays of one shape...): each
         column's bytes are copied once, straight into place, rather than assembled per
         chunk and then joined. The bytes are those :meth:`write` then :meth:`finish` give.
+        ``alloc(nbytes)`` gives the uint8 buffer they are laid in (e.g. a file's memory map,
+        so that caching them copies nothing); a new array by default.
         None when that does not apply (nulls, samples of other sizes, more than one shard,
         write ops, compression): then write it."""
         assert self.plans is not None and self._layout is not None
@@ -248,7 +252,7 @@ class ShardWriter:
             return None
         if head + n * row >= 1 << 32:
             return None
-        return _rows_shard(parts, n, row, self._config_bytes), shapes
+        return _rows_shard(parts, n, row, self._config_bytes, alloc), shapes
 
     def _row_blocks(
         self, batch: pa.RecordBatch, shapes: dict[str, list[int] | None]
@@ -350,12 +354,17 @@ class ShardWriter:
 
 
 def _rows_shard(
-    parts: list[tuple[int, list[np.ndarray]]], n: int, row: int, config: bytes
+    parts: list[tuple[int, list[np.ndarray]]],
+    n: int,
+    row: int,
+    config: bytes,
+    alloc: Callable[[int], np.ndarray] | None = None,
 ) -> np.ndarray:
     """The bytes of one shard of ``n`` samples of ``row`` bytes each, filled from each
-    batch's blocks (``(rows, width)`` arrays, or one ``(1, width)`` row they all share)."""
+    batch's blocks (``(rows, width)`` arrays, or one ``(1, width)`` row they all share),
+    in a buffer from ``alloc`` (a new array by default)."""
     head = 4 + 4 * (n + 1) + len(config)
-    out = np.empty(head + n * row, dtype=U8)
+    out = np.empty(head + n * row, dtype=U8) if alloc is None else alloc(head + n * row)
     out[:4] = np.frombuffer(np.uint32(n).tobytes(), dtype=U8)
     offsets = np.arange(n + 1, dtype=np.int64) * row + head
     out[4 : 4 + 4 * (n + 1)] = offsets.astype("<u4").view(U8)

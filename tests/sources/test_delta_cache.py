@@ -42,8 +42,7 @@ def test_a_row_group_being_converted_elsewhere_is_read_not_converted(tmp_path: P
         waiter.start()
         time.sleep(0.3)
         assert waiter.is_alive() and delta_inplace.conversions == before  # waits, converts none
-        data = mine._convert(1)
-        mine._to_disk(1, data)
+        data = mine._convert(1, RowGroupCache(cache), mine._cache_key(1))
     waiter.join(30)
     assert delta_inplace.conversions == before + 1
     assert got["data"].raw.tobytes() == data.raw.tobytes()
@@ -104,3 +103,38 @@ def test_a_cached_row_group_is_hashed_once_per_machine(
     fresh = open_delta(path).dataset(cache_dir=cache)
     assert fresh.to_arrow().equals(expected)
     assert delta_inplace.conversions == before + 1  # caught, converted again
+
+
+def test_alike_rows_are_converted_straight_into_the_cache_file(tmp_path: Path) -> None:
+    """The memory-mapped conversion (RowGroupCache.reserve) publishes exactly the bytes an
+    in-memory conversion gives, sealed and read-only, and leaves no temporary file."""
+    path, cache = _table(tmp_path), str(tmp_path / "cache")
+    cached = open_delta(path).dataset(cache_dir=cache)
+    in_memory = open_delta(path).dataset(cache=False)
+    for shard in range(len(cached._groups)):
+        data = cached.load_shard(shard)
+        assert data.raw.tobytes() == in_memory.load_shard(shard).raw.tobytes()
+        assert not data.raw.flags.writeable
+        again = RowGroupCache(cache).read(cached._cache_key(shard), verify=True)
+        assert again is not None and again.tobytes() == data.raw.tobytes()
+    assert sorted(p.suffix for p in Path(cache).iterdir()) == [".mds"] * 3
+
+
+def test_a_reservation_publishes_on_commit_and_nothing_on_abort(tmp_path: Path) -> None:
+    """A conversion that fails after it began filling its cache file (the reader's
+    ``abort``) leaves no file; a committed one reads back whole and checked."""
+    cache = RowGroupCache(str(tmp_path / "cache"))
+    payload = np.arange(1000, dtype=np.uint8)
+    failed = cache.reserve("a", len(payload))
+    assert failed is not None
+    failed.payload[:] = payload
+    failed.abort()
+    assert cache.read("a", verify=True) is None and not list(Path(cache.directory).iterdir())
+    done = cache.reserve("b", len(payload))
+    assert done is not None
+    done.payload[:] = payload
+    assert cache.read("b", verify=True) is None  # not published before its commit
+    done.commit()
+    again = cache.read("b", verify=True)
+    assert again is not None and again.tobytes() == payload.tobytes()
+    assert [p.name for p in Path(cache.directory).iterdir()] == ["b.mds"]

@@ -297,10 +297,18 @@ class DeltaSnapshot:
             ) from None
 
     def _finish(
-        self, table: pa.Table, uri: str, schema: pa.Schema, *, filtered: bool = True
+        self,
+        table: pa.Table,
+        uri: str,
+        schema: pa.Schema,
+        *,
+        filtered: bool = True,
+        combine: bool = True,
     ) -> Iterator[pa.RecordBatch]:
         """A file's rows as the table's: partition columns, types, the filter (unless not
-        ``filtered``: the in-place reader evaluating the filter itself)."""
+        ``filtered``: the in-place reader evaluating the filter itself), in one batch
+        (unless not ``combine``: the in-place reader lays chunks into place itself, and
+        joining a row group's streamed chunks would copy it once more)."""
         n = table.num_rows
         arrays = []
         for f in schema:
@@ -321,7 +329,7 @@ class DeltaSnapshot:
             raise self._file_error(uri, f"holds invalid data: {first_line(exc)}") from None
         if filtered and self.filter is not None:
             result = result.filter(self.filter)
-        yield from result.combine_chunks().to_batches()
+        yield from (result.combine_chunks() if combine else result).to_batches()
 
     def to_arrow(self) -> pa.Table:
         """The whole snapshot as one Arrow table (deletion vectors applied)."""

@@ -15,6 +15,10 @@ Why each mechanism:
   path's shard notes use (:mod:`.shard_loading`), and later processes (DataLoader workers
   forked for each pass) skip the hash of that very file. A file truncated or rewritten since
   has another identity and is hashed again; a bad one is deleted and converted again.
+- *Converted in place*: a row group whose rows are all alike is laid straight into its
+  temporary file's memory map (:meth:`RowGroupCache.reserve`), so caching it copies
+  nothing: in a fresh process, filling new private memory and then writing it to the file
+  cost 4-6x the map (0.17-0.19 s against 0.03 s for a 73 MB row group here).
 - *One converter per row group*: a process converting a row group holds ``<key>.lock``
   (created exclusively, holding its pid); another that needs it meanwhile waits for the
   file rather than convert it too (2 DataLoader workers need the same first window). A lock
@@ -30,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import struct
 import time
@@ -156,6 +161,26 @@ class RowGroupCache:
             return
         self._make_room(key)
 
+    def reserve(self, key: str, nbytes: int) -> Reservation | None:
+        """A temporary file of ``nbytes`` (and the trailer) mapped writable, to fill and
+        then :meth:`Reservation.commit` as ``key``; None when the disk refuses (the caller
+        converts in memory and :meth:`write` does its best)."""
+        temp = os.path.join(self.directory, f"{_TMP}{uuid.uuid4().hex}")
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+        except OSError:
+            return None
+        try:
+            os.ftruncate(fd, nbytes + _TRAILER.size)
+            mapped = mmap.mmap(fd, nbytes + _TRAILER.size)
+        except (OSError, ValueError):
+            self._drop(temp)
+            return None
+        finally:
+            os.close(fd)
+        return Reservation(self, key, temp, mapped, nbytes)
+
     def _make_room(self, keep: str) -> None:
         """Remove the least recently used files (never ``keep``) while over the limit, and
         temporary files left by killed writers."""
@@ -176,6 +201,37 @@ class RowGroupCache:
                 break
             self._drop(path)  # a reader that mapped it keeps its pages
             total -= size
+
+
+class Reservation:
+    """A cache file being filled through its memory map (:meth:`RowGroupCache.reserve`)."""
+
+    def __init__(
+        self, cache: RowGroupCache, key: str, temp: str, mapped: mmap.mmap, nbytes: int
+    ) -> None:
+        self.cache, self.key, self.temp = cache, key, temp
+        self.mapped = np.frombuffer(mapped, dtype=np.uint8)
+        self.payload = self.mapped[:nbytes]
+
+    def commit(self) -> np.ndarray:
+        """Seal the filled payload (size and hash trailer) and publish it under the key; the
+        payload, read-only, stays mapped for the caller (a renamed file keeps its pages)."""
+        trailer = _TRAILER.pack(
+            _MAGIC, len(self.payload), digest(STORED_HASH, self.payload).encode()
+        )
+        self.mapped[len(self.payload) :] = np.frombuffer(trailer, dtype=np.uint8)
+        try:
+            os.replace(self.temp, self.cache.path(self.key))
+        except OSError:
+            self.abort()
+        else:
+            self.cache._make_room(self.key)
+        self.payload.flags.writeable = False
+        return self.payload
+
+    def abort(self) -> None:
+        """Forget the file (its conversion failed): nothing is published."""
+        RowGroupCache._drop(self.temp)
 
 
 def _wait_unlocked(lock: str) -> None:

@@ -28,6 +28,7 @@ import pyarrow as pa
 from .delta_cache import RowGroupCache
 from .delta_errors import past_the_end
 from .delta_log import DeltaSnapshotError, file_key, first_line
+from .parquet_footer import read_group
 
 MASK_FORMAT = 1  # bump when a cached mask's meaning changes for the same inputs
 _ROW = "__spark_dl_filter_row__"  # the row index column a mask is read back from
@@ -181,7 +182,7 @@ def read_columns(ds: Any, pf: Any, file: int, group: int, names: list[str]) -> p
             table = remote.read_group(file, group)
             return table.select([n for n in names if n in table.column_names])
         columns = snap.file_columns(pf.schema_arrow, names, snap.files[file])
-        return columns.logical(pf.read_row_group(group, columns=columns.read))
+        return columns.logical(read_group(pf, group, columns.read))
     except DeltaSnapshotError:
         raise
     except Exception as exc:

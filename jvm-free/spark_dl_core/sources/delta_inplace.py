@@ -40,7 +40,7 @@ from ..spec import MAX_SHARD_SIZE, DatasetSpec
 from ..store.cache import default_cache_dir
 from .dataset import Dataset, _list_depth
 from .delta import DeltaSnapshot, install_in_place
-from .delta_cache import RowGroupCache
+from .delta_cache import Reservation, RowGroupCache
 from .delta_errors import past_the_end
 from .delta_filter import FileMasks, kept_digest
 from .delta_footers import FileFooter, PlanCache, Summaries, footer_key, summarize
@@ -51,11 +51,13 @@ from .parquet_footer import (
     leaf_levels,
     parse_footer,
     read_footer,
+    read_group,
     read_local_footer,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..store.storage import Store
+    from ..writer import ShardWriter
 
 INPLACE_VERSION = 1
 CONVERTED_FORMAT = 1  # bump when a converted row group's bytes change for the same inputs
@@ -620,8 +622,8 @@ class DeltaDataset(Dataset):
         with disk.claim(key) as mine:
             data = None if mine else self._from_disk(shard, verify_hashes)
             if data is None:
-                data = self._convert(shard)
-                self._to_disk(shard, data)
+                data = self._convert(shard, disk, key)
+                self._disk_checked.add(shard)
         return data
 
     def _disk(self) -> RowGroupCache | None:
@@ -647,13 +649,9 @@ class DeltaDataset(Dataset):
         self._disk_checked.add(shard)
         return data
 
-    def _to_disk(self, shard: int, data: ShardData) -> None:
-        disk = self._disk()
-        if disk is not None:
-            disk.write(self._cache_key(shard), data.raw)
-            self._disk_checked.add(shard)
-
-    def _convert(self, shard: int) -> ShardData:
+    def _convert(self, shard: int, disk: RowGroupCache | None = None, key: str = "") -> ShardData:
+        """Row group ``shard`` as a shard, and cached under ``key`` in ``disk`` when given
+        (alike rows are laid straight into the cache file's memory map)."""
         from ..writer import ShardWriter
 
         global conversions
@@ -672,7 +670,38 @@ class DeltaDataset(Dataset):
         memory = _MemoryStore()
         writer = ShardWriter(cast("Store", memory), spec, plans=self._plans)
         writer.where = self._shard_name(shard)
-        whole = writer.one_shard(table)  # rows all alike: each column copied once into place
+        room: list[Reservation] = []
+
+        def alloc(nbytes: int) -> np.ndarray:
+            held = None if disk is None else disk.reserve(key, nbytes)
+            if held is None:
+                return np.empty(nbytes, dtype=np.uint8)
+            room.append(held)
+            return held.payload
+
+        try:
+            data = self._converted(shard, writer, memory, table, alloc)
+        except BaseException:
+            for held in room:
+                held.abort()
+            raise
+        if room:
+            room[0].commit()  # the shard's bytes are already the file's
+        elif disk is not None:
+            disk.write(key, data.raw)
+        return data
+
+    def _converted(
+        self,
+        shard: int,
+        writer: ShardWriter,
+        memory: _MemoryStore,
+        table: pa.Table,
+        alloc: Callable[[int], np.ndarray],
+    ) -> ShardData:
+        """``table`` (row group ``shard``'s live rows) as one checked shard."""
+        g = self._groups[shard]
+        whole = writer.one_shard(table, alloc)  # rows all alike: each column copied into place
         if whole is not None:
             raw, shapes = whole
         else:
@@ -720,7 +749,7 @@ class DeltaDataset(Dataset):
                 pf = self._parquet(g.file)
                 columns = snap.file_columns(pf.schema_arrow, stored, snap.files[g.file])
                 with self._file_lock(g.file):
-                    table = columns.logical(pf.read_row_group(g.group, columns=columns.read))
+                    table = columns.logical(read_group(pf, g.group, columns.read))
         except DeltaSnapshotError:
             raise
         except Exception as exc:
@@ -732,7 +761,7 @@ class DeltaDataset(Dataset):
         keep = self._keep_array(g.file)
         if keep is not None:
             table = table.filter(pa.array(_mask(keep, g.start, g.rows)))
-        batches = list(snap._finish(table, snap.files[g.file], out_schema))
+        batches = list(snap._finish(table, snap.files[g.file], out_schema, combine=False))
         return pa.Table.from_batches(batches, schema=out_schema)
 
     def _parquet(self, file: int, cache: bool = True) -> Any:

@@ -37,6 +37,7 @@ import pyarrow as pa
 from ..errors import ShardError
 from ..store.cache import ShardCache, cache_for
 from ..store.storage import Store, is_remote
+from .parquet_footer import read_group
 
 FOOTER_TAIL = 64 << 10  # one GET usually holds a file's whole footer
 FOOTER_THREADS = 32
@@ -388,7 +389,7 @@ class RemoteFiles:
 
         def parse(data: np.ndarray) -> pa.Table:
             source = pa.PythonFile(_SpanFile(data, start, self.sizes[file], shown))
-            return pq.ParquetFile(source, metadata=meta).read_row_group(group, columns=columns)
+            return read_group(pq.ParquetFile(source, metadata=meta), group, columns)
 
         return self._parsed(name, end - start, parse)
 

@@ -302,3 +302,27 @@ def leaf_levels(meta: Any) -> list[tuple[int, int, int]]:
         kind = _PHYSICAL.index(c.physical_type) if c.physical_type in _PHYSICAL else -1
         out.append((c.max_definition_level, c.max_repetition_level, kind))
     return out
+
+
+READ_BATCH_ROWS = 65_536
+
+
+def read_group(pf: Any, group: int, columns: list[str] | None = None) -> Any:
+    """Row group ``group`` of the open ``pyarrow.parquet.ParquetFile`` ``pf`` as a table of
+    ``READ_BATCH_ROWS``-row chunks. Why not ``read_row_group``: it decodes each column into
+    one buffer the size of the whole group, growing it as it goes, which costs 2-7x the
+    decode itself in a fresh process (0.3-0.7 s against 0.1 s for a 500k-row group of
+    float32[32] lists here); streamed batches reuse small buffers. Values, types and errors
+    are the same (pyarrow raises ``OSError`` / ``ArrowInvalid`` for a bad page either way).
+    Decoded on the calling thread: callers already read several row groups at once."""
+    import pyarrow as pa
+
+    batches = list(
+        pf.iter_batches(
+            batch_size=READ_BATCH_ROWS, row_groups=[group], columns=columns, use_threads=False
+        )
+    )
+    schema = batches[0].schema if batches else pf.schema_arrow
+    if not batches and columns is not None:
+        schema = pa.schema([schema.field(name) for name in columns])
+    return pa.Table.from_batches(batches, schema=schema)
