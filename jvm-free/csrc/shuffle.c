@@ -308,10 +308,69 @@ static PyObject *window_permute_c(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(runs_to_ids_doc,
+             "runs_to_ids(values, bounds, shifts)\n\n"
+             "values[i] += shifts[k] in place, k such that bounds[k] <= values[i] < bounds[k+1]\n"
+             "(a position in a concatenation of runs becomes an id in its run's own range).\n"
+             "Every buffer C-contiguous int64; bounds ascending, one longer than shifts; every\n"
+             "value within bounds[0]..bounds[-1] (checked: ValueError).");
+
+static PyObject *runs_to_ids(PyObject *self, PyObject *args)
+{
+    Py_buffer values, bounds, shifts;
+    Py_ssize_t n, runs, i;
+    int ok = 1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "w*y*y*:runs_to_ids", &values, &bounds, &shifts))
+        return NULL;
+    n = values.len / 8;
+    runs = shifts.len / 8;
+    if (values.len % 8 || shifts.len % 8 || bounds.len != shifts.len + 8 || runs < 1 ||
+        !PyBuffer_IsContiguous(&values, 'C') || !PyBuffer_IsContiguous(&bounds, 'C') ||
+        !PyBuffer_IsContiguous(&shifts, 'C')) {
+        PyErr_SetString(PyExc_ValueError, "runs_to_ids: contiguous int64, len(bounds) = runs + 1");
+        ok = 0;
+    }
+    if (ok) {
+        int64_t *v = (int64_t *)values.buf;
+        const int64_t *b = (const int64_t *)bounds.buf, *d = (const int64_t *)shifts.buf;
+        Py_ssize_t outside = -1;
+        Py_BEGIN_ALLOW_THREADS
+        for (i = 0; i < n; i++) {
+            int64_t x = v[i];
+            Py_ssize_t lo = 0, hi = runs; /* the run k with b[k] <= x < b[k+1] */
+            if (x < b[0] || x >= b[runs]) {
+                outside = i;
+                break;
+            }
+            while (hi - lo > 1) {
+                Py_ssize_t mid = (lo + hi) / 2;
+                if (b[mid] <= x)
+                    lo = mid;
+                else
+                    hi = mid;
+            }
+            v[i] = x + d[lo];
+        }
+        Py_END_ALLOW_THREADS
+        if (outside >= 0) {
+            PyErr_Format(PyExc_ValueError, "runs_to_ids: value %zd is outside the runs", outside);
+            ok = 0;
+        }
+    }
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&bounds);
+    PyBuffer_Release(&shifts);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"shuffle_slices", shuffle_slices, METH_VARARGS, shuffle_slices_doc},
     {"permute_range", permute_range, METH_VARARGS, permute_range_doc},
     {"window_permute", window_permute_c, METH_VARARGS, window_permute_doc},
+    {"runs_to_ids", runs_to_ids, METH_VARARGS, runs_to_ids_doc},
     {NULL, NULL, 0, NULL},
 };
 

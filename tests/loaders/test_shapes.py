@@ -14,6 +14,7 @@ import torch
 
 from spark_dl_core import DatasetSpec, open_dataset, write_mds
 from spark_dl_core.errors import ShardError, SpecError
+from spark_dl_core.format import buffers
 from spark_dl_core.format.buffers import Jagged
 from spark_dl_core.format.encodings import encoding_names, get_encoding
 
@@ -383,9 +384,15 @@ def test_equal_length_arrays_stay_dense_across_row_and_general_shards(
     assert seen == 2 * len(x)
 
 
-def test_a_shard_whose_headers_differ_takes_the_general_decode(tmp_path: Path) -> None:
+@pytest.mark.parametrize("c_gather", [True, False])
+def test_a_shard_whose_headers_differ_takes_the_general_decode(
+    tmp_path: Path, c_gather: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Rows of one size whose ndarray headers differ (another shape in some row) are not
-    viewed as a dense block: the general decode reports the recorded-shape mismatch."""
+    viewed as a dense block: the general decode reports the recorded-shape mismatch (the
+    C row gather checks each row's header as the numpy one does)."""
+    if not c_gather:
+        monkeypatch.setattr(buffers, "_buffers", None)
     table = pa.table({"x": pa.array([[1.0, 2.0]] * 20, pa.list_(pa.float32()))})
     write_mds(table, str(tmp_path / "ds"))
     ds = open_dataset(tmp_path / "ds")
@@ -499,3 +506,33 @@ def test_unknown_columns_and_indices_are_typed_errors(written: Path) -> None:
     assert isinstance(index.value, IndexError)
     with pytest.raises(ColumnNotFoundError):
         ds.to_arrow(columns=["nope"])
+
+
+def test_rows_gathered_in_c_equal_numpy_across_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shuffled batches of fixed-width rows (an int, a float and a dense float32[5] array)
+    drawn from several shards at once: the one-pass C gather into column blocks gives the
+    batches numpy's sort / gather / scatter / split gives, and the right rows."""
+    n = 3000
+    x = np.arange(n * 5, dtype=np.float32).reshape(n, 5) / 7
+    x_column = pa.array(list(x), pa.list_(pa.float32()))
+    table = pa.table({"id": np.arange(n), "w": np.arange(n) * 0.5, "x": x_column})
+    write_mds(table, str(tmp_path / "ds"), DatasetSpec(shard_size=1 << 14))
+    ds = open_dataset(tmp_path / "ds")
+    assert ds.num_shards > 8
+
+    def batches() -> list[dict[str, np.ndarray]]:
+        loader = ds.to_torch(batch_size=256, shuffle=True, seed=4, shuffle_window=4)
+        return [{k: v.numpy().copy() for k, v in b.items()} for b in loader]
+
+    fast = batches()
+    monkeypatch.setattr(buffers, "_buffers", None)
+    slow = batches()
+    assert len(fast) == len(slow) == -(-n // 256)
+    for a, b in zip(fast, slow, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+        np.testing.assert_array_equal(a["x"], x[a["id"]])
+        np.testing.assert_array_equal(a["w"], a["id"] * 0.5)

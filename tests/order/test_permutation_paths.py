@@ -41,3 +41,31 @@ def test_positions_with_their_own_ranges_and_keys_match_numpy() -> None:
 def test_a_position_past_its_range_is_refused() -> None:
     with pytest.raises(ValueError, match="past its range"):
         order.window_permute(np.array([5]), np.array([5], np.uint64), np.array([1], np.uint64))
+
+
+@pytest.mark.parametrize(("sizes", "bases"), [([7, 1, 300, 64], None), ([5] * 9, [100] * 9)])
+def test_window_ids_in_one_pass_match_the_search_and_gathers(
+    sizes: list[int], bases: list[int] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every window's ids by ``runs_to_ids`` (in place, one pass) equal the numpy search
+    and gathers, for shards of unequal sizes and mixtures' per-source bases."""
+
+    def all_windows() -> list[np.ndarray]:
+        starts = None if bases is None else np.cumsum([10_000, *bases[:-1]]).astype(np.int64)
+        o = order.GlobalOrder(np.array(sizes), "fp", 3, 1, True, window=2, bases=starts)
+        return [o._window_ids(w).copy() for w in range(len(o.window_bounds) - 1)]
+
+    fast = all_windows()
+    monkeypatch.delattr(order._shuffle, "runs_to_ids")
+    slow = all_windows()
+    for a, b in zip(fast, slow, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_position_outside_the_runs_is_refused() -> None:
+    bounds, shifts = np.array([0, 4, 9], np.int64), np.array([10, 20], np.int64)
+    values = np.array([0, 3, 4, 8], np.int64)
+    order._shuffle.runs_to_ids(values, bounds, shifts)
+    assert values.tolist() == [10, 13, 24, 28]
+    with pytest.raises(ValueError, match="outside the runs"):
+        order._shuffle.runs_to_ids(np.array([9], np.int64), bounds, shifts)

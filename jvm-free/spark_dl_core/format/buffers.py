@@ -238,3 +238,31 @@ class ImageList:
         offsets = self.offsets()
         flat = self.flat[offsets[start] : offsets[stop]]
         return ImageList(flat, self.shapes[start:stop])
+
+
+def gather_columns(
+    out: np.ndarray,
+    mats: list[np.ndarray | None],
+    which: np.ndarray | None,
+    local: np.ndarray,
+    row: int,
+    spans: list[tuple[int, int, bytes]],
+) -> int | None:
+    """Rows ``local`` of the row matrices ``mats`` (``which`` names each row's matrix; None:
+    all from ``mats[0]``) gathered straight into ``out`` as one block per ``(at, width,
+    header)`` span, blocks back to back: one copy per byte where numpy needs a sort by
+    matrix, a gather per matrix, a scatter and a split. Each row's ``header`` bytes just
+    before ``at`` are checked. Returns -1, the first row whose header differs (``out`` then
+    holds a partial batch), or None without the C extension (nothing done)."""
+    if _buffers is None:
+        return None
+    return int(
+        _buffers.gather_columns(
+            out,
+            mats,
+            None if which is None else np.ascontiguousarray(which, dtype=np.int32),
+            np.ascontiguousarray(local, dtype=I64),
+            row,
+            spans,
+        )
+    )

@@ -488,13 +488,60 @@ class BatchReader:
             return ds.read(
                 index, self.read_columns, self.images, self.verify, loaded=dict(shards), jagged=True
             )
-        from ..format.buffers import Pieces
-        from ..format.encodings import DecodeOptions
-
         row, spans = rows_plan
         n = len(index)
         need = n * sum(width for _, _, width, _ in spans)
         buffer = np.empty(need, dtype=np.uint8) if out is None else out[:need]
+        gathered = self._gather_columns(j, index, shards, row, spans, buffer)
+        if gathered is None:
+            gathered = self._gather_split(j, index, shards, row, spans, buffer)
+        if gathered >= 0:  # another shape in some row: the general decode says so
+            return ds.read(index, self.columns, self.images, self.verify, dict(shards), True)
+        return self._decoded(spans, buffer, n)
+
+    def _gather_columns(
+        self,
+        j: int,
+        index: np.ndarray,
+        shards: dict[int, ShardData],
+        row: int,
+        spans: list[Any],
+        buffer: np.ndarray,
+    ) -> int | None:
+        """Batch ``j``'s columns gathered into ``buffer`` in one pass (the C extension):
+        -1, the first row whose array header differs, or None (no extension: nothing done)."""
+        from ..format.buffers import gather_columns
+
+        offsets = self.dataset.shard_offsets
+        cut = [(at, width, _header(how)) for _name, at, width, how in spans]
+        needs = sorted(shards)
+        mats = [shards[s].row_matrix for s in needs]
+        if not all(m is not None and m.flags.c_contiguous for m in mats):
+            return None
+        if len(needs) == 1:
+            return gather_columns(buffer, mats, None, index - offsets[needs[0]], row, cut)
+        shard_of = self.planned[j][1]
+        first, span = needs[0], needs[-1] - needs[0] + 1
+        if span <= 1 << 12:
+            lookup = np.zeros(span, dtype=np.int32)
+            lookup[np.asarray(needs) - first] = np.arange(len(needs), dtype=np.int32)
+            which = lookup[shard_of - first]
+        else:
+            which = np.searchsorted(np.asarray(needs), shard_of).astype(np.int32)
+        return gather_columns(buffer, mats, which, index - offsets[shard_of], row, cut)
+
+    def _gather_split(
+        self,
+        j: int,
+        index: np.ndarray,
+        shards: dict[int, ShardData],
+        row: int,
+        spans: list[Any],
+        buffer: np.ndarray,
+    ) -> int:
+        """:meth:`_gather_columns` in numpy: whole rows gathered, headers checked, split."""
+        ds = self.dataset
+        n = len(index)
         single_column = len(spans) == 1 and spans[0][2] == row
         if single_column:  # the rows are the column: gather straight into the output
             rows = buffer.reshape(n, row)
@@ -511,15 +558,21 @@ class BatchReader:
             if isinstance(how, tuple) and len(how[2]):  # every row repeats the header?
                 header = rows[:, at - len(how[2]) : at]
                 if not np.array_equal(header, np.broadcast_to(how[2], header.shape)):
-                    return ds.read(  # another shape in some row: the general decode says so
-                        index, self.columns, self.images, self.verify, dict(shards), True
-                    )
+                    return 0  # another shape in some row: the general decode says so
         if not single_column:
             at_out = 0
             for _name, at, width, _how in spans:  # column-major: each column contiguous
                 block = buffer[at_out : at_out + n * width].reshape(n, width)
                 np.copyto(block, rows[:, at : at + width])
                 at_out += n * width
+        return -1
+
+    def _decoded(self, spans: list[Any], buffer: np.ndarray, n: int) -> Batch:
+        """The batch's columns from their blocks in ``buffer`` (views, no copy)."""
+        from ..format.buffers import Pieces
+        from ..format.encodings import DecodeOptions
+
+        ds = self.dataset
         options = DecodeOptions(images=self.images, allow_unsafe=ds.allow_unsafe)
         decoded: Batch = {}
         at_out = 0
@@ -533,6 +586,11 @@ class BatchReader:
                 decoded[name] = how.decode(Pieces(block, width=width), n, name, options)
             at_out += n * width
         return decoded
+
+
+def _header(how: Any) -> bytes:
+    """The bytes every row repeats before a dense array column's values (b"" for others)."""
+    return bytes(np.asarray(how[2], dtype=np.uint8)) if isinstance(how, tuple) else b""
 
 
 def _same_rows(a: tuple[int, list[Any]], b: tuple[int, list[Any]]) -> bool:

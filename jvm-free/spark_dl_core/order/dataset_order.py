@@ -213,20 +213,29 @@ class GlobalOrder:
         ids = cache.get(w)
         if ids is None:
             start, stop = int(self.window_bounds[w]), int(self.window_bounds[w + 1])
-            member = start + _permute_range(stop - start, self._keys(np.array([w]))[0])
+            member = _permute_range(stop - start, self._keys(np.array([w]))[0])
+            member += start
             # the window's shards only: permuted_offsets[first..last] bound its members
             first = w * self.window
             last = min(first + self.window, len(self.perm))
-            k = (
-                first
-                - 1
-                + np.searchsorted(self.permuted_offsets[first : last + 1], member, side="right")
-            )
-            ids = self._ids_of(member, k)
+            ids = self._window_members_ids(member, first, last)
             while len(cache) >= 2:
                 cache.pop(next(iter(cache)))
             cache[w] = ids
         return ids
+
+    def _window_members_ids(self, member: np.ndarray, first: int, last: int) -> np.ndarray:
+        """:meth:`_ids_of` for positions ``member`` of permuted shards ``first..last-1``
+        (one window): in place in one pass where the C extension is (each position moves by
+        its shard's shift), else a search and three gathers of window-sized arrays."""
+        bounds = self.permuted_offsets[first : last + 1]
+        if _shuffle is not None and hasattr(_shuffle, "runs_to_ids"):
+            starts = self.offsets if self.bases is None else self.bases
+            shifts = np.ascontiguousarray(starts[self.perm[first:last]] - bounds[:-1], np.int64)
+            _shuffle.runs_to_ids(member, np.ascontiguousarray(bounds), shifts)
+            return member
+        k = first - 1 + np.searchsorted(bounds, member, side="right")
+        return self._ids_of(member, k)
 
     def _ids_of(self, member: np.ndarray, k: np.ndarray) -> np.ndarray:
         """Ids of positions ``member`` of the permuted shards' concatenation, in shard ``k``."""
