@@ -138,3 +138,24 @@ def test_a_reservation_publishes_on_commit_and_nothing_on_abort(tmp_path: Path) 
     again = cache.read("b", verify=True)
     assert again is not None and again.tobytes() == payload.tobytes()
     assert [p.name for p in Path(cache.directory).iterdir()] == ["b.mds"]
+
+
+def test_a_disk_that_refuses_the_file_costs_only_the_cache(tmp_path: Path) -> None:
+    """A cache directory that cannot take the file (here: the process's file size limit,
+    as a full disk refuses blocks) is an error where the blocks are reserved, not a crash
+    in the copy: the row group is converted in memory, read right, and nothing is cached."""
+    path, cache = _table(tmp_path), str(tmp_path / "cache")
+    script = f"""
+import resource, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+from spark_dl_core.sources.delta import open_delta
+ds = open_delta({path!r}).dataset(cache_dir={cache!r})
+data = ds.load_shard(1)
+print(data.raw.nbytes, ds.to_arrow().column("id").to_pylist() == list(range(600)))
+"""
+    done = subprocess.run([sys.executable, "-c", script], text=True, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    nbytes, right = done.stdout.split()
+    assert int(nbytes) > 4096 and right == "True"
+    assert not list(Path(cache).glob("*.mds")) and not list(Path(cache).glob(".tmp-*"))

@@ -163,16 +163,17 @@ class RowGroupCache:
 
     def reserve(self, key: str, nbytes: int) -> Reservation | None:
         """A temporary file of ``nbytes`` (and the trailer) mapped writable, to fill and
-        then :meth:`Reservation.commit` as ``key``; None when the disk refuses (the caller
-        converts in memory and :meth:`write` does its best)."""
+        then :meth:`Reservation.commit` as ``key``; None when the disk refuses (full,
+        read-only, no ``fallocate``: the caller converts in memory and :meth:`write` does
+        its best)."""
         temp = os.path.join(self.directory, f"{_TMP}{uuid.uuid4().hex}")
         try:
             os.makedirs(self.directory, exist_ok=True)
             fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
         except OSError:
             return None
-        try:
-            os.ftruncate(fd, nbytes + _TRAILER.size)
+        try:  # blocks reserved now: a full disk is an error here, not a SIGBUS in the copy
+            os.posix_fallocate(fd, 0, nbytes + _TRAILER.size)
             mapped = mmap.mmap(fd, nbytes + _TRAILER.size)
         except (OSError, ValueError):
             self._drop(temp)
