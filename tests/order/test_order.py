@@ -363,7 +363,9 @@ def test_a_windows_first_positions_skip_its_whole_order() -> None:
 
 def test_first_torch_batch_computes_no_whole_window(tmp_path: object) -> None:
     """The loader's first batch needs only its own positions: sizing the reader's lookahead
-    must not ask a later group's ids (that computed a whole window before batch 0)."""
+    must not ask a later group's ids (that computed a whole window before batch 0). The
+    first window's whole order is computed on the order's thread meanwhile (a reader that
+    had asked for it would have started the next window's: ``_ahead`` names window 1)."""
     pytest.importorskip("torch")
     from spark_dl_core.order.dataset_order import _ORDERS
 
@@ -374,6 +376,25 @@ def test_first_torch_batch_computes_no_whole_window(tmp_path: object) -> None:
     assert ds.num_shards >= 8
     first = next(iter(ds.to_torch(batch_size=256, shuffle=True, seed=1)))
     (order,) = _ORDERS[ds].values()
-    assert not order.__dict__.get("_dense")
+    assert set(order.__dict__.get("_dense", {})) <= {0}
+    assert order.__dict__["_ahead"][0] == 0
     expected = global_order(ds.shards.samples, ds.fingerprint, 1, 0, True, 4)[:256]
     assert first["id"].tolist() == expected.tolist()
+
+
+def test_windows_computed_ahead_on_the_thread_give_the_same_order() -> None:
+    """A dense pass in chunks (windows computed ahead on the order's thread while earlier
+    ones are read, chunks across window boundaries) gives the ids the per-position
+    evaluation gives, for every position."""
+    from spark_dl_core.order.dataset_order import GlobalOrder, _shuffle
+
+    sizes = np.array([1000, 700, 1300, 999, 5, 2048, 1500, 1000, 333, 1200])
+    dense = GlobalOrder(sizes, "fp", 9, 2, True, window=2)
+    sparse = GlobalOrder(sizes, "fp", 9, 2, True, window=2)
+    got = np.concatenate(
+        [dense.take(a, min(a + 397, len(dense)), True) for a in range(0, len(dense), 397)]
+    )
+    np.testing.assert_array_equal(got, sparse.ids(np.arange(len(sparse))))
+    assert np.array_equal(np.sort(got), np.arange(len(got)))
+    if _shuffle is not None:
+        assert dense.__dict__["_ahead"][0] == len(dense.window_bounds) - 2  # the last window

@@ -33,6 +33,7 @@ samples is O(1) in ``consumed``.
 from __future__ import annotations
 
 import hashlib
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -207,22 +208,57 @@ class GlobalOrder:
         return _mix(np.uint64(self.base_key) ^ (w.astype(np.uint64) * _GOLDEN + _GOLDEN))
 
     def _window_ids(self, w: int) -> np.ndarray:
-        """The ids at every position of window ``w``, in order (kept for the last two windows
-        asked): a dense reader's positions are then a slice or a gather of it."""
+        """The ids at every position of window ``w``, in order (kept for the last windows
+        asked): a dense reader's positions are then a slice or a gather of it. The next
+        window's are computed meanwhile on a thread (the permutation releases the GIL), so
+        a pass does not stop at each window's start for O(window samples) of work."""
         cache = self.__dict__.setdefault("_dense", {})
         ids = cache.get(w)
         if ids is None:
-            start, stop = int(self.window_bounds[w]), int(self.window_bounds[w + 1])
-            member = _permute_range(stop - start, self._keys(np.array([w]))[0])
-            member += start
-            # the window's shards only: permuted_offsets[first..last] bound its members
-            first = w * self.window
-            last = min(first + self.window, len(self.perm))
-            ids = self._window_members_ids(member, first, last)
-            while len(cache) >= 2:
-                cache.pop(next(iter(cache)))
-            cache[w] = ids
+            ahead = self.__dict__.get("_ahead")
+            if ahead is not None and ahead[0] == w:
+                ahead[1].join()  # being computed: wait rather than compute it twice
+                ids = cache.get(w)
+            if ids is None:
+                ids = self._keep(w, self._compute_window(w))
+        self._start_ahead(w + 1)
         return ids
+
+    def _compute_window(self, w: int) -> np.ndarray:
+        start, stop = int(self.window_bounds[w]), int(self.window_bounds[w + 1])
+        member = _permute_range(stop - start, self._keys(np.array([w]))[0])
+        member += start
+        # the window's shards only: permuted_offsets[first..last] bound its members
+        first = w * self.window
+        last = min(first + self.window, len(self.perm))
+        return self._window_members_ids(member, first, last)
+
+    def _keep(self, w: int, ids: np.ndarray) -> np.ndarray:
+        """Cache window ``w``'s ids, forgetting the oldest beyond three (the window read,
+        the one before it for a batch across their boundary, the one computed ahead)."""
+        cache = self.__dict__.setdefault("_dense", {})
+        cache[w] = ids
+        while len(cache) > 3:
+            cache.pop(next(iter(cache)))
+        return ids
+
+    def _start_ahead(self, w: int) -> None:
+        """Compute window ``w``'s ids on a thread, unless known, being computed, or past the
+        last window (and only with the C permutation: numpy's holds the GIL)."""
+        if _shuffle is None or w >= len(self.window_bounds) - 1:
+            return
+        if w in self.__dict__.get("_dense", {}):
+            return
+        ahead = self.__dict__.get("_ahead")
+        if ahead is not None and (ahead[0] == w or ahead[1].is_alive()):
+            return
+        thread = threading.Thread(
+            target=lambda: self._keep(w, self._compute_window(w)),
+            name="spark-dl-order-ahead",
+            daemon=True,
+        )
+        self.__dict__["_ahead"] = (w, thread)
+        thread.start()
 
     def _window_members_ids(self, member: np.ndarray, first: int, last: int) -> np.ndarray:
         """:meth:`_ids_of` for positions ``member`` of permuted shards ``first..last-1``
@@ -283,6 +319,8 @@ class GlobalOrder:
         if not (dense and self.shuffle) or stop <= start:
             return self.ids(np.arange(start, stop, dtype=np.int64), dense)
         if self._in_head(start, stop):  # per position, before the window's whole order
+            bounds = self.window_bounds
+            self._start_ahead(int(np.searchsorted(bounds, start, side="right")) - 1)
             return self.ids(np.arange(start, stop, dtype=np.int64))
         # consecutive positions: slices of the windows' orders, no per-position lookup
         bounds = self.window_bounds
@@ -300,6 +338,7 @@ class GlobalOrder:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_dense", None)  # a cache: each process computes its own windows
+        state.pop("_ahead", None)
         return state
 
     @property
