@@ -590,7 +590,7 @@ class BatchReader:
 
 def _header(how: Any) -> bytes:
     """The bytes every row repeats before a dense array column's values (b"" for others)."""
-    return bytes(np.asarray(how[2], dtype=np.uint8)) if isinstance(how, tuple) else b""
+    return np.asarray(how[2], dtype=np.uint8).tobytes() if isinstance(how, tuple) else b""
 
 
 def _same_rows(a: tuple[int, list[Any]], b: tuple[int, list[Any]]) -> bool:

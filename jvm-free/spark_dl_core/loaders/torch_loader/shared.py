@@ -247,7 +247,8 @@ def _in_slab(value: Any, slab: np.ndarray) -> int | None:
     """Byte offset of a C-contiguous numeric array inside ``slab``, else None."""
     if not (isinstance(value, np.ndarray) and value.dtype.kind in "biufc"):
         return None
-    if not value.flags.c_contiguous or not np.shares_memory(value, slab):
+    if not value.flags.c_contiguous:
         return None
+    # bounds by address (np.shares_memory solves an overlap problem: ~0.1 ms a call)
     offset = value.__array_interface__["data"][0] - slab.__array_interface__["data"][0]
     return offset if offset >= 0 and offset + value.nbytes <= slab.nbytes else None
