@@ -12,8 +12,8 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -183,34 +183,70 @@ def _is_delta(path: str) -> bool:
     return "://" not in local and os.path.isdir(os.path.join(local, "_delta_log"))
 
 
-def open_any(path: str) -> Any:
+# A Delta table read in place for inspect/show masks its nullable columns: every table Spark
+# writes has them, and describing a table must not stop at its first null.
+INSPECT_DELTA_SPEC: dict[str, Any] = {"nulls": "mask"}
+NULLS_MASKED = (
+    "nulls: masked (nulls='mask': a loader gets a null as 0 or empty plus <column>__isnull "
+    "= 1; here nulls are counted and shown as null)"
+)
+
+AS_JSON = "read as json: {} (arrays holding null elements, which ndarray encodings refuse)"
+T = TypeVar("T")
+
+
+def open_any(path: str, as_json: Sequence[str] = ()) -> Any:
     """What ``inspect`` and ``show`` read: a Delta table (``TABLE@VERSION`` pinned, read in
-    place, nothing exported), a saved mixture spec, or a dataset directory or URL."""
+    place with ``INSPECT_DELTA_SPEC`` and the ``as_json`` columns as json, nothing
+    exported), a saved mixture spec, or a dataset directory or URL."""
     from spark_dl_core import open_dataset, open_delta, open_mixture
 
     delta = _delta_table(path)
     if delta is not None:
-        return open_delta(delta[0], version=delta[1], since=delta[2]).dataset()
+        snap = open_delta(delta[0], version=delta[1], since=delta[2])
+        return snap.dataset({**INSPECT_DELTA_SPEC, "columns": dict.fromkeys(as_json, "json")})
     base, at, version = path.rpartition("@")
     if at and version.isdigit() and os.path.isdir(os.path.join(base, "_follow")):
         return open_dataset(base, version=int(version))  # PATH@M: a version it holds
     return open_mixture(path) if _is_mixture_spec(path) else open_dataset(path)
 
 
+def read_any(path: str, work: Callable[[Any], T]) -> tuple[T, list[str]]:
+    """``work(open_any(path))`` and the columns read as json: a Delta table's array column
+    found holding null elements (its default ndarray encoding has no nulls) is read as json
+    and ``work`` runs again, so inspecting a table never stops at a null."""
+    from spark_dl_core.errors import ArrayNullsError
+
+    as_json: list[str] = []
+    while True:
+        try:
+            return work(open_any(path, as_json)), as_json
+        except ArrayNullsError as exc:
+            if exc.column in as_json or _delta_table(path) is None:
+                raise
+            as_json.append(exc.column)
+
+
 def describe(path: str, samples: int = 3) -> dict[str, Any]:
     """Everything ``inspect`` shows about a dataset, as plain data."""
-    ds = open_any(path)
+    info, as_json = read_any(path, lambda ds: _described(ds, samples))
+    return {**info, "arrays_with_nulls_as_json": as_json}
+
+
+def _described(ds: Any, samples: int) -> dict[str, Any]:
     n = min(samples, len(ds))
-    rows: list[dict[str, Any]] = []
-    if n:
-        batch = ds.read(np.arange(n))
-        rows = [{k: _jsonable(v[i]) for k, v in batch.items()} for i in range(n)]
-    plans = {p.name: str(p.arrow_type) for p in ds.plans or []}
+    rows = _sample_rows(ds, n) if n else []
+    plans = {p.name: p for p in ds.plans or []}
     return {
         "path": ds.path,
         "samples": len(ds),
         "columns": [
-            {"name": name, "encoding": enc, "arrow_type": plans.get(name)}
+            {
+                "name": name,
+                "encoding": enc,
+                "arrow_type": str(plans[name].arrow_type) if name in plans else None,
+                "null_mask": plans[name].null_mask if name in plans else None,
+            }
             for name, enc in ds.columns.items()
         ],
         "shards": [
@@ -232,6 +268,19 @@ def describe(path: str, samples: int = 3) -> dict[str, Any]:
         "fingerprint": ds.fingerprint,
         "sample_rows": rows,
     }
+
+
+def _sample_rows(ds: Any, n: int) -> list[dict[str, Any]]:
+    """The first ``n`` rows as the source holds them: a masked column's nulls are None (not
+    the stored 0 or empty value), its ``<column>__isnull`` companion is left out."""
+    masks = {p.null_mask: p.name for p in ds.plans or [] if p.null_mask}
+    batch = ds.read(np.arange(n))
+    rows = []
+    for i in range(n):
+        row = {k: _jsonable(v[i]) for k, v in batch.items() if k not in masks}
+        row.update({name: None for mask, name in masks.items() if mask in batch and batch[mask][i]})
+        rows.append(row)
+    return rows
 
 
 def describe_mixture(path: str, epoch: int = 0) -> dict[str, Any]:
@@ -311,10 +360,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         f"{info['bytes']} bytes stored ({info['raw_bytes']} raw), compression {info['compression']}"
     )
     print(f"fingerprint {info['fingerprint']}")
+    masks = {c["null_mask"] for c in info["columns"] if c["null_mask"]}
+    if masks:
+        print(NULLS_MASKED)
+    if info["arrays_with_nulls_as_json"]:
+        print(AS_JSON.format(", ".join(info["arrays_with_nulls_as_json"])))
     print("columns:")
     for c in info["columns"]:
+        if c["name"] in masks:
+            continue  # said on its column's line
         print(
-            f"  {c['name']}: {c['encoding']}" + (f" ({c['arrow_type']})" if c["arrow_type"] else "")
+            f"  {c['name']}: {c['encoding']}"
+            + (f" ({c['arrow_type']})" if c["arrow_type"] else "")
+            + (f", nulls masked by {c['null_mask']}" if c["null_mask"] else "")
         )
     if info["lineage"]:
         print("lineage:")
@@ -332,16 +390,25 @@ def cmd_show(args: argparse.Namespace) -> int:
     """The dataset card: as text, or as one self-contained HTML page with ``--html``."""
     from spark_dl_core.card import card_html, column_stats, sample_indices, stats_lines
 
-    ds = open_any(args.path)
     if args.html:
+        page, _ = read_any(args.path, lambda ds: card_html(ds, rows=args.rows))
         with open(args.html, "w", encoding="utf-8") as out:
-            out.write(card_html(ds, rows=args.rows))
+            out.write(page)
         print(f"wrote {args.html}")
         return EXIT_OK
-    indices = sample_indices(ds, args.rows)
+
+    def sampled(ds: Any) -> tuple[Any, np.ndarray, dict[str, Any]]:
+        indices = sample_indices(ds, args.rows)
+        return ds, indices, column_stats(ds, indices)
+
+    (ds, indices, stats), as_json = read_any(args.path, sampled)
     print(f"{ds.shown}: {len(ds)} samples, {ds.num_shards} shard(s), fingerprint {ds.fingerprint}")
+    if any(p.null_mask for p in ds.plans or []):
+        print(NULLS_MASKED)
+    if as_json:
+        print(AS_JSON.format(", ".join(as_json)))
     print(f"columns (statistics from {len(indices)} sampled rows):")
-    for name, st in column_stats(ds, indices).items():
+    for name, st in stats.items():
         head = f"{ds.columns.get(name, '')}, {st['kind']}, nulls {st['nulls']}"
         lines = [text for text, _ in stats_lines(st)]  # as the HTML card words them
         print(f"  {name}: " + "; ".join([head, *lines]))

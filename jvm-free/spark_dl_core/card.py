@@ -227,6 +227,10 @@ def column_stats(ds: Dataset, indices: np.ndarray | None = None) -> dict[str, di
         if values is not None and name in null_rows:  # statistics of the values present
             stats["nulls"] = int(null_rows[name].sum())
             values = values[~null_rows[name]]
+        elif isinstance(values, np.ndarray) and values.dtype == object:  # json: None is null
+            present = np.fromiter((v is not None for v in values), bool, len(values))
+            stats["nulls"] = int(len(values) - present.sum())
+            values = values[present]
         if values is None or not len(values):
             out[name] = {"kind": "other", **stats}
             continue

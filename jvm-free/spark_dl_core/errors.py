@@ -51,6 +51,11 @@ class EncodingError(SparkDLError, ValueError):
         self.row = row  # within the values encoded, when one row is to blame
 
 
+class ArrayNullsError(EncodingError):
+    """An array column holds null elements, which MDS arrays cannot store (``json`` can):
+    its own class so a reader that may pick the encoding (``spark-dl inspect``) can."""
+
+
 class ReencodeError(EncodingError):
     """A write-time re-encoding op (``reencode_audio``, ``reencode_video``) met a value it
     cannot decode; the message names the column and the row (with the partition in a Spark

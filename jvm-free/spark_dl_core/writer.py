@@ -205,7 +205,7 @@ class ShardWriter:
             except EncodingError as exc:
                 if exc.row is None:
                     raise
-                raise EncodingError(
+                raise type(exc)(  # its class kept: a reader may act on it (ArrayNullsError)
                     plan.name, f"{exc.detail} (at {self._row_at(exc.row)})"
                 ) from None
             if encoding.size is None and encoding.ndarray:

@@ -332,6 +332,43 @@ def test_inspect_and_show_read_a_delta_table_in_place(tmp_path: Path) -> None:
     assert "at version 7: no such version (versions available: 0..1)" in err
 
 
+def test_inspect_and_show_a_delta_table_with_nulls(tmp_path: Path) -> None:
+    """Nullable columns holding nulls (a null partition value too) are read masked: the
+    samples show null, never the stored 0, and the output says the nulls are masked."""
+    table = str(tmp_path / "scores")
+    data = {"id": [1, 2, 3, 4], "score": [0.5, None, 2.0, None], "part": ["a", "a", None, "b"]}
+    write_deltalake(table, pa.table(data), partition_by=["part"])
+    info = json.loads(run("inspect", f"{table}@0", "--samples", "4", "--json").stdout)
+    rows = sorted(info["sample_rows"], key=lambda r: r["id"])
+    assert [r["score"] for r in rows] == [0.5, None, 2.0, None]
+    assert [r["part"] for r in rows] == ["a", "a", None, "b"]
+    assert info["spec"]["nulls"] == "mask" and info["samples"] == 4
+    score = next(c for c in info["columns"] if c["name"] == "score")
+    assert score["null_mask"] == "score__isnull"
+    text = run("inspect", table, "--samples", "4").stdout
+    assert "nulls: masked" in text and "score: float64 (double), nulls masked by" in text
+    assert '"score": null' in text and "score__isnull" not in text.split("sample 0")[1]
+    shown = run("show", f"{table}@0").stdout
+    assert "nulls: masked" in shown and "score: float64, number, nulls 2; 0.5–2" in shown
+    assert "part: str, text, nulls 1;" in shown
+    run("show", table, "--html", str(tmp_path / "card.html"))
+    assert "score" in (tmp_path / "card.html").read_text()
+
+
+def test_inspect_reads_arrays_with_null_elements_as_json(tmp_path: Path) -> None:
+    """An array column holding null elements (Spark's arrays may) has no ndarray form: it
+    is read as json, and inspect and show say so instead of failing."""
+    table = str(tmp_path / "lists")
+    values = pa.array([[1, None], None, [3]], pa.list_(pa.int64()))
+    write_deltalake(table, pa.table({"id": [1, 2, 3], "l": values}))
+    info = json.loads(run("inspect", table, "--json").stdout)
+    assert [r["l"] for r in info["sample_rows"]] == [[1, None], None, [3]]
+    assert info["arrays_with_nulls_as_json"] == ["l"] and info["spec"]["columns"] == {"l": "json"}
+    assert "read as json: l (arrays holding null elements" in run("inspect", table).stdout
+    shown = run("show", table).stdout
+    assert "read as json: l" in shown and "l: json, sequence, nulls 1;" in shown
+
+
 def test_inspect_rows_new_since_a_version(tmp_path: Path) -> None:
     """``TABLE@M..N``: the rows new at N since M, read in place; a bad range names both."""
     table = str(tmp_path / "events")

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import EncodingError
+from ..errors import ArrayNullsError, EncodingError
 from .buffers import (
     I64,
     U8,
@@ -83,10 +83,10 @@ def _nested_values(array: pa.Array, column: str) -> tuple[pa.Array, np.ndarray]:
     return level, np.stack(dims, axis=1) if dims else np.zeros((n, 0), dtype=I64)
 
 
-def _array_nulls(column: str, level: pa.Array, owner: np.ndarray) -> EncodingError:
+def _array_nulls(column: str, level: pa.Array, owner: np.ndarray) -> ArrayNullsError:
     """Nulls inside arrays: the error names the first row holding one and what to do."""
     first = int(np.flatnonzero(pc.is_null(level).to_numpy(zero_copy_only=False))[0])
-    return EncodingError(
+    return ArrayNullsError(
         column,
         "an array holds null elements and MDS arrays have none: fill them with a value, "
         f"or store the column as json (columns={{{column!r}: 'json'}}), which keeps them",
