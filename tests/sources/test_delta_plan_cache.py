@@ -16,7 +16,7 @@ deltalake = pytest.importorskip("deltalake")
 from delta_helpers import add_deletion_vector  # noqa: E402
 from deltalake import WriterProperties, write_deltalake  # noqa: E402
 
-from spark_dl_core.sources import delta_inplace  # noqa: E402
+from spark_dl_core.sources import delta_plan  # noqa: E402
 from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta  # noqa: E402
 
 
@@ -49,9 +49,9 @@ def table(tmp_path: Path) -> str:
 
 
 def _open(path: str, plans: Path, **kwargs: Any) -> Any:
-    before = delta_inplace.footers_read
+    before = delta_plan.footers_read
     ds = open_delta(path, **kwargs).dataset(cache=False, plan_cache=str(plans))
-    return ds, delta_inplace.footers_read - before
+    return ds, delta_plan.footers_read - before
 
 
 def _plan(ds: Any) -> tuple[Any, ...]:
@@ -139,9 +139,9 @@ def test_footers_of_one_layout_are_parsed_once_and_scanned_alike(tmp_path: Path)
     for k in range(12):  # one footer layout, row groups and statistics of every kind
         props = WriterProperties(max_row_group_size=[16, 40, 1000][k % 3])
         write_deltalake(path, _varied(k * 90, 90), mode="append", writer_properties=props)
-    before = delta_inplace.footers_parsed
+    before = delta_plan.footers_parsed
     ds, read = _open(path, tmp_path / "plans")
-    assert read == 12 and delta_inplace.footers_parsed - before < 6
+    assert read == 12 and delta_plan.footers_parsed - before < 6
     reference, _ = _open(path, tmp_path / "p2")  # read again, compared below footer by footer
     summaries = Summaries()
     layouts, parsed = set(), 0
