@@ -192,7 +192,8 @@ def _decode_chunk(job: tuple[str, int, int]) -> int:
     """Clips ``first..stop`` through spark-dl's pipeline in a pool process (the limit)."""
     import numpy as np
 
-    from spark_dl_core.ops.transforms import compile_read_ops, parse_transforms
+    from spark_dl_core.ops.pipelines import compile_read_ops
+    from spark_dl_core.ops.transforms import parse_transforms
 
     kind, first, stop = job
     ops = parse_transforms(AUDIO_OPS if kind == "audio" else VIDEO_OPS)

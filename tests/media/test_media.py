@@ -179,7 +179,8 @@ def test_a_batchs_clips_decode_on_two_threads_as_one_by_one(tmp_path: Path) -> N
     import threading
 
     from spark_dl_core.media.clips import MediaError, VideoPipeline
-    from spark_dl_core.ops.transforms import compile_read_ops, parse_transforms
+    from spark_dl_core.ops.pipelines import compile_read_ops
+    from spark_dl_core.ops.transforms import parse_transforms
 
     ops = [
         {"op": "video_decode", "column": "v", "num_frames": 3, "stride": 3, "start": "random"},

@@ -80,7 +80,7 @@ class ReadOps:
     """Read-time transforms of one loader: the spec's ``"at": "read"`` ones, then the
     loader's own ``transforms=``, checked against the dataset's columns before any data is
     read. Decoded columns (image, audio, video...) run the pipelines their decode ops start,
-    found through the op registry (:func:`~spark_dl_core.ops.transforms.compile_read_ops`);
+    found through the op registry (:func:`~spark_dl_core.ops.pipelines.compile_read_ops`);
     ``normalize`` on numeric columns runs on numpy; other ops go through Arrow.
     """
 
@@ -113,7 +113,8 @@ class ReadOps:
         _check_columns_setting(dataset, names)
         if not self.transforms:
             return
-        from .transforms import augment_key, compile_read_ops
+        from .pipelines import compile_read_ops
+        from .transforms import augment_key
 
         kinds = {n: dataset.columns.get(n, "?") for n in names}
         self.pipelines, self.others = compile_read_ops(self.transforms, kinds)

@@ -9,8 +9,8 @@ schema it promises, which is checked on every batch.
 This module is also the op registry's declaring half: every op declares what it is
 (:class:`OpFacts`: the kind of decoded column a decode op starts and the stored encodings
 it reads, the kinds of decoded column other read ops apply to, the dtype and shape a batch
-leaves as). :func:`compile_read_ops` splits a loader's ops into per-column pipelines by
-those facts and finds each pipeline's implementation by op name in
+leaves as). :func:`~spark_dl_core.ops.pipelines.compile_read_ops` splits a loader's ops into
+per-column pipelines by those facts and finds each pipeline's implementation by op name in
 :mod:`spark_dl_core.ops.registry`, where the media rooms (images, audio, video) register
 their work when imported. Nothing here imports those rooms.
 """
@@ -22,7 +22,7 @@ import hashlib
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, Protocol, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -38,7 +38,6 @@ from pydantic import (
 )
 
 from ..errors import SpecError, TokenizeError
-from ..format.encodings import get_encoding
 from .registry import implementation
 from .text import encode_texts, load_tokenizer, token_type, tokenizer_facts
 
@@ -659,83 +658,6 @@ def sample_rngs(key: bytes, indices: np.ndarray) -> list[np.random.Generator]:
         np.random.Generator(np.random.Philox(key=np.array([words[0] ^ int(i), words[1]])))
         for i in np.asarray(indices, dtype=np.uint64).tolist()
     ]
-
-
-class ColumnPipeline(Protocol):
-    """What a decode op's registered implementation makes for one column: it takes the ops
-    after the decode that apply to its kind, and turns a batch's encoded values into the
-    column's decoded batch. ``on_device``: it can also decode on a torch device (then it
-    has ``plan(raws, key, index, where)``, ``run_torch(raws, plan, device)`` and
-    ``device_missing(device)``, what this machine lacks to decode there, or None)."""
-
-    kind: str
-    on_device: bool
-
-    def add(self, op: Any) -> None: ...
-
-    def run(
-        self, raws: list[Any], key: bytes, index: np.ndarray, where: Any, alloc: Any
-    ) -> Any: ...
-
-
-def compile_read_ops(
-    transforms: list[Any], columns: dict[str, str]
-) -> tuple[dict[str, ColumnPipeline], list[Any]]:
-    """Split a loader's read-time ops into per-column pipelines and the other ops, by what
-    each op declares (:class:`OpFacts`): a decode op starts a pipeline (its implementation
-    found by op name in the registry), the ops after it that apply to its kind join it.
-    Refuses, before any data is read, naming op and column: a decode of a column that is
-    not stored, or stores the wrong kind of value, or is decoded already; an op its
-    column's kind does not take; an op that needs a decode before it; ``normalize`` on a
-    column that does not hold numbers. ``columns`` maps each stored column to its encoding.
-    """
-    pipelines: dict[str, ColumnPipeline] = {}
-    others: list[Any] = []
-    names = list(columns)
-    for op in transforms:
-        facts: OpFacts = op.facts
-        column = getattr(op, "column", None)
-        names = op.columns_after(names)  # refuses a column missing at this step
-        pipeline = pipelines.get(column) if column is not None else None
-        if facts.starts is not None:
-            if column not in columns:
-                raise SpecError(
-                    f"{op.op} (field 'column') names {column!r}, which the dataset does not "
-                    f"store (it has {sorted(columns)}); decode ops run on the stored columns, "
-                    "before renames"
-                )
-            if columns[column] not in facts.reads:
-                raise SpecError(
-                    f"{op.op} on column {column!r}: it stores {columns[column]!r}, not "
-                    f"{facts.needs}"
-                )
-            if pipeline is not None:
-                twice = pipeline.kind == facts.starts
-                what = "is listed twice" if twice else f"is decoded as {pipeline.kind} already"
-                raise SpecError(f"{op.op} on column {column!r} {what}")
-            pipelines[column] = implementation(op.op)(op, column)
-        elif pipeline is not None:
-            kind = pipeline.kind
-            if kind not in facts.applies_to:
-                raise SpecError(
-                    f"{op.op} on {kind} column {column!r}: {kind} columns take "
-                    + ", ".join(ops_for(kind))
-                )
-            pipeline.add(op)
-        elif facts.applies_to and not isinstance(op, Normalize):
-            decoders = " or ".join(decoders_of(facts.applies_to))
-            article = "an" if decoders[:1] in ("a", "e", "i", "o", "u") else "a"
-            raise SpecError(f"{op.op} on column {column!r} needs {article} {decoders} of it before")
-        else:
-            if isinstance(op, Normalize) and column in columns:
-                encoding = columns[column]
-                if not get_encoding(encoding).numeric:
-                    raise SpecError(
-                        f"normalize on column {column!r}: it holds {encoding!r} values, "
-                        "not numbers (decode images with image_decode first)"
-                    )
-            others.append(op)
-    return pipelines, others
 
 
 def _check_op(value: Any) -> Any:
