@@ -67,7 +67,7 @@ _READER = textwrap.dedent(
     import json, sys
     import numpy as np
     from spark_dl_core import open_dataset
-    from spark_dl_core.store.cache import shard_cache
+    from spark_dl_core.store.cached_store import shard_cache
     rank, world, cache_dir, options, out = (
         int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4]), sys.argv[5]
     )

@@ -34,7 +34,8 @@ from s3_helpers import aws_test_env, endpoint_options, moto_server
 
 from spark_dl_core import DatasetSpec, ShardError, open_dataset, write_mds
 from spark_dl_core.errors import HashMismatchError
-from spark_dl_core.store.cache import ShardCache, shard_cache
+from spark_dl_core.store.cache import ShardCache
+from spark_dl_core.store.cached_store import shard_cache
 from spark_dl_core.store.storage import Store, redact
 
 N = 2000

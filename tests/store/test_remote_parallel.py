@@ -30,7 +30,8 @@ pytest.importorskip("moto.server")
 from s3_helpers import ShapedLink, aws_test_env, endpoint_options, moto_server
 
 from spark_dl_core import DatasetError, DatasetSpec, SpecError, open_dataset, write_mds
-from spark_dl_core.store.cache import ShardCache, shard_cache
+from spark_dl_core.store.cache import ShardCache
+from spark_dl_core.store.cached_store import shard_cache
 
 N = 4000
 URL = "s3://bucket/par"
@@ -143,7 +144,7 @@ _READER = textwrap.dedent(
     """
     import json, sys
     from spark_dl_core import open_dataset
-    from spark_dl_core.store.cache import shard_cache
+    from spark_dl_core.store.cached_store import shard_cache
     cache_dir, options, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     ds = open_dataset("s3://bucket/par", cache_dir=cache_dir, storage_options=options)
     ids = [i for b in ds.iter_batches(batch_size=256, shuffle=True, seed=4) for i in b["id"]]

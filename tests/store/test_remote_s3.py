@@ -15,7 +15,8 @@ pytest.importorskip("moto.server")
 from s3_helpers import aws_test_env, endpoint_options, moto_server
 
 from spark_dl_core import DatasetSpec, open_dataset, write_mds
-from spark_dl_core.store.cache import ShardCache, shard_cache
+from spark_dl_core.store.cache import ShardCache
+from spark_dl_core.store.cached_store import shard_cache
 
 N = 3000
 

@@ -41,7 +41,7 @@ from ..meta import (
     stored_layout,
 )
 from ..shard_source import Batch
-from ..store.cache import shard_store
+from ..store.cached_store import shard_store
 from ..store.indexing import index_fingerprint
 from ..store.storage import check_path
 from ..versions import Piece
@@ -69,7 +69,7 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading):
     ) -> None:
         check_path(path)
         self.path = str(path)
-        # remote stores serve shard files through the local cache (see cache.shard_store)
+        # remote stores serve shard files through the local cache (see cached_store.shard_store)
         self.store = shard_store(self.path, storage_options, cache_dir)
         self.shown = self.store.display()  # the path with any credentials redacted
         self.cache_dir = cache_dir

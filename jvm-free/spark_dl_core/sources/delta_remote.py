@@ -35,7 +35,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ShardError
-from ..store.cache import ShardCache, cache_for
+from ..store.cache import ShardCache
+from ..store.cached_store import cache_for
 from ..store.storage import Store, is_remote
 from .parquet_footer import read_group
 

@@ -44,14 +44,12 @@ import time
 import uuid
 import weakref
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from ..errors import HashMismatchError, ShardError
 from ..format.hashing import digest, fastest
-from ..format.index import ShardInfo
-from .storage import Store
 
 DEFAULT_LIMIT = 32 << 30
 DEFAULT_RETRIES = 5
@@ -706,110 +704,3 @@ def _fsync_dir(directory: str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-_CACHES: dict[tuple[int, str], ShardCache] = {}
-_CACHES_LOCK = threading.Lock()
-
-
-def _fresh_lock_after_fork() -> None:  # a thread of the parent may have held it
-    global _CACHES_LOCK
-    _CACHES_LOCK = threading.Lock()
-    for cache in _CACHES.values():  # the parent's download locks are not the child's to keep
-        for job in cache._jobs.values():
-            for fd in (job.hold, job.dl, job.fd):
-                if fd is not None:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-            job.hold = job.dl = job.fd = None
-        cache._jobs = {}
-
-
-os.register_at_fork(after_in_child=_fresh_lock_after_fork)
-
-
-def _cache_for(store: Store, directory: str, hashes: Mapping[str, Mapping[str, str]]) -> ShardCache:
-    """The one cache of ``directory`` in this process."""
-    return cache_for(directory, lambda: ShardCache(store, directory, hashes=hashes))
-
-
-def cache_for(directory: str, make: Any) -> ShardCache:
-    """The one cache of ``directory`` in this process, ``make()`` on first use (after fork
-    too; under a lock, as a reader's threads load shards at the same time)."""
-    key = (os.getpid(), directory)
-    with _CACHES_LOCK:
-        cache = _CACHES.get(key)
-        if cache is None:
-            cache = _CACHES[key] = make()
-    return cache
-
-
-class CachedStore(Store):
-    """A remote store whose shard files are served from the local cache.
-
-    Metadata reads go to the store; :meth:`read_shard` downloads a shard once per machine
-    (see :class:`ShardCache`) and memory-maps the local copy.
-    """
-
-    def __init__(
-        self,
-        url: str | os.PathLike[str],
-        storage_options: dict[str, Any] | None = None,
-        cache_dir: str | None = None,
-    ) -> None:
-        super().__init__(url, storage_options)
-        self.cache_dir = cache_dir or default_cache_dir(self.url)
-        if self.url.split("://", 1)[0] in ("s3", "s3a"):
-            # botocore keeps 10 connections per client: fewer than download threads may use
-            config = dict(self.storage_options.get("config_kwargs") or {})
-            config.setdefault("max_pool_connections", 64)
-            self.storage_options["config_kwargs"] = config
-
-    def cache(self, hashes: Mapping[str, Mapping[str, str]] | None = None) -> ShardCache:
-        """This process's cache of the store's shards."""
-        return _cache_for(self, self.cache_dir, hashes or {})
-
-    def read_shard(
-        self, name: str, nbytes: int, hashes: Mapping[str, str] | None = None
-    ) -> np.ndarray:
-        return self.cache().fetch(name, nbytes, hashes)
-
-    def prefetch_shards(
-        self, items: list[tuple[str, int, Mapping[str, str] | None]], threads: int | None = None
-    ) -> bool:
-        cache = self.cache()
-        if threads is not None and threads != cache.threads:
-            cache.set_threads(threads)
-        cache.prefetch(items)
-        return True
-
-    def release_shards(self, names: list[str]) -> None:
-        self.cache().release(names)
-
-    def download_stats(self) -> dict[str, float] | None:
-        return self.cache().stats()
-
-
-def shard_store(
-    url: str, storage_options: dict[str, Any] | None = None, cache_dir: str | None = None
-) -> Store:
-    """The store a reader opens: local paths as they are, remote URLs through the cache."""
-    store = Store(url, storage_options)
-    if not store.remote:
-        return store
-    return CachedStore(url, storage_options, cache_dir)
-
-
-class _HasShards(Protocol):
-    store: Store
-    cache_dir: str | None
-    shards: list[ShardInfo]
-
-
-def shard_cache(dataset: _HasShards) -> ShardCache:
-    """The cache a remote dataset's shards go through in this process."""
-    hashes = {s.stored.basename: s.stored.hashes for s in dataset.shards if s.stored.hashes}
-    if isinstance(dataset.store, CachedStore):
-        return dataset.store.cache(hashes)
-    directory = dataset.cache_dir or default_cache_dir(dataset.store.url)
-    return _cache_for(dataset.store, directory, hashes)

@@ -262,7 +262,7 @@ class Store:
         """A shard file's bytes for decoding: here a memory map of the file itself.
 
         ``nbytes`` and ``hashes`` are what the index promises; a store that copies shards
-        before serving them (:class:`spark_dl_core.store.cache.CachedStore`) checks them.
+        before serving them (:class:`spark_dl_core.store.cached_store.CachedStore`) checks them.
         """
         return self.read_array(name)
 
