@@ -389,6 +389,43 @@ def test_frame_ops_normalize_and_chw_shapes_dtypes_and_frameworks(stills: str) -
             assert np.array_equal(t["video"].numpy(), n["video"])
 
 
+@pytest.mark.parametrize("chw", [False, True])
+def test_worker_normalized_video_batches_are_written_into_shared_memory(
+    stills: str, chw: bool
+) -> None:
+    """A normalized video batch is written into the worker's shared memory (sent as it is)
+    with the values of the whole-array expression on the uint8 frames."""
+    from spark_dl_core.loaders.torch_loader.shared import _shared_bytes
+    from spark_dl_core.loaders.torch_loader.tensors import to_tensors
+    from spark_dl_core.media.clips import VideoPipeline
+    from spark_dl_core.ops.transforms import parse_transforms
+
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    norm = {"op": "normalize", "column": "video", "mean": mean, "std": std}
+    extra = [norm, {"op": "to_chw", "column": "video"}] if chw else [norm]
+    raws = next(r["video"] for r in open_dataset(stills).iter_batches(batch_size=3))[:3]
+
+    def pipeline(ops: list[dict[str, Any]]) -> Any:
+        parsed = parse_transforms(ops)
+        out = VideoPipeline(parsed[0])
+        for op in parsed[1:]:
+            out.add(op)
+        return out
+
+    index, key, where = np.arange(3), b"v" * 16, _where_plain
+    frames = pipeline(FRAME_OPS).run(list(raws), key, index, where)
+    want = (frames.astype(np.float32) - np.float32(mean) * 255) / (np.float32(std) * 255)
+    if chw:
+        want = np.ascontiguousarray(want.transpose(0, 1, 4, 2, 3))
+    normed = pipeline([*FRAME_OPS, *extra])
+    for alloc in (None, _shared_bytes):
+        got = normed.run(list(raws), key, index, where, alloc)
+        assert got.dtype == np.float32 and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    tensor = to_tensors({"video": got})["video"]
+    assert tensor.is_shared() and tensor.data_ptr() == got.ctypes.data
+
+
 def test_frame_ops_refused_naming_the_column(stills: str) -> None:
     ds = open_dataset(stills)
     decode = FRAME_OPS[0]

@@ -44,7 +44,7 @@ from ..ops.transforms import (
     sample_rngs,
 )
 from .image_plans import fixes_size, plan_boxes
-from .images import _resample
+from .images import _resample, finish_batch, new_bytes, scratch_bytes
 
 Where = Callable[[int, str], str]
 # Image ops that apply to every frame of a decoded video column (one plan per clip).
@@ -505,8 +505,12 @@ class VideoPipeline:
     def _batch(self, clips: list[np.ndarray], alloc: Any) -> np.ndarray:
         """The clips as one batch. A uint8 batch goes into ``alloc``'s buffer (in DataLoader
         workers the reused shared memory images use, so it reaches the main process
-        uncopied), laid out ``[B, T, C, H, W]`` there directly with ``to_chw``."""
-        if alloc is None or self.normalize is not None:
+        uncopied), laid out ``[B, T, C, H, W]`` there directly with ``to_chw``; a
+        normalized batch is written there as float32 (:func:`finish_batch`)."""
+        if self.normalize is not None:
+            stacked = np.stack(clips, out=scratch_bytes((len(clips), *clips[0].shape)))
+            return self._finish(stacked, new_bytes if alloc is None else alloc)
+        if alloc is None:
             return self._finish(np.stack(clips))
         t, h, w, c = clips[0].shape
         out = alloc((len(clips), t, c, h, w) if self.chw else (len(clips), t, h, w, c))
@@ -514,16 +518,11 @@ class VideoPipeline:
             out[i] = clip.transpose(0, 3, 1, 2) if self.chw else clip
         return out
 
-    def _finish(self, batch: np.ndarray) -> np.ndarray:
+    def _finish(self, batch: np.ndarray, alloc: Any = new_bytes) -> np.ndarray:
         """``normalize`` (float32, values scaled to [0, 1] first, as for images) and
-        ``to_chw`` (``[B, T, C, H, W]``) on a whole ``[B, T, H, W, C]`` batch."""
-        if self.normalize is not None:
-            mean = np.asarray(self.normalize.mean, dtype=np.float32) * np.float32(255)
-            std = np.asarray(self.normalize.std, dtype=np.float32) * np.float32(255)
-            batch = (batch.astype(np.float32) - mean) / std
-        if self.chw:
-            batch = np.ascontiguousarray(batch.transpose(0, 1, 4, 2, 3))
-        return batch
+        ``to_chw`` (``[B, T, C, H, W]``) on a whole ``[B, T, H, W, C]`` batch, in
+        ``alloc``'s memory (:func:`~spark_dl_core.media.images.finish_batch`)."""
+        return finish_batch(batch, self.normalize, self.chw, alloc)
 
 
 # Clips of a batch decoded at once: FFmpeg's demuxing, decoding and scaling and torch's
