@@ -10,6 +10,8 @@ images (~3,000 JPEGs 320-640 x 240-480 px, shuffled epoch, batch 64, 2 workers):
 - ``img_files``: one .jpg per file, a PIL torch ``Dataset`` doing the same crop
   (``resize(box=...)``) and flip, DataLoader default collate
 - ``img_mosaic``: Mosaic ``StreamingDataset`` (``jpeg`` -> PIL), the same ops in its collate
+- ``img_ours_norm``: ``img_ours`` plus ``normalize`` (ImageNet mean / std) and ``to_chw``:
+  float32 ``[64, 3, 224, 224]`` batches (against ``img_ours``: what the float batch costs)
 - ``img_ours_decode``: decode only (``image_decode``)
 - ``img_limit``: the decode limit: the chosen decoder (simplejpeg) in a 2-process pool over
   preloaded bytes, full decode, no I/O; the pixels stay in the pool
@@ -53,6 +55,12 @@ TRAIN = [
     {"op": "random_resized_crop", "column": "image", "size": CROP},
     {"op": "horizontal_flip", "column": "image", "p": 0.5},
 ]
+NORMALIZED = [
+    *TRAIN,
+    {"op": "normalize", "column": "image", "mean": [0.485, 0.456, 0.406]},
+    {"op": "to_chw", "column": "image"},
+]
+NORMALIZED[-2]["std"] = [0.229, 0.224, 0.225]
 
 
 # --------------------------------------------------------------------------- data
@@ -181,9 +189,9 @@ def run_one(name: str, directory: Path) -> dict[str, float]:
     from spark_dl_core import open_dataset
 
     made = time.perf_counter()  # open + to_torch: setup_s, outside the passes' clocks
-    if name in ("img_ours", "img_ours_decode"):
+    if name in ("img_ours", "img_ours_norm", "img_ours_decode"):
         ds = open_dataset(directory / "images")
-        ops = TRAIN if name == "img_ours" else TRAIN[:1]
+        ops = {"img_ours": TRAIN, "img_ours_norm": NORMALIZED}.get(name, TRAIN[:1])
         loader = ds.to_torch(batch_size=IMG_BATCH, shuffle=True, num_workers=2, transforms=ops)
         return _setup(made) | _timed(lambda: loader, lambda b: len(b["label"]))
     if name == "img_files":
@@ -356,6 +364,7 @@ def measure(name: str, directory: Path) -> dict[str, float]:
 RATIOS = [
     ("images: ours / file-per-image PIL (>= 1.5x)", "img_ours", "img_files"),
     ("images: ours / Mosaic (>= 2x)", "img_ours", "img_mosaic"),
+    ("images: normalize + to_chw / uint8 crops", "img_ours_norm", "img_ours"),
     ("images: decode-only / decode limit (>= 0.9x)", "img_ours_decode", "img_limit"),
     ("images: decode-only / decode sent to the loop", "img_ours_decode", "img_limit_sent"),
     ("tokens: ours / pyarrow loop (>= 3x)", "tok_ours", "tok_pyarrow"),
@@ -385,7 +394,8 @@ def main() -> None:
     names: list[str] = []
     if "images" in groups:
         make_images(directory, args.images)
-        names += ["img_ours", "img_files", "img_ours_decode", "img_limit", "img_limit_sent"]
+        names += ["img_ours", "img_ours_norm", "img_files", "img_ours_decode", "img_limit"]
+        names += ["img_limit_sent"]
         names += ["img_mosaic"] if mosaic else []
     if "tokens" in groups:
         make_tokens(directory, args.docs)
