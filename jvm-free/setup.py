@@ -3,8 +3,9 @@
 ``spark_dl_core._jpeg`` decodes a region of a JPEG at a reduced DCT scale over the system
 libjpeg-turbo (Debian/Ubuntu: ``apt-get install libjpeg62-turbo-dev`` or
 ``libjpeg-turbo8-dev``). ``spark_dl_core._buffers`` copies a batch's byte ranges (token
-documents) in one call. ``spark_dl_core._shuffle`` shuffles a stratified mixture's batches,
-each with its own keyed generator, in one call. All are optional: without a compiler,
+documents), or its fixed-width rows from several shards, in one call. ``spark_dl_core._shuffle``
+builds a stratified mixture's batches from its sources' runs and shuffles each with its own
+keyed generator, in one call. All are optional: without a compiler,
 headers or library the build prints a warning and goes on, and the pure numpy / simplejpeg /
 Pillow paths run instead.
 """

@@ -10,13 +10,15 @@
  * Fisher-Yates from the end (numpy's random_interval and _shuffle_raw). The Python side
  * checks the result against numpy once per process before it relies on it. The GIL is kept:
  * a range's shuffles take tens of microseconds, less than handing the GIL to a waiting
- * thread and getting it back.
+ * thread and getting it back. interleave_shuffle also builds each batch from its sources'
+ * runs just before shuffling it (the ids still in the first-level cache).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef unsigned __int128 u128;
 
@@ -85,6 +87,40 @@ static void seed(pcg64 *g, const uint64_t *w)
     g->saved = 0;
 }
 
+/* Fisher-Yates from the end over data[0..n-1], as numpy's _shuffle_raw with
+ * random_interval: the same draws as interval() per step, with the mask kept across steps
+ * (it only shrinks as the bound falls) and the 32-bit halves read inline. */
+static void shuffle_one(int64_t *data, int64_t n, const uint64_t *w)
+{
+    pcg64 g;
+    int64_t m = n - 1, tmp;
+    uint64_t j, mask;
+    seed(&g, w);
+    for (; m > (int64_t)0xffffffffLL; m--) {
+        j = interval(&g, (uint64_t)m);
+        tmp = data[j];
+        data[j] = data[m];
+        data[m] = tmp;
+    }
+    if (m < 1)
+        return;
+    mask = (uint64_t)m;
+    mask |= mask >> 1;
+    mask |= mask >> 2;
+    mask |= mask >> 4;
+    mask |= mask >> 8;
+    mask |= mask >> 16;
+    for (; m >= 1; m--) {
+        while ((mask >> 1) >= (uint64_t)m)
+            mask >>= 1;
+        while ((j = (next32(&g) & mask)) > (uint64_t)m)
+            ;
+        tmp = data[j];
+        data[j] = data[m];
+        data[m] = tmp;
+    }
+}
+
 PyDoc_STRVAR(shuffle_slices_doc,
              "shuffle_slices(ids, sizes, words)\n\n"
              "Shuffle ids' consecutive slices of sizes in place, slice k as\n"
@@ -123,15 +159,7 @@ static PyObject *shuffle_slices(PyObject *self, PyObject *args)
         int64_t *data = (int64_t *)ids.buf;
         const uint64_t *w = (const uint64_t *)words.buf;
         for (i = 0; i < k; i++) {
-            pcg64 g;
-            int64_t j, m, tmp;
-            seed(&g, w + 4 * i);
-            for (m = len[i] - 1; m >= 1; m--) {
-                j = (int64_t)interval(&g, (uint64_t)m);
-                tmp = data[j];
-                data[j] = data[m];
-                data[m] = tmp;
-            }
+            shuffle_one(data, len[i], w + 4 * i);
             data += len[i];
         }
     }
@@ -366,8 +394,116 @@ static PyObject *runs_to_ids(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(interleave_shuffle_doc,
+             "interleave_shuffle(out, parts, lengths, words)\n\n"
+             "Batch b of out: lengths[b, 0] items taken in turn from parts[0], then\n"
+             "lengths[b, 1] from parts[1], ..., then shuffled in place as\n"
+             "Generator(PCG64(seeded from words[4b:4b+4])).shuffle would (shuffle_slices).\n"
+             "out, parts: C-contiguous int64; lengths: C-contiguous int64, batch-major, one\n"
+             "row of len(parts) per batch, each part's column summing to at most its\n"
+             "length and everything to len(out); words: uint64, 4 per batch.");
+
+/* A stratified mixture's batches: each source's share of a batch is the next run of that
+ * source's order, and the batch is then shuffled with its own generator. Done batch by
+ * batch, a batch's ids are shuffled while they are still in the first-level cache, and no
+ * index arrays are built to interleave the sources. */
+static PyObject *interleave_shuffle(PyObject *self, PyObject *args)
+{
+    Py_buffer out, lengths, words;
+    PyObject *parts, *seq = NULL;
+    Py_buffer *src = NULL;
+    Py_ssize_t k = 0, got = 0, batches = 0, n, b, s, total = 0;
+    Py_ssize_t *used = NULL;
+    const int64_t *len;
+    int ok = 1;
+    (void)self;
+
+    if (!PyArg_ParseTuple(args, "w*Oy*y*:interleave_shuffle", &out, &parts, &lengths, &words))
+        return NULL;
+    seq = PySequence_Fast(parts, "interleave_shuffle: parts must be a sequence of buffers");
+    ok = seq != NULL;
+    if (ok) {
+        k = PySequence_Fast_GET_SIZE(seq);
+        src = (Py_buffer *)PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_buffer));
+        used = (Py_ssize_t *)PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_ssize_t));
+        if (src == NULL || used == NULL) {
+            PyErr_NoMemory();
+            ok = 0;
+        }
+    }
+    for (; ok && got < k; got++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &src[got],
+                               PyBUF_C_CONTIGUOUS) < 0) {
+            ok = 0;
+            break;
+        }
+        if (src[got].len % 8) {
+            PyErr_SetString(PyExc_ValueError, "interleave_shuffle: parts must be int64");
+            ok = 0;
+        }
+    }
+    n = out.len / (Py_ssize_t)sizeof(int64_t);
+    if (ok && (k < 1 || out.len % 8 || lengths.len % (8 * k) || !PyBuffer_IsContiguous(&out, 'C') ||
+               !PyBuffer_IsContiguous(&lengths, 'C') || !PyBuffer_IsContiguous(&words, 'C'))) {
+        PyErr_SetString(PyExc_ValueError,
+                        "interleave_shuffle: contiguous int64 out and lengths, one or more parts");
+        ok = 0;
+    }
+    if (ok) {
+        batches = lengths.len / (8 * k);
+        if (words.len != 4 * 8 * batches) {
+            PyErr_SetString(PyExc_ValueError, "interleave_shuffle: 4 uint64 words a batch");
+            ok = 0;
+        }
+    }
+    len = (const int64_t *)lengths.buf;
+    for (b = 0; ok && b < batches; b++) {
+        for (s = 0; ok && s < k; s++) {
+            int64_t m = len[b * k + s];
+            if (m < 0 || m > src[s].len / 8 - used[s] || m > n - total) {
+                PyErr_Format(PyExc_ValueError,
+                             "interleave_shuffle: batch %zd passes the end of part %zd or out",
+                             b, s);
+                ok = 0;
+            } else {
+                used[s] += m;
+                total += m;
+            }
+        }
+    }
+    if (ok) {
+        int64_t *data = (int64_t *)out.buf;
+        const uint64_t *w = (const uint64_t *)words.buf;
+        for (s = 0; s < k; s++)
+            used[s] = 0;
+        for (b = 0; b < batches; b++) {
+            int64_t size = 0;
+            for (s = 0; s < k; s++) {
+                int64_t count = len[b * k + s];
+                memcpy(data + size, (const int64_t *)src[s].buf + used[s], (size_t)count * 8);
+                used[s] += count;
+                size += count;
+            }
+            shuffle_one(data, size, w + 4 * b);
+            data += size;
+        }
+    }
+    for (s = 0; s < got; s++)
+        PyBuffer_Release(&src[s]);
+    PyMem_Free(src);
+    PyMem_Free(used);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&words);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"shuffle_slices", shuffle_slices, METH_VARARGS, shuffle_slices_doc},
+    {"interleave_shuffle", interleave_shuffle, METH_VARARGS, interleave_shuffle_doc},
     {"permute_range", permute_range, METH_VARARGS, permute_range_doc},
     {"window_permute", window_permute_c, METH_VARARGS, window_permute_doc},
     {"runs_to_ids", runs_to_ids, METH_VARARGS, runs_to_ids_doc},

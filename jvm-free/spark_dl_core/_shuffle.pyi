@@ -1,5 +1,7 @@
 """Keyed shuffles and the order's window permutation (optional C extension, csrc/shuffle.c)."""
 
+from collections.abc import Sequence
+
 import numpy as np
 
 def shuffle_slices(ids: np.ndarray, sizes: np.ndarray, words: np.ndarray) -> None: ...
@@ -8,3 +10,6 @@ def window_permute(
     positions: np.ndarray, sizes: np.ndarray, keys: np.ndarray, out: np.ndarray
 ) -> None: ...
 def runs_to_ids(values: np.ndarray, bounds: np.ndarray, shifts: np.ndarray) -> None: ...
+def interleave_shuffle(
+    out: np.ndarray, parts: Sequence[np.ndarray], lengths: np.ndarray, words: np.ndarray
+) -> None: ...

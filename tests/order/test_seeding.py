@@ -9,7 +9,7 @@ import pytest
 
 from spark_dl_core.order import seeding
 from spark_dl_core.order.dataset_order import _key, _rng
-from spark_dl_core.order.mixture_order import MixtureOrder, MixturePlan
+from spark_dl_core.order.mixture_order import MixtureOrder, MixturePlan, merged_counts_at
 
 PATHS = ["each", "numpy"] + (["c"] if seeding._shuffle is not None else [])
 
@@ -62,3 +62,60 @@ def test_a_stratified_order_is_the_same_whichever_path_shuffles(
     for path in PATHS[1:]:
         np.testing.assert_array_equal(orders[path], orders["each"])
     assert sorted(orders["each"].tolist()) != orders["each"].tolist()
+
+
+@pytest.mark.skipif(seeding._shuffle is None, reason="C extension not built")
+def test_batches_interleaved_and_shuffled_in_one_pass_match_numpy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each batch takes its share of every source in turn, then is shuffled by its own
+    generator: the C pass gives what concatenating and numpy's shuffle give, with sources
+    missing from some batches, an empty batch and parts longer than used."""
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(0, 300, (40, 3))
+    lengths[5] = 0
+    lengths[7:12, 1] = 0
+    parts = [rng.integers(0, 1 << 40, int(c) + 9) for c in lengths.sum(axis=0)]
+    first = seeding.BatchShuffles.BLOCK - 3  # across a block of seeding words
+    monkeypatch.setattr(seeding, "_checked", "c")
+    got = seeding.BatchShuffles("batch:fp:", 2, 9).interleaved(parts, lengths, first)
+    at = np.zeros(3, dtype=int)
+    want = []
+    for row in lengths:
+        want.append(np.concatenate([p[a : a + n] for p, a, n in zip(parts, at, row)]))
+        at += row
+    flat = np.concatenate(want)
+    monkeypatch.setattr(seeding, "_checked", "numpy")
+    seeding.BatchShuffles("batch:fp:", 2, 9).shuffle(flat, first, lengths.sum(axis=1).tolist())
+    assert got is not None
+    np.testing.assert_array_equal(got, flat)
+
+
+@pytest.mark.skipif(seeding._shuffle is None, reason="C extension not built")
+def test_interleaving_past_a_part_is_refused() -> None:
+    parts = [np.arange(10), np.arange(5)]
+    words = np.zeros(8, dtype=np.uint64)
+    out = np.empty(16, dtype=np.int64)
+    with pytest.raises(ValueError, match="batch 1 passes the end of part 1"):
+        seeding._shuffle.interleave_shuffle(out, parts, np.array([[5, 3], [3, 3]]), words)
+    with pytest.raises(ValueError, match="4 uint64 words a batch"):
+        seeding._shuffle.interleave_shuffle(out, parts, np.array([[5, 3]]), words)
+
+
+def test_merged_bounds_kept_per_block_are_a_merge_per_range() -> None:
+    """A stratified order merges its batch bounds a block of batches at a time; any range
+    (across blocks, a few batches, a schedule part's lead) reads the same counts."""
+    plan = MixturePlan(
+        fingerprint="f" * 64,
+        shard_sizes=(np.array([7000, 9000]), np.array([4000]), np.array([333, 300])),
+        bases=(0, 16000, 20000),
+        counts=(9000, 3500, 633),
+        source_fingerprints=("a" * 64, "b" * 64, "c" * 64),
+        batching="stratified",
+    )
+    order = MixtureOrder(plan, seed=1, epoch=0, shuffle=True, batch_size=7, lead=3)
+    block = MixtureOrder.COUNT_BLOCK
+    for first, stop in [(0, 16), (block - 5, block + 11), (3, 5), (block - 1, 3 * block + 2)]:
+        edges = np.arange(first, stop + 1) * 7 - 3
+        want = merged_counts_at(plan.counts, np.clip(edges, 0, order.total))
+        np.testing.assert_array_equal(order._bound_counts(first, stop), want)

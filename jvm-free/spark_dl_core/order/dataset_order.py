@@ -69,6 +69,12 @@ def _key(fingerprint: str, seed: int, epoch: int) -> bytes:
     return hashlib.sha256(f"spark-dl:{fingerprint}:{seed}:{epoch}".encode()).digest()
 
 
+def _key_hasher(head: str) -> hashlib._Hash:
+    """The hash state after ``_key``'s text up to ``head`` (a fingerprint's start): keys of
+    fingerprints sharing it go on from a copy (``{rest}:{seed}:{epoch}``)."""
+    return hashlib.sha256(f"spark-dl:{head}".encode())
+
+
 def _rng(fingerprint: str, seed: int, epoch: int) -> np.random.Generator:
     key = _key(fingerprint, seed, epoch)
     return np.random.Generator(np.random.PCG64(np.frombuffer(key, dtype=np.uint32)))

@@ -298,6 +298,7 @@ class MixtureOrder:
         self._key = _key(plan.fingerprint, seed, epoch)
         self._dense = len(self.counts) <= DENSE_WORLD
         self._merged: dict[int, list[int]] = {}
+        self._counts: dict[int, np.ndarray] = {}  # stratified: merged counts per block
         # stratified: batch b shuffled by _rng(f"batch:{fingerprint}:{b}", seed, epoch)
         self._shuffles = BatchShuffles(f"batch:{plan.fingerprint}:", seed, epoch)
 
@@ -306,6 +307,8 @@ class MixtureOrder:
         if self.plan.batching == "random":
             return self.mixed.nbytes
         return sum(s.nbytes for s in self.streams)
+
+    COUNT_BLOCK = 256  # batches whose bounds are merged at once (stratified)
 
     def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
         if self.plan.batching == "random":
@@ -348,18 +351,43 @@ class MixtureOrder:
             self._merged[x] = got
         return got
 
+    def _bound_counts(self, first: int, stop: int) -> np.ndarray:
+        """``merged_counts_at`` the bounds of batches ``first..stop`` (``[stop - first + 1,
+        sources]``), from blocks of ``COUNT_BLOCK`` batches merged once each and kept: a
+        reader asks for 16 batches at a time, and a merge's cost is mostly per call. A few
+        batches (a rank of many reads its own one by one) are merged on their own."""
+        block, parts, at = self.COUNT_BLOCK, [], first
+        if stop - first < 8:
+            edges = np.arange(first, stop + 1, dtype=np.int64)
+            bounds = np.clip(edges * self.batch_size - self.lead, 0, self.total)
+            return merged_counts_at(self.counts, bounds)
+        while True:
+            k = at // block
+            got = self._counts.get(k)
+            if got is None:
+                edges = np.arange(k * block, (k + 1) * block + 1, dtype=np.int64)
+                bounds = np.clip(edges * self.batch_size - self.lead, 0, self.total)
+                got = merged_counts_at(self.counts, bounds)
+                while len(self._counts) >= 2:
+                    self._counts.pop(next(iter(self._counts)))
+                self._counts[k] = got
+            end = min(stop, (k + 1) * block)
+            parts.append(got[at - k * block : end - k * block + 1])
+            if end >= stop:
+                return parts[0] if len(parts) == 1 else np.concatenate(parts)
+            at = end + 1
+
     def _stratified(self, first: int, stop: int) -> np.ndarray:
         """The ids of stratified batches ``first..stop-1``, back to back, in their order.
 
-        One merge of every boundary (:func:`merged_counts_at`) and one lookup per source
-        stream for the whole range; each batch's part of a stream is then a slice of it.
-        The same ids in the same order as taking batch by batch (a test holds the two equal).
+        One merge of every boundary (:func:`merged_counts_at`, kept per block of batches)
+        and one lookup per source stream for the whole range; each batch's part of a stream
+        is then a slice of it, copied into place and shuffled in one C pass where the
+        extension is built. The same ids in the same order as taking batch by batch (a test
+        holds the two equal).
         """
-        size, n_src = self.batch_size, len(self.counts)
-        bounds = np.clip(
-            np.arange(first, stop + 1, dtype=np.int64) * size - self.lead, 0, self.total
-        )
-        got = merged_counts_at(self.counts, bounds)  # [batches + 1, sources]
+        n_src = len(self.counts)
+        got = self._bound_counts(first, stop)  # [batches + 1, sources]
         lo, hi = got[0], got[-1]
         parts = [
             self.streams[s].take(int(lo[s]), int(hi[s]), self._dense)
@@ -367,6 +395,11 @@ class MixtureOrder:
             else np.empty(0, np.int64)
             for s in range(n_src)
         ]
+        if self.shuffle:  # each batch's blocks copied and shuffled in one C pass
+            fused = self._shuffles.interleaved(parts, np.diff(got, axis=0), first)
+            if fused is not None:
+                return fused
+        per_batch = np.diff(got.sum(axis=1))
         streams = np.concatenate(parts).astype(np.int64, copy=False)
         stream_at = np.zeros(n_src + 1, dtype=np.int64)
         np.cumsum(hi - lo, out=stream_at[1:])
@@ -376,7 +409,6 @@ class MixtureOrder:
         block_to = np.cumsum(lengths) - lengths
         where = np.repeat(block_from - block_to, lengths) + np.arange(int(lengths.sum()))
         ids = streams[where]
-        per_batch = np.diff(bounds)
         if self.shuffle:  # in place: the same swaps as ``permutation(n)`` of each generator
             self._shuffles.shuffle(ids, first, per_batch.tolist())
             return ids

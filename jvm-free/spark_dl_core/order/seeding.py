@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .dataset_order import _key, _rng
+from .dataset_order import _key, _key_hasher, _rng
 
 try:  # optional C extension (csrc/shuffle.c): every slice in one call
     from .. import _shuffle
@@ -130,7 +130,7 @@ class BatchShuffles:
     for a few batches at a time); a request for fewer than ``FEW`` batches (a rank of many
     reading its own) constructs each generator instead."""
 
-    BLOCK = 256
+    BLOCK = 1024  # seed_words costs the same for 256 keys or 1024 (numpy's per-call cost)
     FEW = 8
 
     def __init__(self, prefix: str, seed: int, epoch: int) -> None:
@@ -143,7 +143,7 @@ class BatchShuffles:
             words = self._blocks.get(block)
             if words is None:
                 at = block * self.BLOCK
-                words = seed_words([self._key(b) for b in range(at, at + self.BLOCK)])
+                words = seed_words(self._keys(at, at + self.BLOCK))
                 while len(self._blocks) >= 4:
                     self._blocks.pop(next(iter(self._blocks)))
                 self._blocks[block] = words
@@ -153,6 +153,33 @@ class BatchShuffles:
 
     def _key(self, b: int) -> bytes:
         return _key(f"{self.prefix}{b}", self.seed, self.epoch)
+
+    def _keys(self, first: int, stop: int) -> list[bytes]:
+        """``[self._key(b) for b in range(first, stop)]``, hashing the shared prefix once."""
+        head = _key_hasher(self.prefix)
+        tail = f":{self.seed}:{self.epoch}"
+        out = []
+        for b in range(first, stop):
+            h = head.copy()
+            h.update(f"{b}{tail}".encode())
+            out.append(h.digest())
+        return out
+
+    def interleaved(
+        self, parts: Sequence[np.ndarray], lengths: np.ndarray, first: int
+    ) -> np.ndarray | None:
+        """Batches ``first, first + 1, ...`` built and shuffled in one C pass: batch ``b``
+        takes ``lengths[b, s]`` items from each of ``parts[s]`` in turn (the next ones),
+        then is shuffled as :meth:`shuffle` would. None where the extension is not built
+        or does not match numpy here (the caller then builds and shuffles them itself)."""
+        count = len(lengths)
+        if _shuffle is None or count < self.FEW or _fast_path(self._key(first)) != "c":
+            return None
+        ids = np.empty(int(lengths.sum()), dtype=np.int64)
+        words = self._words(first, first + count)
+        parts = [np.ascontiguousarray(p, dtype=np.int64) for p in parts]
+        _shuffle.interleave_shuffle(ids, parts, np.ascontiguousarray(lengths), words)
+        return ids
 
     def shuffle(self, ids: np.ndarray, first: int, sizes: Sequence[int]) -> None:
         """Shuffle ``ids``' consecutive slices of ``sizes``, batches ``first``, ``first + 1``,
