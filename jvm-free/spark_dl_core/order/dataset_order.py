@@ -217,7 +217,7 @@ class GlobalOrder:
         """The ids at every position of window ``w``, in order (kept for the last windows
         asked): a dense reader's positions are then a slice or a gather of it. The next
         window's are computed meanwhile on a thread (the permutation releases the GIL), so
-        a pass does not stop at each window's start for O(window samples) of work."""
+        a pass does not stop at each later window's start for O(window samples) of work."""
         cache = self.__dict__.setdefault("_dense", {})
         ids = cache.get(w)
         if ids is None:
@@ -325,8 +325,7 @@ class GlobalOrder:
         if not (dense and self.shuffle) or stop <= start:
             return self.ids(np.arange(start, stop, dtype=np.int64), dense)
         if self._in_head(start, stop):  # per position, before the window's whole order
-            bounds = self.window_bounds
-            self._start_ahead(int(np.searchsorted(bounds, start, side="right")) - 1)
+            # (not computed ahead meanwhile: the first batches' shard loads need both cores)
             return self.ids(np.arange(start, stop, dtype=np.int64))
         # consecutive positions: slices of the windows' orders, no per-position lookup
         bounds = self.window_bounds
