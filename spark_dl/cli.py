@@ -2,8 +2,7 @@
 
 Exit codes: 0 success, 1 failure (bad data, missing table, corrupted shard), 2 usage
 error (argparse). ``--json`` prints machine-readable data on stdout; messages go to stderr.
-pyspark is imported only by ``sql``, so the other commands start fast and run where no
-JVM is installed.
+pyspark is imported only by ``sql``: the other commands start fast, with no JVM.
 """
 
 from __future__ import annotations
@@ -171,11 +170,16 @@ def _delta_table(path: str) -> tuple[str, int | None, int | None] | None:
     ``M``; None for anything else."""
     table, at, version = path.rpartition("@")
     since, dots, last = version.partition("..")
-    if at and dots and since.isdigit() and last.isdigit() and _is_delta(table):
-        return table, int(last), int(since)
-    if at and version.isdigit() and _is_delta(table):
-        return table, int(version), None
+    if at and dots and None not in (_number(since), _number(last)) and _is_delta(table):
+        return table, _number(last), _number(since)
+    if at and _number(version) is not None and _is_delta(table):
+        return table, _number(version), None
     return (path, None, None) if _is_delta(path) else None
+
+
+def _number(version: str) -> int | None:  # ``12`` or ``v12`` (as inspect prints it)
+    digits = version.removeprefix("v")
+    return int(digits) if digits.isdigit() else None
 
 
 def _is_delta(path: str) -> bool:

@@ -348,7 +348,8 @@ def test_inspect_and_show_a_delta_table_with_nulls(tmp_path: Path) -> None:
     text = run("inspect", table, "--samples", "4").stdout
     assert "nulls: masked" in text and "score: float64 (double), nulls masked by" in text
     assert '"score": null' in text and "score__isnull" not in text.split("sample 0")[1]
-    shown = run("show", f"{table}@0").stdout
+    assert "@v0:" in text
+    shown = run("show", f"{table}@v0").stdout  # the name as inspect prints it
     assert "nulls: masked" in shown and "score: float64, number, nulls 2; 0.5–2" in shown
     assert "part: str, text, nulls 1;" in shown
     run("show", table, "--html", str(tmp_path / "card.html"))
