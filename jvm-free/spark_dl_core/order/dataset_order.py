@@ -325,7 +325,11 @@ class GlobalOrder:
         if not (dense and self.shuffle) or stop <= start:
             return self.ids(np.arange(start, stop, dtype=np.int64), dense)
         if self._in_head(start, stop):  # per position, before the window's whole order
-            # (not computed ahead meanwhile: the first batches' shard loads need both cores)
+            # computed ahead once past the first batches (their shard loads need both cores)
+            bounds = self.window_bounds
+            w = int(np.searchsorted(bounds, start, side="right")) - 1
+            if start - int(bounds[w]) >= (int(bounds[w + 1]) - int(bounds[w])) // 128:
+                self._start_ahead(w)
             return self.ids(np.arange(start, stop, dtype=np.int64))
         # consecutive positions: slices of the windows' orders, no per-position lookup
         bounds = self.window_bounds
