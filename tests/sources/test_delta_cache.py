@@ -159,3 +159,20 @@ print(data.raw.nbytes, ds.to_arrow().column("id").to_pylist() == list(range(600)
     nbytes, right = done.stdout.split()
     assert int(nbytes) > 4096 and right == "True"
     assert not list(Path(cache).glob("*.mds")) and not list(Path(cache).glob(".tmp-*"))
+
+
+def test_without_posix_fallocate_row_groups_are_converted_in_memory_and_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where Python has no ``os.posix_fallocate`` (macOS), nothing is mapped: the row group
+    is converted in memory and written to the cache as before, with the same bytes."""
+    import os
+
+    path, cache = _table(tmp_path), str(tmp_path / "cache")
+    mapped = open_delta(path).dataset(cache_dir=str(tmp_path / "mapped")).load_shard(2)
+    monkeypatch.delattr(os, "posix_fallocate")
+    ds = open_delta(path).dataset(cache_dir=cache)
+    data = ds.load_shard(2)
+    assert data.raw.tobytes() == mapped.raw.tobytes()
+    again = RowGroupCache(cache).read(ds._cache_key(2), verify=True)
+    assert again is not None and again.tobytes() == mapped.raw.tobytes()

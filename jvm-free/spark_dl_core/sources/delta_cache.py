@@ -164,8 +164,11 @@ class RowGroupCache:
     def reserve(self, key: str, nbytes: int) -> Reservation | None:
         """A temporary file of ``nbytes`` (and the trailer) mapped writable, to fill and
         then :meth:`Reservation.commit` as ``key``; None when the disk refuses (full,
-        read-only, no ``fallocate``: the caller converts in memory and :meth:`write` does
-        its best)."""
+        read-only, no ``fallocate``) or the platform has no ``posix_fallocate``: the caller
+        converts in memory and :meth:`write` does its best."""
+        fallocate = getattr(os, "posix_fallocate", None)  # not on macOS: convert in memory
+        if fallocate is None:
+            return None
         temp = os.path.join(self.directory, f"{_TMP}{uuid.uuid4().hex}")
         try:
             os.makedirs(self.directory, exist_ok=True)
@@ -173,7 +176,7 @@ class RowGroupCache:
         except OSError:
             return None
         try:  # blocks reserved now: a full disk is an error here, not a SIGBUS in the copy
-            os.posix_fallocate(fd, 0, nbytes + _TRAILER.size)
+            fallocate(fd, 0, nbytes + _TRAILER.size)
             mapped = mmap.mmap(fd, nbytes + _TRAILER.size)
         except (OSError, ValueError):
             self._drop(temp)
