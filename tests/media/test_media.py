@@ -734,11 +734,34 @@ def _soundfile_reference(raw: bytes, crop: dict[str, object] | None, rng: object
     return np.ascontiguousarray(data.T)
 
 
-@pytest.mark.parametrize("subtype", ["PCM_16", "PCM_24", "PCM_32", "FLOAT"])
-def test_wav_windows_read_from_the_bytes_equal_libsndfile(subtype: str) -> None:
-    from spark_dl_core.media.clips import AudioPipeline, _wav_layout
+def _assert_windows_equal_soundfile(raws: list[bytes], key: bytes, label: str) -> None:
+    """Cropped mono 16 kHz windows (random, begin, center) and whole clips (every channel)
+    from the audio pipeline equal soundfile's reading of the same bytes."""
+    from spark_dl_core.media.clips import AudioPipeline
     from spark_dl_core.media.images import sample_rngs
     from spark_dl_core.ops.transforms import parse_transforms
+
+    index = np.arange(len(raws))
+    decode = {"op": "audio_decode", "column": "a", "sample_rate": 16_000, "mono": True}
+    for start in ("random", "begin", "center"):
+        crop = {"op": "audio_crop", "column": "a", "seconds": 1.0, "start": start}
+        pipeline = AudioPipeline(parse_transforms([decode])[0])
+        pipeline.crop = parse_transforms([crop])[0]
+        got = pipeline.run([memoryview(r) for r in raws], key, index, lambda i, m: m)
+        rngs = sample_rngs(key, index)
+        for i, raw in enumerate(raws):
+            want = _soundfile_reference(raw, crop, rngs[i] if start == "random" else None)
+            assert np.array_equal(got[i], want), (label, start, i)
+    whole_clips = {**decode, "mono": False, "sample_rate": None}
+    pipeline = AudioPipeline(parse_transforms([whole_clips])[0])
+    for raw in raws:  # whole clips, every channel
+        whole = pipeline.run([raw], key, index[:1], lambda i, m: m)[0]
+        assert np.array_equal(whole, sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)[0].T)
+
+
+@pytest.mark.parametrize("subtype", ["PCM_16", "PCM_24", "PCM_32", "FLOAT"])
+def test_wav_windows_read_from_the_bytes_equal_libsndfile(subtype: str) -> None:
+    from spark_dl_core.media.clips import _wav_layout
 
     rng = np.random.default_rng(5)
     raws = []
@@ -746,22 +769,7 @@ def test_wav_windows_read_from_the_bytes_equal_libsndfile(subtype: str) -> None:
         wave = rng.uniform(-1, 1, (round(rate * seconds), channels)).astype(np.float32)
         raws.append(_encode(wave, rate, "WAV", subtype))
         assert _wav_layout(raws[-1]) is not None  # the fast path reads these
-    index = np.arange(len(raws))
-    for start in ("random", "begin", "center"):
-        crop = {"op": "audio_crop", "column": "a", "seconds": 1.0, "start": start}
-        decode = {"op": "audio_decode", "column": "a", "sample_rate": 16_000, "mono": True}
-        pipeline = AudioPipeline(parse_transforms([decode])[0])
-        pipeline.crop = parse_transforms([crop])[0]
-        got = pipeline.run([memoryview(r) for r in raws], b"k" * 16, index, lambda i, m: m)
-        rngs = sample_rngs(b"k" * 16, index)
-        for i, raw in enumerate(raws):
-            want = _soundfile_reference(raw, crop, rngs[i] if start == "random" else None)
-            assert np.array_equal(got[i], want), (subtype, start, i)
-    whole_clips = {**decode, "mono": False, "sample_rate": None}
-    pipeline = AudioPipeline(parse_transforms([whole_clips])[0])
-    for raw in raws:  # whole clips, every channel
-        whole = pipeline.run([raw], b"k" * 16, index[:1], lambda i, m: m)[0]
-        assert np.array_equal(whole, sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)[0].T)
+    _assert_windows_equal_soundfile(raws, b"k" * 16, subtype)
 
 
 @pytest.mark.parametrize(
@@ -770,9 +778,7 @@ def test_wav_windows_read_from_the_bytes_equal_libsndfile(subtype: str) -> None:
 def test_libsndfile_windows_equal_soundfiles_seek_and_read(fmt: str, subtype: str) -> None:
     """FLAC / OGG windows are read with one libsndfile seek and read (not soundfile's read,
     which seeks again after reading): the same samples as soundfile's seek + read."""
-    from spark_dl_core.media.clips import AudioPipeline, _wav_layout
-    from spark_dl_core.media.images import sample_rngs
-    from spark_dl_core.ops.transforms import parse_transforms
+    from spark_dl_core.media.clips import _wav_layout
 
     rng = np.random.default_rng(7)
     raws = []
@@ -780,22 +786,7 @@ def test_libsndfile_windows_equal_soundfiles_seek_and_read(fmt: str, subtype: st
         wave = rng.uniform(-1, 1, (round(rate * seconds), channels)).astype(np.float32)
         raws.append(_encode(wave, rate, fmt, subtype))
         assert _wav_layout(raws[-1]) is None  # through libsndfile
-    index = np.arange(len(raws))
-    decode = {"op": "audio_decode", "column": "a", "sample_rate": 16_000, "mono": True}
-    for start in ("random", "begin", "center"):
-        crop = {"op": "audio_crop", "column": "a", "seconds": 1.0, "start": start}
-        pipeline = AudioPipeline(parse_transforms([decode])[0])
-        pipeline.crop = parse_transforms([crop])[0]
-        got = pipeline.run([memoryview(r) for r in raws], b"s" * 16, index, lambda i, m: m)
-        rngs = sample_rngs(b"s" * 16, index)
-        for i, raw in enumerate(raws):
-            want = _soundfile_reference(raw, crop, rngs[i] if start == "random" else None)
-            assert np.array_equal(got[i], want), (fmt, start, i)
-    whole_clips = {**decode, "mono": False, "sample_rate": None}
-    pipeline = AudioPipeline(parse_transforms([whole_clips])[0])
-    for raw in raws:
-        whole = pipeline.run([raw], b"s" * 16, index[:1], lambda i, m: m)[0]
-        assert np.array_equal(whole, sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)[0].T)
+    _assert_windows_equal_soundfile(raws, b"s" * 16, fmt)
 
 
 def test_worker_audio_batches_are_decoded_into_shared_memory() -> None:

@@ -218,15 +218,12 @@ class GlobalOrder:
         asked): a dense reader's positions are then a slice or a gather of it. The next
         window's are computed meanwhile on a thread (the permutation releases the GIL), so
         a pass does not stop at each later window's start for O(window samples) of work."""
-        cache = self.__dict__.setdefault("_dense", {})
-        ids = cache.get(w)
+        ahead = self.__dict__.get("_ahead")
+        if ahead is not None and ahead[0] == w:
+            ahead[1].join()  # computed ahead: wait for it (it may be ending) rather than again
+        ids = self.__dict__.setdefault("_dense", {}).get(w)
         if ids is None:
-            ahead = self.__dict__.get("_ahead")
-            if ahead is not None and ahead[0] == w:
-                ahead[1].join()  # being computed: wait rather than compute it twice
-                ids = cache.get(w)
-            if ids is None:
-                ids = self._keep(w, self._compute_window(w))
+            ids = self._keep(w, self._compute_window(w))
         self._start_ahead(w + 1)
         return ids
 
@@ -288,11 +285,17 @@ class GlobalOrder:
     def _in_head(self, start: int, stop: int) -> bool:
         """Whether ``start..stop`` lies in the first 1/64 of a window whose whole order is not
         computed yet: those positions are evaluated one by one (the same ids), so a loader's
-        first batches do not wait for an O(window samples) permutation (~0.1 s at 2M)."""
+        first batches do not wait for an O(window samples) permutation (~0.1 s at 2M). Past
+        its first 1/128 (after the first batches, whose shard loads need both cores) the
+        window's whole order starts on the thread."""
         bounds = self.window_bounds
         w = int(np.searchsorted(bounds, start, side="right")) - 1
         lo, hi = int(bounds[w]), int(bounds[w + 1])
-        return w not in self.__dict__.get("_dense", {}) and stop - lo <= (hi - lo) // 64
+        if w in self.__dict__.get("_dense", {}) or stop - lo > (hi - lo) // 64:
+            return False
+        if start - lo >= (hi - lo) // 128:
+            self._start_ahead(w)
+        return True
 
     def ids(self, positions: np.ndarray, dense: bool = False) -> np.ndarray:
         """Global sample ids at ``positions`` (each in ``0..len-1``) of this epoch's order.
@@ -325,11 +328,6 @@ class GlobalOrder:
         if not (dense and self.shuffle) or stop <= start:
             return self.ids(np.arange(start, stop, dtype=np.int64), dense)
         if self._in_head(start, stop):  # per position, before the window's whole order
-            # computed ahead once past the first batches (their shard loads need both cores)
-            bounds = self.window_bounds
-            w = int(np.searchsorted(bounds, start, side="right")) - 1
-            if start - int(bounds[w]) >= (int(bounds[w + 1]) - int(bounds[w])) // 128:
-                self._start_ahead(w)
             return self.ids(np.arange(start, stop, dtype=np.int64))
         # consecutive positions: slices of the windows' orders, no per-position lookup
         bounds = self.window_bounds
