@@ -396,3 +396,64 @@ def test_windows_computed_ahead_on_the_thread_give_the_same_order() -> None:
     assert np.array_equal(np.sort(got), np.arange(len(got)))
     if _shuffle is not None:
         assert dense.__dict__["_ahead"][0] == len(dense.window_bounds) - 2  # the last window
+
+
+def _ahead_or_done(order: object, window: int) -> bool:
+    """Whether ``window`` of a GlobalOrder is computed or being computed on its thread."""
+    state = order.__dict__
+    ahead = state.get("_ahead")
+    return window in state.get("_dense", {}) or (ahead is not None and ahead[0] == window)
+
+
+def test_next_epochs_first_window_starts_during_the_last_window(tmp_path: object) -> None:
+    """A pass's last window starts the next epoch's order and its first window on a thread,
+    so the next pass does not begin with a whole-window permutation; its ids are the same."""
+    from spark_dl_core.order import global_order
+    from spark_dl_core.order.dataset_order import _ORDERS, _shuffle
+
+    path = f"{tmp_path}/ds"
+    write_mds(
+        pa.table({"id": np.arange(60_000, dtype=np.int64)}), path, DatasetSpec(shard_size="40KiB")
+    )
+    ds = open_dataset(path)
+    assert ds.num_shards >= 8
+    loader = ds.to_torch(batch_size=1000, shuffle=True, seed=3)
+    first = np.concatenate([b["id"].numpy() for b in loader])
+    kept = _ORDERS[ds]
+    following = [o for key, o in kept.items() if key[2] == 1]
+    assert len(following) == 1
+    if _shuffle is not None:
+        assert _ahead_or_done(following[0], 0)
+    second = np.concatenate([b["id"].numpy() for b in loader])
+    for epoch, got in enumerate((first, second)):
+        want = global_order(ds.shards.samples, ds.fingerprint, 3, epoch, True, 4)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_schedules_next_part_starts_during_the_parts_last_window(tmp_path: object) -> None:
+    """A scheduled mixture's parts: part k's last window starts part k+1's first windows on
+    a thread; read in chunks across part boundaries the ids equal per-position evaluation."""
+    from spark_dl_core import Source, mix
+    from spark_dl_core.order.dataset_order import _shuffle
+
+    for name, start in (("a", 0), ("b", 10**6)):
+        ids = np.arange(start, start + 30_000, dtype=np.int64)
+        write_mds(pa.table({"id": ids}), f"{tmp_path}/{name}", DatasetSpec(shard_size="24KiB"))
+    sources = [Source(f"{tmp_path}/{n}", name=n) for n in ("a", "b")]
+    stages = [(0, {"a": 3.0, "b": 1.0}), (20_000, {"a": 1.0, "b": 1.0})]
+    mixed = mix(sources, epoch_size=40_000, schedule=stages)
+    order = mixed.make_order(5, 0, True, 2, 0)
+    sparse = mixed.make_order(5, 0, True, 2, 0)
+    assert len(order.orders) == 2
+    boundary = int(order.offsets[1])
+    chunks = [(a, min(a + 777, boundary)) for a in range(0, boundary, 777)]
+    got = [order.take(a, z, True) for a, z in chunks]  # part 0, up to its last position
+    last = order.orders[0].mixed
+    assert _ahead_or_done(last, len(last.window_bounds) - 2)
+    if _shuffle is not None:
+        assert _ahead_or_done(order.orders[1].mixed, 0)
+    got += [
+        order.take(a, min(a + 777, order.total), True) for a in range(boundary, order.total, 777)
+    ]
+    want = sparse.take(0, sparse.total, False)
+    np.testing.assert_array_equal(np.concatenate(got), want)

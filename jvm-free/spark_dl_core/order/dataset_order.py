@@ -32,9 +32,12 @@ samples is O(1) in ``consumed``.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import threading
 import weakref
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -225,7 +228,23 @@ class GlobalOrder:
         if ids is None:
             ids = self._keep(w, self._compute_window(w))
         self._start_ahead(w + 1)
+        if w == len(self.window_bounds) - 2:
+            then = self.__dict__.pop("_then", None)
+            if then is not None:
+                then()
         return ids
+
+    def prepare(self) -> None:
+        """Start computing the first window's ids on a thread: called while the order read
+        before this one (the previous epoch, or schedule part) is in its last window, so
+        this pass does not start with an O(window samples) stop."""
+        if self.shuffle:
+            self._start_ahead(0)
+
+    def then(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once, when this order's last window is first read whole (not kept
+        across pickling: a process that reads the order sets its own)."""
+        self.__dict__["_then"] = fn
 
     def _compute_window(self, w: int) -> np.ndarray:
         start, stop = int(self.window_bounds[w]), int(self.window_bounds[w + 1])
@@ -261,6 +280,7 @@ class GlobalOrder:
             daemon=True,
         )
         self.__dict__["_ahead"] = (w, thread)
+        _RUNNING.add(thread)
         thread.start()
 
     def _window_members_ids(self, member: np.ndarray, first: int, last: int) -> np.ndarray:
@@ -346,6 +366,7 @@ class GlobalOrder:
         state = dict(self.__dict__)
         state.pop("_dense", None)  # a cache: each process computes its own windows
         state.pop("_ahead", None)
+        state.pop("_then", None)
         return state
 
     @property
@@ -374,6 +395,42 @@ class _Order(Protocol):
     def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray: ...
 
 
+class Once:
+    """``fn`` called at most once, however many orders (a mixture's streams) may call it."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn: Callable[[], None] | None = fn
+
+    def __call__(self) -> None:
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            fn()
+
+
+# Threads computing a window ahead: joined at interpreter exit (each is O(window) of C),
+# so none is still running while the interpreter is torn down.
+_RUNNING: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+@atexit.register
+def _join_running() -> None:
+    for thread in list(_RUNNING):
+        thread.join()
+
+
+def _prepare_next_epoch(dataset: weakref.ref[Any], key: tuple[Any, ...]) -> None:
+    """Make the next epoch's order (same dataset and settings) and start its first
+    windows on a thread: the pass now ending is in its last window."""
+    source = dataset()
+    _, seed, epoch, shuffle, window, batch_size = key
+    if source is None or not shuffle:
+        return
+    order = _order_of(source, seed, epoch + 1, shuffle, window, batch_size)
+    prepare = getattr(order, "prepare", None)
+    if prepare is not None:
+        prepare()
+
+
 _ORDERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], _Order]] = weakref.WeakKeyDictionary()
 
 
@@ -399,6 +456,9 @@ def _order_of(
         while len(kept) >= 2:
             kept.pop(next(iter(kept)))
         kept[key] = order
+        then = getattr(order, "then", None)
+        if then is not None:  # the next epoch's first windows start during this one's last
+            then(Once(partial(_prepare_next_epoch, weakref.ref(dataset), key)))
     return order
 
 

@@ -7,14 +7,14 @@ merge of sources into batches is a pure function of (fingerprints, seed, epoch, 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import SpecError
-from .dataset_order import DEFAULT_WINDOW, DENSE_WORLD, GlobalOrder, _key, _rng
+from .dataset_order import DEFAULT_WINDOW, DENSE_WORLD, GlobalOrder, Once, _key, _rng
 from .seeding import BatchShuffles
 
 if TYPE_CHECKING:
@@ -308,6 +308,20 @@ class MixtureOrder:
             return self.mixed.nbytes
         return sum(s.nbytes for s in self.streams)
 
+    def _orders(self) -> list[GlobalOrder]:
+        return [self.mixed] if self.plan.batching == "random" else self.streams
+
+    def prepare(self) -> None:
+        """Start each stream's first window on a thread (see :meth:`GlobalOrder.prepare`)."""
+        for order in self._orders():
+            order.prepare()
+
+    def then(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once, when the first of its streams reaches its last window."""
+        once = Once(fn)
+        for order in self._orders():
+            order.then(once)
+
     COUNT_BLOCK = 256  # batches whose bounds are merged at once (stratified)
 
     def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
@@ -573,6 +587,26 @@ class ScheduledOrder:
             )
             for p in self.parts
         ]
+
+        self._chain()
+
+    def _chain(self) -> None:
+        """Each part's first windows start on a thread while the part before is in its
+        last window, so a stage change does not stop the pass."""
+        for part, following in zip(self.orders, self.orders[1:]):
+            part.then(following.prepare)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._chain()  # an order's callbacks are not pickled
+
+    def prepare(self) -> None:
+        if self.orders:
+            self.orders[0].prepare()
+
+    def then(self, fn: Callable[[], None]) -> None:
+        if self.orders:
+            self.orders[-1].then(fn)
 
     @property
     def nbytes(self) -> int:
