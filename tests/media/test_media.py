@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -1171,3 +1173,30 @@ def test_a_clip_with_non_utf8_metadata_decodes(tmp_path: Path) -> None:
     write_mds(pa.table({"id": np.arange(2), "video": [clean, tagged]}), out, {"transforms": [op]})
     stored = next(iter(open_dataset(out).iter_batches(batch_size=2)))["video"]
     assert len(stored) == 2 and all(len(raw) > 0 for raw in stored)
+
+
+FIRST_USE = """
+import sys
+import numpy as np
+from spark_dl_core import open_dataset
+ops = {ops!r}
+def clips():
+    ds = open_dataset(sys.argv[1])
+    return {{int(i): np.asarray(v) for b in ds.iter_batches(batch_size=4, shuffle=True, seed=5,
+            transforms=ops) for i, v in zip(b["id"], b["video"])}}
+first, later = clips(), clips()
+print(sorted(i for i in first if not np.array_equal(first[i], later[i])))
+"""
+
+
+def test_a_processs_first_video_batch_is_resampled_as_every_later_one(stills: str) -> None:
+    """The first batch of a fresh process (torch not yet imported) decodes its clips on two
+    threads: both must resample with the same kernel as later batches (one thread used to
+    take PIL's while the other was still importing torch)."""
+    script = FIRST_USE.format(ops=FRAME_OPS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run(
+        [sys.executable, "-c", script, stills], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -187,19 +187,30 @@ def region_scale(
 _torch_resize: Any = False  # False: not looked up yet; None: torch is not installed
 
 
+_RESAMPLER_LOCK = threading.Lock()
+
+
 def _resampler() -> Any:
     """torch's ``interpolate`` when torch is installed (it has a uint8 antialiased
-    bilinear kernel, ~3x faster than PIL here), else None (PIL)."""
+    bilinear kernel, ~3x faster than PIL here), else None (PIL). Looked up once under a
+    lock: video clips are decoded on two threads, and one that saw the lookup unfinished
+    resampled its clips with PIL (other values) while torch was still importing."""
     global _torch_resize
     if _torch_resize is False:
-        _torch_resize = None
-        if importlib.util.find_spec("torch") is not None:
-            try:
-                import torch.nn.functional as functional
-            except Exception:  # pragma: no cover - a broken torch install: PIL resamples
-                return None
-            _torch_resize = functional.interpolate
+        with _RESAMPLER_LOCK:
+            if _torch_resize is False:
+                _torch_resize = _find_interpolate()
     return _torch_resize
+
+
+def _find_interpolate() -> Any:
+    if importlib.util.find_spec("torch") is None:
+        return None
+    try:
+        import torch.nn.functional as functional
+    except Exception:  # pragma: no cover - a broken torch install: PIL resamples
+        return None
+    return functional.interpolate
 
 
 def _margin(box: tuple[float, float, float, float], out: tuple[int, int]) -> int:

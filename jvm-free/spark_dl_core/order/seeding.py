@@ -106,20 +106,21 @@ def _fast_path(key: bytes) -> str:
     ``"numpy"`` (vector seeding, numpy's shuffle) or ``"each"`` (a generator per slice);
     checked once, on the first key, against a generator numpy seeds itself."""
     global _checked
-    if _checked is None:
+    if _checked is None:  # found in a local, then published whole: threads may ask too
         real = np.random.PCG64(np.frombuffer(key, dtype=np.uint32))
         words = seed_words([key])
         state = real.state["state"]
-        _checked = "each"
+        found = "each"
         if pcg64_state(words[0].tolist()) == (state["state"], state["inc"]):
-            _checked = "numpy"
+            found = "numpy"
             want = np.arange(1000, dtype=np.int64)
             np.random.Generator(real).shuffle(want)
             got = np.arange(1000, dtype=np.int64)
             if _shuffle is not None:
                 _shuffle.shuffle_slices(got, np.array([1000], dtype=np.int64), words)
                 if np.array_equal(got, want):
-                    _checked = "c"
+                    found = "c"
+        _checked = found
     return _checked
 
 
