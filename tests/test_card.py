@@ -387,3 +387,46 @@ def test_numbers_read_as_people_write_them(tmp_path: Path) -> None:
     assert "size 9.1–15 KB, mean 12 KB" in page and "0–15,000, mean 7,500" in page
     labels = re.findall(r'<span class="label">([^<]*)</span>', page)
     assert len(labels) == 2 and not any(re.search(r"\d[eE][+-]?\d", t) for t in labels)
+
+
+def test_a_null_image_is_shown_as_null_not_as_undecodable(tmp_path: Path) -> None:
+    """A nullable image column written with nulls='mask' stores a null as empty bytes: the
+    card says null there, and draws the images present."""
+    images: list[bytes | None] = [_jpeg(150 + i, 200, i % 3) for i in range(6)]
+    images[2] = None
+    path = str(tmp_path / "photos")
+    table = pa.table({"img": pa.array(images, pa.binary())})
+    write_mds(table, path, {"columns": {"img": "jpeg"}, "nulls": "mask"})
+    page = card_html(open_dataset(path), thumbs=6)
+    assert page.count('class="thumb"') == 5
+    missing = re.findall(r'<div class="missing" data-row="(\d+)" title="([^"]*)">([^<]*)<', page)
+    assert missing == [("2", "null", "null")]
+
+
+def test_a_masked_null_image_is_written_and_named_when_decoded(tmp_path: Path) -> None:
+    """nulls='mask' on a jpeg column: the null is stored empty (no signature to check), read
+    back as null by Arrow; decoding it fails naming the row and saying it is empty. An
+    empty value that is not a masked null is still refused when written."""
+    from spark_dl_core.errors import EncodingError
+    from spark_dl_core.media.images import ImageError
+
+    images: list[bytes | None] = [_jpeg(40 + i, 30, 0) for i in range(4)]
+    images[1] = None
+    path = str(tmp_path / "photos")
+    write_mds(
+        pa.table({"img": pa.array(images, pa.binary())}),
+        path,
+        {"columns": {"img": "jpeg"}, "nulls": "mask"},
+    )
+    ds = open_dataset(path)
+    assert ds.to_arrow().column("img").to_pylist() == images
+    decode = [{"op": "image_decode", "column": "img"}]
+    with pytest.raises(ImageError, match=r"sample 1 .*the value is empty"):
+        list(ds.iter_batches(batch_size=4, transforms=decode))
+    images[1] = b""
+    with pytest.raises(EncodingError, match="0 byte"):
+        write_mds(
+            pa.table({"img": pa.array(images, pa.binary())}),
+            str(tmp_path / "e"),
+            {"columns": {"img": "jpeg"}, "nulls": "mask"},
+        )

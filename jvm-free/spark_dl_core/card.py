@@ -384,6 +384,10 @@ def frame_strip(raw: bytes, frames: int = STRIP_FRAMES, height: int = FRAME_HEIG
     return out
 
 
+# The reason a masked null image (nulls='mask': stored empty) has no thumbnail.
+NULL_IMAGE = "null"
+
+
 def thumbnails(
     ds: Dataset, column: str, indices: np.ndarray, count: int = THUMBNAILS
 ) -> list[tuple[int, bytes | None, str]]:
@@ -393,8 +397,14 @@ def thumbnails(
     picked = indices[:: max(1, len(indices) // count)][:count] if len(indices) else indices
     if not len(picked):
         return []
-    raws = ds.read(picked, [column], images="bytes")[column]
-    return [_thumbnail(int(i), bytes(r), column) for i, r in zip(picked, raws) if r is not None]
+    mask = next((p.null_mask for p in ds.plans or [] if p.name == column and p.null_mask), None)
+    batch = ds.read(picked, [column] + ([mask] if mask else []), images="bytes")
+    nulls = np.asarray(batch[mask], bool) if mask else np.zeros(len(picked), bool)
+    return [
+        (int(i), None, NULL_IMAGE) if null else _thumbnail(int(i), bytes(r), column)
+        for i, r, null in zip(picked, batch[column], nulls)
+        if r is not None
+    ]
 
 
 def _thumbnail(row: int, raw: bytes, column: str) -> tuple[int, bytes | None, str]:
@@ -725,7 +735,8 @@ def _thumbnail_grid(ds: Dataset, name: str, indices: np.ndarray, count: int) -> 
         f"<figcaption>#{i}</figcaption></figure>"
         if jpeg is not None
         else f'<figure><div class="missing" data-row="{i}" title="{_e(why)}">'
-        f"does not decode: {_e(why)}</div><figcaption>#{i}</figcaption></figure>"
+        f"{'null' if why == NULL_IMAGE else 'does not decode: ' + _e(why)}</div>"
+        f"<figcaption>#{i}</figcaption></figure>"
         for i, jpeg, why in pictures
     )
     return f'<h3>{_e(name)}</h3><div class="grid" data-column="{_e(name)}">{figures}</div>'

@@ -201,7 +201,10 @@ class ShardWriter:
                     )
             encoding = get_encoding(plan.encoding)
             try:
-                columns.append(encoding.encode(array, plan.name))
+                if mask is not None:
+                    columns.append(encoding.encode_masked(array, plan.name, mask))
+                else:
+                    columns.append(encoding.encode(array, plan.name))
             except EncodingError as exc:
                 if exc.row is None:
                     raise

@@ -138,6 +138,12 @@ class Encoding(ABC):
     def encode(self, array: pa.Array, column: str) -> Pieces:
         """Per-sample bytes of a null-free Arrow array."""
 
+    def encode_masked(self, array: pa.Array, column: str, null: np.ndarray) -> Pieces:
+        """:meth:`encode` of a column written with nulls='mask', its nulls filled with the
+        type's zero or empty value (``null``: nonzero where the row was null). Encodings
+        that check their values' contents skip those rows."""
+        return self.encode(array, column)
+
     def encode_rows(self, array: pa.Array, column: str) -> list[np.ndarray] | None:
         """The values of a null-free Arrow array as blocks to lay side by side, each
         ``(n, width)`` bytes or one ``(1, width)`` row every sample shares, when every value

@@ -76,12 +76,19 @@ class ImageEncoding(Encoding):
         self.name = name
 
     def encode(self, array: pa.Array, column: str) -> Pieces:
+        return self._encode(array, column, None)
+
+    def encode_masked(self, array: pa.Array, column: str, null: np.ndarray) -> Pieces:
+        """A masked null is stored empty: it is no image, and not checked as one."""
+        return self._encode(array, column, np.asarray(null, bool))
+
+    def _encode(self, array: pa.Array, column: str, null: np.ndarray | None) -> Pieces:
         if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
             raise EncodingError(
                 column, f"{self.name!r} columns take encoded image bytes, not {array.type}"
             )
         pieces = _binary_pieces(array)
-        _check_signatures(self.name, pieces, column)
+        _check_signatures(self.name, pieces, column, skip=null)
         return pieces
 
     def decode(self, pieces: Pieces, n: int, column: str, options: DecodeOptions) -> np.ndarray:
@@ -94,26 +101,32 @@ class ImageEncoding(Encoding):
 
 
 def _check_signatures(
-    kind: str, pieces: Pieces, column: str, owner: np.ndarray | None = None
+    kind: str,
+    pieces: Pieces,
+    column: str,
+    owner: np.ndarray | None = None,
+    skip: np.ndarray | None = None,
 ) -> None:
     """Each value starts with ``kind``'s signature; the error names the row (``owner``: the
-    row of each value, where a row holds several images)."""
+    row of each value, where a row holds several images). ``skip``: values not checked
+    (masked nulls)."""
     signature = _SIGNATURES.get(kind)
     if signature is None or pieces.offsets is None:
         return
     starts, lengths = pieces.offsets[:-1], np.diff(pieces.offsets)
+    checked = np.arange(len(lengths)) if skip is None else np.flatnonzero(~skip)
 
     def row(value: int) -> int:
         return int(value if owner is None else owner[value])
 
-    short = np.flatnonzero(lengths < len(signature))
+    short = checked[lengths[checked] < len(signature)]
     if len(short):
         size = int(lengths[short[0]])
         raise EncodingError(
             column, f"a value of {size} byte(s) is too short to be a {kind} file", row(short[0])
         )
-    head = pieces.data[starts[:, None] + np.arange(len(signature))]
-    bad = np.flatnonzero(np.any(head != np.frombuffer(signature, dtype=U8), axis=1))
+    head = pieces.data[starts[checked][:, None] + np.arange(len(signature))]
+    bad = checked[np.any(head != np.frombuffer(signature, dtype=U8), axis=1)]
     if len(bad):
         raise EncodingError(column, f"not a {kind} file (bad signature)", row(bad[0]))
 

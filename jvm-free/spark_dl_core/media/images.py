@@ -376,7 +376,8 @@ class ImagePipeline:
             try:
                 sizes[i] = image_size(raw)
             except Exception as exc:
-                raise ImageError(where(i, f"image header does not read: {exc}")) from None
+                why = "the value is empty (a null stored by nulls='mask'?)" if not len(raw) else exc
+                raise ImageError(where(i, f"image header does not read: {why}")) from None
         return (plan_exact if self.exact else plan_boxes)(sizes, self.geometry, key, indices)
 
     def run_cpu(self, raws: list[bytes], plan: Plan, where: Any, alloc: Any = new_bytes) -> Any:
