@@ -587,7 +587,6 @@ class ScheduledOrder:
             )
             for p in self.parts
         ]
-
         self._chain()
 
     def _chain(self) -> None:
