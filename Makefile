@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(abspath $(VENV))/bin/python
 MOSAIC_VENV := .venv-mosaic
+JVM_JAR := spark_dl/jvm/spark-dl-jvm.jar
+JVM_SOURCES := $(wildcard spark_dl/jvm/*.java)
 
 # Spark's Python workers must run the interpreter that has our packages.
 export PYSPARK_PYTHON := $(PY)
@@ -14,7 +16,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 
 .PHONY: install mosaic-env browser-env demo test lint typecheck pytest bench fuzz clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed $(JVM_JAR)
 
 $(VENV)/.installed: pyproject.toml jvm-free/pyproject.toml jvm-free/setup.py $(wildcard jvm-free/csrc/*.c) constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +27,17 @@ $(VENV)/.installed: pyproject.toml jvm-free/pyproject.toml jvm-free/setup.py $(w
 	# finder makes it importable but invisible to that discovery
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]" --config-settings editable_mode=compat
 	touch $@
+
+# The JVM scan (docs/spark.md, "Reading"), compiled against PySpark's own jars. Where javac
+# is missing (or fails) the jar is absent and format("mds") reads stay on the Python path.
+$(JVM_JAR): $(JVM_SOURCES) $(VENV)/.installed
+	@rm -rf build/jvm && mkdir -p build/jvm
+	@if command -v javac >/dev/null 2>&1; then \
+	  JARS=$$($(PY) -c "import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), 'jars'))") && \
+	  javac --release 17 -nowarn -d build/jvm -cp "$$JARS/*" $(JVM_SOURCES) && \
+	  cd build/jvm && $(PY) -m zipfile -c $(abspath $@) sparkdl \
+	  || echo "spark-dl: the JVM scan did not compile; format('mds') reads stay in Python"; \
+	else echo "spark-dl: no javac; format('mds') reads stay on the Python path"; fi
 
 # A side environment with Mosaic Streaming, the interoperability oracle. It cannot share
 # the main one (it pins numpy<2.2); the library never depends on it.

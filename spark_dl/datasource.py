@@ -26,6 +26,7 @@ from pyspark.sql.types import StructType
 from spark_dl_core import open_dataset
 from spark_dl_core.ops.arrow import arrow_schema
 
+from .jvm_scan import install_jvm_scan
 from .mds_options import FORMAT as FORMAT
 from .mds_options import _path, _storage_options, validate_options
 from .mds_options import spec_from_options as spec_from_options
@@ -75,9 +76,11 @@ def register_source(spark: Any, *, force: bool = False) -> Any:
     """Register the ``mds`` source on ``spark`` (classic or Connect) unless the session has
     it already: an installed spark-dl is registered by PySpark's discovery hook
     (``pyspark_spark_dl``), and registering again makes Spark WARN that it replaced a
-    registered source. ``force=True`` registers regardless (new code after a reload)."""
+    registered source. ``force=True`` registers regardless (new code after a reload).
+    A classic session also gets the JVM scan (:mod:`spark_dl.jvm_scan`)."""
     if force or (spark not in _REGISTERED and not _session_has_source(spark)):
         spark.dataSource.register(MDSDataSource)
+    install_jvm_scan(spark)
     with contextlib.suppress(TypeError):  # a session type without weak references
         _REGISTERED.add(spark)
     return spark

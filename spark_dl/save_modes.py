@@ -176,6 +176,9 @@ def _wrap_reader_class(cls: Any) -> None:
     orig_load = cls.load
 
     def load(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from .jvm_scan import install_jvm_scan
+
+        install_jvm_scan(getattr(self, "_spark", None))  # a session made after the import
         with _explain_unregistered():
             return orig_load(self, *args, **kwargs)
 
