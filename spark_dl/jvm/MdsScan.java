@@ -37,7 +37,7 @@ public final class MdsScan implements Scan, Batch {
   // as spark_dl/mds_options.py: PARTITION_BYTES, SHARD_OPEN_BYTES
   static final long PARTITION_BYTES = 128L << 20;
   static final long SHARD_OPEN_BYTES = 4L << 20;
-  static final int BATCH_ROWS = 8192;
+  static final int BATCH_ROWS = 16384;
 
   private final MdsDataset ds;
   private final StructType schema;
@@ -407,6 +407,10 @@ public final class MdsScan implements Scan, Batch {
       if (vectors.length == 0) {
         return;
       }
+      if (f.variable.length == 0) {
+        decodeFixed(start, n, vectors);
+        return;
+      }
       int columns = f.columns;
       int head = 4 * f.variable.length;
       int[] at = new int[columns];
@@ -446,6 +450,45 @@ public final class MdsScan implements Scan, Batch {
             vectors[k].putNull(r);
           } else {
             put(vectors[k], f.kinds[k], r, at[f.stored[k]], width[f.stored[k]]);
+          }
+        }
+      }
+    }
+
+    /** Every column fixed-width: each sample is one row of the same size; a column at a
+     * time, the type switched on once per column rather than once per value. */
+    private void decodeFixed(int start, int n, OnHeapColumnVector[] vectors) {
+      int row = 0;
+      int[] at = new int[f.columns];
+      for (int c = 0; c < f.columns; c++) {
+        at[c] = row;
+        row += f.sizes[c];
+      }
+      for (int r = start; r < start + n; r++) {
+        if (offsets[r + 1] - offsets[r] != row) {
+          throw error("samples are not all " + row + " bytes as its columns imply");
+        }
+      }
+      int base = offsets[start];
+      for (int k = 0; k < vectors.length; k++) {
+        OnHeapColumnVector v = vectors[k];
+        int col = base + at[f.stored[k]];
+        int mask = f.masks[k];
+        switch (f.kinds[k]) {
+          case 0: for (int r = 0; r < n; r++) v.putByte(r, buf.get(col + r * row)); break;
+          case 1: for (int r = 0; r < n; r++) v.putShort(r, buf.getShort(col + r * row)); break;
+          case 2: for (int r = 0; r < n; r++) v.putInt(r, buf.getInt(col + r * row)); break;
+          case 3: for (int r = 0; r < n; r++) v.putLong(r, buf.getLong(col + r * row)); break;
+          case 4: for (int r = 0; r < n; r++) v.putFloat(r, buf.getFloat(col + r * row)); break;
+          case 5: for (int r = 0; r < n; r++) v.putDouble(r, buf.getDouble(col + r * row)); break;
+          default: for (int r = 0; r < n; r++) v.putBoolean(r, buf.get(col + r * row) != 0);
+        }
+        if (mask >= 0) { // as batch_to_arrow: a nonzero mask byte is a null
+          int m = base + at[mask];
+          for (int r = 0; r < n; r++) {
+            if (raw[m + r * row] != 0) {
+              v.putNull(r);
+            }
           }
         }
       }

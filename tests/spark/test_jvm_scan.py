@@ -93,15 +93,22 @@ def test_a_count_reads_no_column_and_a_query_only_its_own(
     assert "struct<d:double>" in _plan(df.select("d"))
 
 
-def test_null_masks_are_read_as_nulls(classic_spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("text", [True, False])  # rows of one size, or sized per sample
+def test_null_masks_are_read_as_nulls(classic_spark: Any, tmp_path: Path, text: bool) -> None:
     spark = classic_spark
+    more = ", IF(id % 4 = 0, NULL, CAST(id AS string)) AS t" if text else ""
+    columns = [c.split(" AS ")[-1] for c in TYPES if "AS t" not in c and "AS bin" not in c]
     frame = spark.sql(
-        "SELECT id, IF(id % 3 = 0, NULL, id) AS n, IF(id % 4 = 0, NULL, CAST(id AS string)) AS t"
-        " FROM range(300)"
+        f"SELECT {', '.join(c for c in TYPES if ' AS t' not in c and ' AS bin' not in c)},"
+        f" IF(id % 3 = 0, NULL, id) AS n {more} FROM range(300)"
     )
     frame.write.format("mds").option("nulls", "mask").save(str(tmp_path / "n"))
     jvm, python = _both(spark, lambda: spark.read.format("mds").load(str(tmp_path / "n")))
     assert jvm == python and sum(r.n is None for r in jvm) == 100
+    jvm, python = _both(
+        spark, lambda: spark.read.format("mds").load(str(tmp_path / "n")).select(*columns, "n")
+    )
+    assert jvm == python
 
 
 def test_unsupported_reads_keep_the_python_reader(classic_spark: Any, tmp_path: Path) -> None:
