@@ -2,8 +2,11 @@
 
 One DataFrame of N rows is written once as MDS (spark-dl's source) and once as Parquet; then
 each query runs on both, alternately (mds, parquet, mds, parquet …), and the median time of
-each and the ratio mds / parquet are printed. ``--floor`` adds ``mds_floor`` (see
-:func:`_register_floor`): Spark's own cost of a Python data source for these rows.
+each and the ratio mds / parquet are printed. ``mds`` is what a classic session runs: the JVM
+scan where it applies (``spark_dl/jvm_scan.py``). ``--python`` adds ``mds_python``: the same
+reads on the Python reader (``spark.spark_dl.jvmScan.enabled=false``). ``--floor`` adds
+``mds_floor`` (see :func:`_register_floor`): Spark's own cost of a Python data source for
+these rows.
 Queries: ``count()``, two sums (``count + two sums``, the issue's yardstick), and a full
 scan of every column (``write.format("noop")``).
 
@@ -65,6 +68,9 @@ def _write(spark: Any, rows: int, shape: str, work: Path) -> dict[str, Path]:
 def _queries(spark: Any, path: Path, fmt: str) -> dict[str, Callable[[], Any]]:
     from pyspark.sql import functions as F
 
+    if fmt == "mds_python":  # the Python reader: the JVM scan off around each query
+        return {k: _python_path(spark, fn) for k, fn in _queries(spark, path, "mds").items()}
+
     def load() -> Any:
         if fmt == "parquet":
             return spark.read.parquet(str(path))
@@ -83,11 +89,25 @@ def _queries(spark: Any, path: Path, fmt: str) -> dict[str, Callable[[], Any]]:
     return {"count": count, "count+2sums": sums, "scan": scan}
 
 
+def _python_path(spark: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
+    from spark_dl.jvm_scan import ENABLED
+
+    def run() -> Any:
+        spark.conf.set(ENABLED, "false")
+        try:
+            return fn()
+        finally:
+            spark.conf.unset(ENABLED)
+
+    return run
+
+
 def _check(spark: Any, paths: dict[str, Path]) -> None:
-    """Both reads give the same sums (a benchmark of wrong data is worthless)."""
-    got = [_queries(spark, paths[f], f)["count+2sums"]() for f in ("mds", "parquet")]
-    if got[0] != got[1]:
-        raise SystemExit(f"mds and parquet disagree: {got}")
+    """Every read gives the same sums (a benchmark of wrong data is worthless)."""
+    names = ("mds", "mds_python", "parquet")
+    got = [_queries(spark, paths.get(f, paths["mds"]), f)["count+2sums"]() for f in names]
+    if got[0] != got[2] or got[1] != got[2]:
+        raise SystemExit(f"mds (JVM), mds (Python) and parquet disagree: {got}")
 
 
 def _register_floor(spark: Any) -> None:
@@ -117,6 +137,12 @@ def _register_floor(spark: Any) -> None:
     spark.dataSource.register(FloorSource)
 
 
+def _reader(spark: Any, path: Path) -> str:
+    """Which reader ``format("mds")`` runs in this session (the executed plan says)."""
+    plan = spark.read.format("mds").load(str(path))._jdf.queryExecution().executedPlan()
+    return "JVM scan" if "MdsJvmScan" in plan.toString() else "Python reader"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=2_000_000)
@@ -124,6 +150,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="paired runs per query")
     parser.add_argument("--queries", default=",".join(QUERIES))
     parser.add_argument("--floor", action="store_true", help="also time the API's floor")
+    parser.add_argument("--python", action="store_true", help="also time the Python reader")
     parser.add_argument("--data", type=Path, help="keep the written rows here (reused if there)")
     parser.add_argument(
         "--only", choices=("mds", "parquet"), help="with --data: run this format's queries only"
@@ -147,18 +174,22 @@ def main() -> None:
             paths = _write(spark, args.rows, args.shape, work)
         _check(spark, paths)
         formats = ["mds", "parquet"]
+        if args.python:
+            paths["mds_python"] = paths["mds"]
+            formats.append("mds_python")
         if args.floor:
             _register_floor(spark)
             paths["mds_floor"] = paths["mds"]
             formats.append("mds_floor")
         print(f"\nstorage -> Spark read, {args.rows:,} rows, shape {args.shape}, local[2]")
+        print(f"  mds: {_reader(spark, paths['mds'])}")
         print(f"  load average before: {os.getloadavg()[0]:.2f}")
         for name in args.queries.split(","):
             fns = {f: _queries(spark, paths[f], f)[name] for f in formats}
             for fn in fns.values():  # one warm-up each: JIT, page cache, worker start
                 fn()
             times: dict[str, list[float]] = {f: [] for f in formats}
-            ratios, floors = [], []
+            ratios, floors, pythons = [], [], []
             for _ in range(args.runs):
                 pair = {}
                 for fmt, fn in fns.items():
@@ -169,12 +200,19 @@ def main() -> None:
                 ratios.append(pair["mds"] / pair["parquet"])
                 if args.floor:
                     floors.append(pair["mds"] / pair["mds_floor"])
+                if args.python:
+                    pythons.append(pair["mds_python"] / pair["parquet"])
             med = {f: statistics.median(t) for f, t in times.items()}
             line = (
                 f"  {name:12s} mds {med['mds']:6.3f} s  parquet {med['parquet']:6.3f} s  "
                 f"mds/parquet median {statistics.median(ratios):4.2f}x "
                 f"(min {min(ratios):4.2f}, max {max(ratios):4.2f})"
             )
+            if pythons:
+                line += (
+                    f"  python {med['mds_python']:6.3f} s, python/parquet "
+                    f"{statistics.median(pythons):4.2f}x"
+                )
             if floors:
                 line += (
                     f"  floor {med['mds_floor']:6.3f} s, mds/floor "
