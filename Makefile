@@ -82,4 +82,5 @@ fuzz: install
 	$(PY) bench/fuzz.py --cases $(FUZZ_CASES)
 
 clean:
-	rm -rf $(VENV) $(MOSAIC_VENV) .pytest_cache .mypy_cache .ruff_cache demo-output bench-output
+	rm -rf $(VENV) $(MOSAIC_VENV) .pytest_cache .mypy_cache .ruff_cache demo-output bench-output \
+	  $(JVM_JAR) build/jvm

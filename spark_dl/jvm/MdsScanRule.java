@@ -55,7 +55,12 @@ public final class MdsScanRule extends Rule<LogicalPlan> {
     if (!"true".equalsIgnoreCase(SQLConf.get().getConfString(ENABLED, "true").trim())) {
       return plan;
     }
-    return rewrite(plan);
+    try {
+      return rewrite(plan);
+    } catch (RuntimeException | LinkageError e) { // e.g. a jar built for another Spark
+      logWarning(() -> "spark-dl JVM scan not used (reads stay in Python): " + e);
+      return plan;
+    }
   }
 
   private LogicalPlan rewrite(LogicalPlan node) {
