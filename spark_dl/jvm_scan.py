@@ -30,13 +30,13 @@ def install_jvm_scan(spark: Any) -> bool:
     where it does not apply: Spark Connect, no jar built, or the conf turns it off."""
     if spark is None or spark in _DONE:
         return False
-    with contextlib.suppress(TypeError):  # a session type without weak references
-        _DONE.add(spark)
     jsession = getattr(spark, "_jsparkSession", None)
     if jsession is None or not JAR.is_file():  # Spark Connect (no JVM here), or no javac
+        _remember(spark)
         return False
     if str(spark.conf.get(ENABLED, "true")).strip().lower() == "false":
-        return False
+        return False  # no jar added; a register/load after turning it on installs it
+    _remember(spark)
     try:
         rule = _rule_class(spark, jsession)
         jvm = spark._jvm
@@ -54,6 +54,11 @@ def install_jvm_scan(spark: Any) -> bool:
         )
         return False
     return True
+
+
+def _remember(spark: Any) -> None:
+    with contextlib.suppress(TypeError):  # a session type without weak references
+        _DONE.add(spark)
 
 
 def _rule_class(spark: Any, jsession: Any) -> Any:

@@ -166,3 +166,23 @@ def test_xxh3_matches_pythons(tmp_path: Path) -> None:
         check=True,
     ).stdout.split()
     assert out == [xxhash.xxh3_64_hexdigest(f.read_bytes()) for f in files]
+
+
+def test_the_conf_keeps_a_session_on_the_python_reader_until_turned_on(
+    classic_spark: Any, tmp_path: Path
+) -> None:
+    from spark_dl.jvm_scan import install_jvm_scan
+
+    path = _write(classic_spark, tmp_path / "d", 20)
+    other = classic_spark.newSession()  # same SparkContext, its own optimizer rules
+    other.conf.set(ENABLED, "false")
+    assert not install_jvm_scan(other)
+    assert "MdsJvmScan" not in _plan(other.read.format("mds").load(path))
+    rules = other._jsparkSession.experimental().extraOptimizations()
+    assert "MdsScanRule" not in rules.toString()  # no rule added while off
+    other.conf.unset(ENABLED)
+    df = other.read.format("mds").load(path)  # the first load after: installed
+    assert "MdsJvmScan" in _plan(df) and df.count() == 20
+    assert not install_jvm_scan(other)  # once
+    rules = other._jsparkSession.experimental().extraOptimizations()
+    assert rules.toString().count("MdsScanRule") == 1
