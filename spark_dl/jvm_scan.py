@@ -6,7 +6,7 @@ compiles ``spark_dl/jvm/*.java`` into ``spark_dl/jvm/spark-dl-jvm.jar`` (when ``
 there); :func:`install_jvm_scan` adds that jar to a classic session and an optimizer rule
 that swaps the Python scan for a JVM one over only the columns a query uses (a count reads
 no column at all). The rule leaves every read it cannot answer identically (another
-compression, encoding or hash, null masks, read-time transforms, remote storage, a mixture,
+compression, encoding or hash, read-time transforms, remote storage, a mixture,
 Mosaic's datasets) to the Python reader. Spark Connect sessions, a missing jar, and
 ``spark.spark_dl.jvmScan.enabled=false`` keep every read on the Python path.
 """

@@ -2,8 +2,8 @@
  * spark-dl JVM scan: a local MDS dataset's metadata (index.json, spark_dl.json) as the JVM
  * reader needs it, and whether the JVM reader can read a column exactly as the Python reader
  * (spark_dl/mds_reader.py) does. Anything it cannot promise to read identically (another
- * compression, hash, encoding, a null mask, read-time transforms, Mosaic's own datasets)
- * makes open()/column() answer null, and the plan keeps the Python scan.
+ * compression, hash or encoding, a null mask of another layout, read-time transforms,
+ * Mosaic's datasets) makes open()/column() answer null, and the plan keeps the Python scan.
  */
 package sparkdl.jvm;
 
