@@ -4,9 +4,11 @@ tests (and the benches that reuse them) that need real deletion vectors write th
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import struct
+import sys
 import time
 import uuid
 import zlib
@@ -16,6 +18,19 @@ from typing import Any
 import numpy as np
 
 MAGIC = 1681511377  # RoaringBitmapArray, Delta's deletion-vector bitmap
+FUZZ_BENCH = Path(__file__).resolve().parents[1] / "bench" / "fuzz.py"
+
+
+def fuzz_bench() -> Any:
+    """bench/fuzz.py as a module: its Delta table builders and deletion-vector encoders."""
+    module = sys.modules.get("fuzz_bench")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("fuzz_bench", FUZZ_BENCH)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["fuzz_bench"] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 def roaring64(rows: list[int]) -> bytes:

@@ -5,10 +5,8 @@ vectors (on-disk and inline) committed as delta-spark writes them (bench/fuzz.py
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,24 +14,13 @@ from typing import Any
 import pytest
 
 pytest.importorskip("deltalake")
+from delta_helpers import fuzz_bench
 from deltalake import write_deltalake
 
 from spark_dl_core import SpecError
 from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "fuzz.py"
-
-
-def _fuzz() -> Any:
-    spec = importlib.util.spec_from_file_location("fuzz_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("fuzz_bench", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _fuzz()
+fuzz = fuzz_bench()
 
 
 @pytest.fixture(scope="module")

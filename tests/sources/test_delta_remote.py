@@ -14,6 +14,7 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 pytest.importorskip("torch")
 
+from delta_helpers import fuzz_bench, live_adds
 from deltalake import WriterProperties, write_deltalake
 from s3_helpers import aws_test_env, delta_options, endpoint_options, moto_process
 
@@ -156,3 +157,30 @@ def test_column_mapped_table_on_s3_reads_logical_columns(s3: Any, tmp_path: Path
     assert snap.column_mapping is not None  # the files' columns are physical names
     ds = snap.dataset(cache=False, span_dir=str(tmp_path / "spans"))
     assert sorted(_ids(ds.to_torch(batch_size=64, shuffle=True, seed=5))) == list(range(300))
+
+
+def test_damaged_inline_deletion_vector_on_s3_is_refused_naming_it(s3: Any, tmp_path: Path) -> None:
+    """A remote table's inline deletion vectors are checked (before delta-rs decodes them)
+    through the table's own endpoint and credentials. They were listed with pyarrow's
+    default S3 settings instead: ~6 s of timeouts on every open, then not checked at all."""
+    import json
+
+    fs, options = s3
+    local = tmp_path / "t"
+    write_deltalake(str(local), pa.table({"id": np.arange(20, dtype=np.int64)}))
+    (add,) = live_adds(str(local)).values()
+    dv = fuzz_bench().inline_dv([1, 2])
+    dv["sizeInBytes"] = 4096  # more bytes than its text holds
+    actions = [
+        {"commitInfo": {"timestamp": 1, "operation": "DELETE"}},
+        {"remove": {"path": add["path"], "deletionTimestamp": 1, "dataChange": True}},
+        {"add": dict(add, deletionVector=dv, dataChange=True)},
+    ]
+    (local / "_delta_log" / f"{1:020}.json").write_text(
+        "\n".join(json.dumps(a) for a in actions) + "\n"
+    )
+    fs.put(str(local), "bucket/dv-damaged", recursive=True)
+    with pytest.raises(DeltaSnapshotError) as err:
+        open_delta("s3://bucket/dv-damaged", storage_options=options)
+    text = str(err.value)
+    assert "inline deletion vector" in text and add["path"] in text and "sizeInBytes" in text

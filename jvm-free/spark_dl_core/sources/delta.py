@@ -476,6 +476,20 @@ def _version_number(uri: str, version: Any) -> int | None:
     )
 
 
+def _log_filesystem(base: str, storage_options: dict[str, str] | None) -> tuple[Any, str]:
+    """A pyarrow filesystem for the table at ``base`` and the table's root on it: a remote
+    table's is built from ``storage_options`` (its endpoint and credentials; pyarrow's own
+    from the URI alone would try the default ones, ~6 s of timeouts against another store)."""
+    from pyarrow import fs as pafs
+
+    if "://" not in base or base.startswith("file://"):
+        return pafs.LocalFileSystem(), base.removeprefix("file://")
+    from .delta_remote import remote_filesystem
+
+    filesystem, prefix = remote_filesystem(base, storage_options)
+    return filesystem, base.removeprefix(prefix)
+
+
 @typed_errors
 def open_delta(
     path: str | os.PathLike[str],
@@ -568,7 +582,8 @@ def open_delta(
     # Every deletion vector the log names is applied, the table's reader features aside: a
     # log that adds files with deletion vectors but does not list the feature still deletes
     # those rows for delta-rs's own scan, and serving them would be wrong data.
-    damaged = damaged_inline(base, pinned)  # delta-rs aborts on some (sources/delta_dv)
+    # delta-rs aborts on some damaged inline vectors (sources/delta_dv): checked first
+    damaged = damaged_inline(*_log_filesystem(base, storage_options), pinned)
     if damaged:
         raise DeltaSnapshotError(uri, damaged, asked=asked, available=available)
     try:

@@ -32,16 +32,12 @@ class _Bad(ValueError):
     """Why a vector's bytes are not a RoaringBitmapArray."""
 
 
-def damaged_inline(table_uri: str, version: int) -> str | None:
-    """What to say about the first damaged inline vector live at ``version``, or None (a
-    log this cannot list or read is left to delta-rs, which read it already)."""
-    from pyarrow import fs as pafs
-
+def damaged_inline(filesystem: Any, root: str, version: int) -> str | None:
+    """What to say about the first damaged inline vector live at ``version`` of the table
+    at ``root`` on the pyarrow ``filesystem`` (the table's own: a remote table's endpoint
+    and credentials), or None (a log this cannot list or read is left to delta-rs, which
+    read it already)."""
     try:
-        if "://" not in table_uri or table_uri.startswith("file://"):
-            filesystem, root = pafs.LocalFileSystem(), table_uri.removeprefix("file://")
-        else:
-            filesystem, root = pafs.FileSystem.from_uri(table_uri)
         found = inline_problem(filesystem, f"{root.rstrip('/')}/_delta_log", version)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None  # pyarrow's errors are OSError / ValueError subclasses
