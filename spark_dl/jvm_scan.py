@@ -30,7 +30,7 @@ def install_jvm_scan(spark: Any) -> bool:
     where it does not apply: Spark Connect, no jar built, or the conf turns it off."""
     if spark is None or spark in _DONE:
         return False
-    jsession = getattr(spark, "_jsparkSession", None)
+    jsession = _classic_jsession(spark)
     if jsession is None or not JAR.is_file():  # Spark Connect (no JVM here), or no javac
         _remember(spark)
         return False
@@ -54,6 +54,20 @@ def install_jvm_scan(spark: Any) -> bool:
         )
         return False
     return True
+
+
+def _classic_jsession(spark: Any) -> Any:
+    """The JVM session behind a classic session, or None: a Spark Connect session has no
+    JVM in this process (its reads stay on the Python reader, which Connect runs), so no
+    JVM attribute of it is touched."""
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # Connect's extra dependencies (grpc) are not installed
+        pass
+    else:
+        if isinstance(spark, ConnectSession):
+            return None
+    return getattr(spark, "_jsparkSession", None)
 
 
 def _remember(spark: Any) -> None:

@@ -186,3 +186,19 @@ def test_the_conf_keeps_a_session_on_the_python_reader_until_turned_on(
     assert not install_jvm_scan(other)  # once
     rules = other._jsparkSession.experimental().extraOptimizations()
     assert rules.toString().count("MdsScanRule") == 1
+
+
+def test_a_connect_session_reads_on_the_python_reader(connect_spark: Any, tmp_path: Path) -> None:
+    """Spark Connect has no JVM in the client: the scan is not installed there (no JVM
+    attribute touched) and its reads, through the patched ``load()``, give the dataset's
+    rows as the core reads them."""
+    from spark_dl.jvm_scan import _classic_jsession, install_jvm_scan
+    from spark_dl_core import open_dataset
+
+    path = _write(connect_spark, tmp_path / "d", 40)
+    assert _classic_jsession(connect_spark) is None
+    assert not install_jvm_scan(connect_spark)
+    df = connect_spark.read.format("mds").load(path)
+    assert df.count() == 40
+    want = open_dataset(path).to_arrow().column("id").to_pylist()
+    assert sorted(r["id"] for r in df.select("id").collect()) == sorted(want)

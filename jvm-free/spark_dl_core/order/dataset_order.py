@@ -458,7 +458,7 @@ def _order_of(
         kept[key] = order
         then = getattr(order, "then", None)
         if then is not None:  # the next epoch's first windows start during this one's last
-            then(Once(partial(_prepare_next_epoch, weakref.ref(dataset), key)))
+            then(partial(_prepare_next_epoch, weakref.ref(dataset), key))
     return order
 
 
