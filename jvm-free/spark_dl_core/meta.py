@@ -37,11 +37,10 @@ from .errors import (
 from .format.buffers import Jagged
 from .format.compact import COMPACT_FILE, index_digest
 from .format.encodings import (
-    bytes_from_json_text,
     get_encoding,
     infer_encoding,
-    is_binary_type,
-    map_key_from_text,
+    json_loses_types,
+    json_value_as_py,
 )
 from .format.index import (
     INDEX_FILE,
@@ -509,11 +508,11 @@ def read_meta(
 
 def python_types(plans: list[ColumnPlan] | None, batch: dict[str, Any]) -> dict[str, Any]:
     """A decoded batch with the recorded Python types where the stored bytes lose them:
-    booleans (stored as uint8) as numpy ``bool_``, map keys that are not strings (stored
-    as JSON object keys) as their values, empty maps as ``{}``, bytes inside lists,
-    structs and maps (stored as JSON text, one character per byte) as ``bytes``. Every
-    reader of decoded samples (the batch reader, ``ds[i]``) passes its batches through
-    this."""
+    booleans (stored as uint8) as numpy ``bool_``; inside lists, structs and maps (stored
+    as JSON), map keys that are not strings as their values, empty maps as ``{}``, and
+    bytes, decimals, dates, times and timestamps (stored as text) as Arrow's ``as_py``
+    gives them. Every reader of decoded samples (the batch reader, ``ds[i]``) passes its
+    batches through this."""
     for plan in plans or []:
         value = batch.get(plan.name)
         if value is None:
@@ -521,16 +520,20 @@ def python_types(plans: list[ColumnPlan] | None, batch: dict[str, Any]) -> dict[
         if _leaf(plan.arrow_type) == pa.bool_():
             batch[plan.name] = _as_bool(value)
         elif (
-            _needs_typing(plan.arrow_type)
+            json_loses_types(plan.arrow_type)
             and isinstance(value, np.ndarray)
             and value.dtype == object
         ):
             out = np.empty(len(value), dtype=object)
             try:
-                out[:] = [_typed_json(v, plan.arrow_type) for v in value]
+                out[:] = [json_value_as_py(v, plan.arrow_type) for v in value]
             except UnicodeEncodeError:
                 raise EncodingError(
                     plan.name, "a stored bytes value holds a character above U+00FF"
+                ) from None
+            except (ValueError, ArithmeticError) as exc:  # pyarrow's ArrowInvalid is one
+                raise EncodingError(
+                    plan.name, f"a stored value is not of its type {plan.arrow_type}: {exc}"
                 ) from None
             batch[plan.name] = out
     return batch
@@ -551,38 +554,4 @@ def _as_bool(value: Any) -> Any:
         out = np.empty(len(value), dtype=object)
         out[:] = [_as_bool(v) for v in value]
         return out
-    return value
-
-
-def _needs_typing(t: pa.DataType) -> bool:
-    """Whether a nested (JSON-stored) type holds a map or bytes somewhere below it (a
-    top-level bytes column is stored as bytes and needs nothing)."""
-    if pa.types.is_map(t):
-        return True
-    below = [f.type for f in t] if pa.types.is_struct(t) else [t.value_type] if _is_list(t) else []
-    return any(is_binary_type(b) or _needs_typing(b) for b in below)
-
-
-def _is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-
-
-def _typed_json(value: Any, t: pa.DataType) -> Any:
-    """A decoded JSON value with every map a dict keyed by typed keys and every bytes
-    value (stored as latin-1 text) as ``bytes``."""
-    if value is None:
-        return None
-    if is_binary_type(t):
-        return bytes_from_json_text(value) if isinstance(value, str) else value
-    if pa.types.is_map(t):
-        pairs = value.items() if isinstance(value, dict) else value
-        out = {}
-        for k, v in pairs:
-            key = map_key_from_text(k, t.key_type)
-            out[k if isinstance(key, (dict, list)) else key] = _typed_json(v, t.item_type)
-        return out  # struct and list keys (unhashable) stay JSON text
-    if pa.types.is_struct(t) and isinstance(value, dict):
-        return {k: _typed_json(v, t.field(k).type) if k in t.names else v for k, v in value.items()}
-    if _is_list(t) and isinstance(value, list):
-        return [_typed_json(v, t.value_type) for v in value]
     return value

@@ -446,6 +446,46 @@ def test_bytes_nested_in_lists_structs_and_maps_round_trip_exactly(tmp_path: Pat
     assert list(stored) == [[ALL_BYTES.decode("latin-1"), ""], ["\x80\xff"]]
 
 
+NESTED_TEXT_LEAVES = pa.table(
+    {
+        "md": pa.array(
+            [[("a", decimal.Decimal("1.25"))], [("b", None)]],
+            pa.map_(pa.string(), pa.decimal128(5, 2)),
+        ),
+        "ld": pa.array([[decimal.Decimal("-0.5"), None], []], pa.list_(pa.decimal128(4, 1))),
+        "s": pa.array(
+            [
+                {"d": dt.date(2020, 1, 2), "t": dt.time(12, 0, 1, 500000), "x": 1},
+                {"d": None, "t": None, "x": 2},
+            ],
+            pa.struct([("d", pa.date32()), ("t", pa.time64("us")), ("x", pa.int32())]),
+        ),
+        "lts": pa.array(
+            [[dt.datetime(2020, 1, 1, 1, 2, 3, 4, tzinfo=dt.timezone.utc)], []],
+            pa.list_(pa.timestamp("us", "UTC")),
+        ),
+        "mts": pa.array(
+            [[(dt.date(2021, 3, 4), [dt.datetime(2020, 1, 1)])], []],
+            pa.map_(pa.date32(), pa.list_(pa.timestamp("ms"))),
+        ),
+    }
+)
+
+
+def test_decimals_dates_and_times_nested_in_json_read_with_their_types(tmp_path: Path) -> None:
+    """Decimals, dates, times and timestamps inside a json column are stored as text; every
+    reader (ds[i], the loaders' batches, to_arrow) gives them back as Arrow's values, not
+    as that text."""
+    write_mds(NESTED_TEXT_LEAVES, str(tmp_path))
+    ds = open_dataset(tmp_path)
+    assert ds.to_arrow().equals(NESTED_TEXT_LEAVES)
+    want = NESTED_TEXT_LEAVES.to_pylist(maps_as_pydicts="strict")
+    assert [ds[i] for i in range(2)] == want
+    assert ds[0]["md"] == {"a": decimal.Decimal("1.25")}
+    (batch,) = ds.iter_batches(batch_size=4)
+    assert [{c: batch[c][i] for c in NESTED_TEXT_LEAVES.column_names} for i in range(2)] == want
+
+
 def test_map_with_a_duplicate_key_is_refused_naming_column_and_row(tmp_path: Path) -> None:
     m = pa.array([[("a", 1)], [("b", 1), ("b", 2)]], pa.map_(pa.string(), pa.int64()))
     with pytest.raises(EncodingError, match=r"column 'tags'.*key 'b' twice.*row 1 of the data"):

@@ -8,6 +8,7 @@ decoded images).
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import pickle
 import re
@@ -228,7 +229,74 @@ def map_key_from_text(text: Any, key_type: pa.DataType) -> Any:
         or pa.types.is_large_list(key_type)
     ):
         return json.loads(text)
-    return pa.array([text]).cast(key_type)[0].as_py()  # dates, timestamps, decimals
+    return _leaf_from_text(text, key_type)  # dates, timestamps, decimals
+
+
+def _stored_as_text(t: pa.DataType) -> bool:
+    """Whether :func:`_jsonable` stores values of the leaf type ``t`` as JSON text though
+    they are no strings (bytes, decimals, dates, times, timestamps)."""
+    return (
+        is_binary_type(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_date(t)
+        or pa.types.is_time(t)
+        or pa.types.is_timestamp(t)
+    )
+
+
+def _leaf_from_text(text: str, t: pa.DataType) -> Any:
+    """The Python value (as Arrow's ``as_py`` gives it) of a leaf that :func:`_jsonable`
+    stored as text."""
+    if is_binary_type(t):
+        return bytes_from_json_text(text)
+    if pa.types.is_decimal(t):
+        return Decimal(text)
+    if pa.types.is_time(t):  # Arrow casts no text to times
+        return _dt.time.fromisoformat(text)
+    return pa.array([text]).cast(t)[0].as_py()  # dates, timestamps (with their zones)
+
+
+def json_loses_types(t: pa.DataType) -> bool:
+    """Whether a ``json``-stored value of type ``t`` decodes to other Python types than
+    Arrow's: it holds a map (JSON objects key by text) or a leaf stored as text below it."""
+    if pa.types.is_map(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_stored_as_text(f.type) or json_loses_types(f.type) for f in t)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _stored_as_text(t.value_type) or json_loses_types(t.value_type)
+    return False
+
+
+def json_value_as_py(value: Any, t: pa.DataType, *, map_pairs: bool = False) -> Any:
+    """A decoded ``json`` value of Arrow type ``t`` with the Python types JSON lost, as
+    Arrow's ``as_py`` gives them: bytes, decimals, dates, times and timestamps (stored as
+    text), map keys (stored as object keys). Maps are dicts, where keys that are structs or
+    lists (unhashable) stay JSON text; with ``map_pairs``, lists of (key, value) pairs
+    with every key typed, Arrow's input form. Values already typed pass through."""
+    if value is None:
+        return None
+    if isinstance(value, str) and _stored_as_text(t):
+        return _leaf_from_text(value, t)
+    if pa.types.is_map(t):
+        pairs = value.items() if isinstance(value, dict) else value  # []: an old empty map
+        typed: list[tuple[Any, Any]] = []
+        for text, item in pairs:
+            key = map_key_from_text(text, t.key_type)
+            key = json_value_as_py(key, t.key_type, map_pairs=map_pairs)
+            if not map_pairs and isinstance(key, (dict, list)):
+                key = text  # unhashable: a dict keeps its JSON text
+            typed.append((key, json_value_as_py(item, t.item_type, map_pairs=map_pairs)))
+        return typed if map_pairs else dict(typed)
+    if pa.types.is_struct(t) and isinstance(value, dict):
+        return {
+            k: json_value_as_py(v, t.field(k).type, map_pairs=map_pairs) if k in t.names else v
+            for k, v in value.items()
+        }
+    is_list = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    if is_list and isinstance(value, list):
+        return [json_value_as_py(v, t.value_type, map_pairs=map_pairs) for v in value]
+    return value
 
 
 def _map_rows(array: pa.Array, column: str) -> list[Any]:

@@ -7,7 +7,6 @@ become nulls again. Datasets from other writers get each encoding's natural Arro
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,7 +15,7 @@ import pyarrow.compute as pc
 
 from ..errors import ColumnNotFoundError
 from ..format.buffers import Jagged
-from ..format.encodings import bytes_from_json_text, is_binary_type, map_key_from_text
+from ..format.encodings import json_value_as_py
 
 if TYPE_CHECKING:
     from ..shard_source import Batch, ShardSource
@@ -83,27 +82,6 @@ def batch_to_arrow(
     return record
 
 
-def _jsonish(value: Any, t: pa.DataType) -> Any:
-    """A decoded JSON value shaped for Arrow's converter (maps as (key, value) lists)."""
-    if value is None:
-        return None
-    if is_binary_type(t):  # JSON keeps bytes as latin-1 text
-        return bytes_from_json_text(value) if isinstance(value, str) else value
-    if pa.types.is_map(t):
-        pairs = value.items() if isinstance(value, dict) else value  # []: an old empty map
-        return [
-            (_jsonish(map_key_from_text(k, t.key_type), t.key_type), _jsonish(v, t.item_type))
-            for k, v in pairs
-        ]
-    if pa.types.is_struct(t):
-        return {f.name: _jsonish(value.get(f.name), f.type) for f in t}
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return [_jsonish(v, t.value_type) for v in value]
-    if pa.types.is_decimal(t) and isinstance(value, str):
-        return Decimal(value)  # nested decimals are stored as exact text (see encodings)
-    return value
-
-
 def numpy_to_arrow(values: np.ndarray | Jagged, t: pa.DataType) -> pa.Array:
     """One decoded column as an Arrow array of type ``t``."""
     if isinstance(values, Jagged):
@@ -121,7 +99,7 @@ def numpy_to_arrow(values: np.ndarray | Jagged, t: pa.DataType) -> pa.Array:
             or pa.types.is_map(t)
             or (pa.types.is_list(t) and items and not isinstance(items[0], np.ndarray))
         ):
-            items = [_jsonish(v, t) for v in items]
+            items = [json_value_as_py(v, t, map_pairs=True) for v in items]
         elif items and isinstance(items[0], np.ndarray):
             items = [v.tolist() for v in items]
         return pa.array(items, type=t)
