@@ -134,6 +134,80 @@ def test_tf_gets_the_same_cropped_audio(audio: str) -> None:
         assert np.array_equal(a["audio"].numpy(), b["audio"])
 
 
+def _torch_clips(batch: Any) -> list[np.ndarray]:
+    """A torch batch's clips as ``[C, T]`` arrays: a dense ``[B, C, T]`` tensor, a jagged
+    ``[B, T*]`` one of mono clips, or an object array of clips of several lengths."""
+    audio = batch["audio"]
+    if not hasattr(audio, "unbind"):
+        return list(audio)
+    return [row.numpy().reshape(-1, row.shape[-1]) for row in audio.unbind()]
+
+
+def _tf_clips(batch: Any) -> list[np.ndarray]:
+    audio = batch["audio"]
+    return [audio[i].to_tensor().numpy() for i in range(int(audio.nrows()))]
+
+
+@pytest.mark.parametrize(
+    "crop", [None, {"seconds": 1.0, "pad": False}], ids=["whole", "unpadded_crop"]
+)
+def test_tf_gets_mono_clips_of_different_lengths_ragged_as_torch(
+    audio: str, crop: dict[str, Any] | None
+) -> None:
+    """WAV, FLAC and VBR OGG / MP3 clips of 0.5 to 2.8 s: torch's batches are jagged
+    ``[B, T*]`` where lengths differ; tf's (one signature) a RaggedTensor ``[B, 1, T*]``
+    of the same values in every batch."""
+    tf = pytest.importorskip("tensorflow")
+    pytest.importorskip("torch")
+    ops: list[dict[str, Any]] = [
+        {"op": "audio_decode", "column": "audio", "sample_rate": 8_000, "mono": True}
+    ]
+    if crop is not None:
+        ops.append({"op": "audio_crop", "column": "audio", "start": "begin", **crop})
+    ds = open_dataset(audio)
+    settings: dict[str, Any] = {"batch_size": 6, "shuffle": True, "seed": 1, "transforms": ops}
+    torch_batches = list(ds.to_torch(**settings))
+    tfds = ds.to_tf(**settings)
+    assert isinstance(tfds.element_spec["audio"], tf.RaggedTensorSpec)
+    tf_batches = list(tfds)
+    assert any(b["audio"].is_nested for b in torch_batches)  # lengths differ in a batch
+    lengths = set()
+    for t, f in zip(torch_batches, tf_batches, strict=True):
+        assert f["id"].numpy().tolist() == t["id"].numpy().tolist()
+        for want, got in zip(_torch_clips(t), _tf_clips(f), strict=True):
+            assert got.shape == want.shape and got.shape[0] == 1
+            np.testing.assert_array_equal(got, want)
+            lengths.add(got.shape[1])
+    assert len(lengths) > 3
+
+
+def test_tf_gets_stereo_clips_of_other_rates_and_lengths_ragged(tmp_path: Path) -> None:
+    """Stereo clips of their own rates, cropped with padding but not resampled: each window
+    has its rate's samples, so no one length (and a batch of several is an object array in
+    torch); tf gives ``[B, 2, T*]`` with the same values."""
+    tf = pytest.importorskip("tensorflow")
+    pytest.importorskip("torch")
+    rates = [16_000, 22_050, 44_100, 48_000]
+    clips = [
+        _encode(_tone(rate, 0.3 + 0.1 * i, 2), rate, *FORMATS[i % 2])
+        for i, rate in enumerate(rates)
+    ]
+    write_mds(pa.table({"id": np.arange(4), "audio": clips}), str(tmp_path / "ds"))
+    ds = open_dataset(tmp_path / "ds")
+    ops = [
+        {"op": "audio_decode", "column": "audio"},
+        {"op": "audio_crop", "column": "audio", "seconds": 0.5, "start": "center"},
+    ]
+    torch_batches = list(ds.to_torch(batch_size=2, transforms=ops))
+    tf_batches = list(ds.to_tf(batch_size=2, transforms=ops))
+    got = [clip for b in tf_batches for clip in _tf_clips(b)]
+    want = [clip for b in torch_batches for clip in _torch_clips(b)]
+    assert [c.shape for c in got] == [(2, rate // 2) for rate in rates]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert tf is not None
+
+
 def _video(frames: int, width: int = 64, height: int = 48) -> bytes:
     """An H.264 clip whose frame k is a flat gray of level 8 k (to tell frames apart)."""
     out = io.BytesIO()

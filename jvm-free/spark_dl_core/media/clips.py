@@ -84,6 +84,14 @@ class AudioPipeline:
         _need("soundfile"), _need("soxr"), _need("av")
         self.crop: AudioCrop | None = None
 
+    @property
+    def fixed_size(self) -> bool:
+        """Whether every clip has one length: a padded crop at one ``sample_rate`` (without
+        one, each clip's window has its own rate's samples). The channel count is the
+        clips' own (decode with ``mono`` where it differs)."""
+        crop = self.crop
+        return crop is not None and crop.pad and self.decode.sample_rate is not None
+
     def add(self, op: AudioCrop) -> None:
         """Take the column's ``audio_crop`` (the only op audio columns take)."""
         if self.crop is not None:

@@ -22,10 +22,15 @@ class ColumnPipeline(Protocol):
     after the decode that apply to its kind, and turns a batch's encoded values into the
     column's decoded batch. ``on_device``: it can also decode on a torch device (then it
     has ``plan(raws, key, index, where)``, ``run_torch(raws, plan, device)`` and
-    ``device_missing(device)``, what this machine lacks to decode there, or None)."""
+    ``device_missing(device)``, what this machine lacks to decode there, or None).
+    ``fixed_size``: whether every decoded sample has one shape, in every batch; where not, a
+    framework whose batches have one signature (tf.data) gives the column ragged."""
 
     kind: str
     on_device: bool
+
+    @property
+    def fixed_size(self) -> bool: ...
 
     def add(self, op: Any) -> None: ...
 

@@ -124,26 +124,27 @@ def _samples(values: Any) -> Any:
 
 
 def _ragged(values: Any, ndim: int) -> Any:
-    """Batch of variable-shape arrays → RaggedTensor ragged in every dimension."""
+    """A batch of arrays of rank ``ndim`` and any shapes → a RaggedTensor ragged in every
+    dimension below the batch. A sample of lower rank gets leading axes of length 1: a
+    scalar, or a mono clip of a ragged audio batch (torch's ``[B, T*]`` leaves its channel
+    axis out; tf's signature has one rank for every batch: ``[B, 1, T*]``)."""
     import tensorflow as tf
 
     items = [np.asarray(v) for v in _samples(values)]
-    lengths: list[list[int]] = [[] for _ in range(max(1, ndim))]
-
-    def walk(a: np.ndarray, depth: int) -> None:
-        lengths[depth].append(len(a))
-        if depth + 1 < len(lengths):
-            for sub in a:
-                walk(sub, depth + 1)
-
-    for a in items:
-        walk(a if a.ndim else a.reshape(1), 0)
+    items = [a.reshape((1,) * (ndim - a.ndim) + a.shape) for a in items]
+    # a dense sample's row lengths at depth d: shape[d], once per row above it
+    lengths = [
+        np.concatenate(
+            [np.full(int(np.prod(a.shape[:depth])), a.shape[depth], np.int64) for a in items]
+        )
+        if items
+        else np.zeros(0, np.int64)
+        for depth in range(ndim)
+    ]
     flat = (
         np.concatenate([a.reshape(-1) for a in items]) if items else np.empty(0, dtype=np.float32)
     )
-    return tf.RaggedTensor.from_nested_row_lengths(
-        flat, [np.asarray(x, dtype=np.int64) for x in lengths]
-    )
+    return tf.RaggedTensor.from_nested_row_lengths(flat, lengths)
 
 
 def tf_state(
@@ -255,11 +256,9 @@ def make_tf_dataset(
     probe_reader = BatchReader(dataset, one, epoch=epoch, **read)
     probe = next(iter(probe_reader)) if len(dataset) else {}
     transformed = probe_reader.ops.transformed
-    # Decoded images / clips with no one size (torch gets lists): ragged tensors.
+    # Decoded images / clips with no one size (torch gets lists or jagged tensors): ragged.
     varies = {
-        name
-        for name, pipeline in probe_reader.ops.pipelines.items()
-        if getattr(pipeline, "fixed_size", True) is False
+        name for name, pipeline in probe_reader.ops.pipelines.items() if not pipeline.fixed_size
     }
     kinds: dict[str, str] = {}
     signature: dict[str, Any] = {}
