@@ -203,3 +203,23 @@ class PackError(SpecError):
     def __init__(self, message: str, field: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class SparkDLWarning(UserWarning):
+    """Base class of every warning spark-dl gives on purpose: something the reader had to
+    drop, repeat or change that the caller should know of (filter them by class)."""
+
+
+class RowsDroppedWarning(SparkDLWarning):
+    """A run carried on to another version of a dataset (``load_state_dict(state,
+    strict=False)``) drops rows of its epoch: rows not yet served whose data files were
+    rewritten (an OPTIMIZE, a copy-on-write DELETE or UPDATE) and that the table gives no
+    identity across files (no Delta row tracking). ``files`` names the rewritten files,
+    ``rows`` counts the rows dropped, ``epoch`` is the carried epoch; the loader's
+    ``stats()["carry"]`` counts them too."""
+
+    def __init__(self, message: str, *, files: list[str], rows: int, epoch: int) -> None:
+        super().__init__(message)
+        self.files = list(files)
+        self.rows = int(rows)
+        self.epoch = int(epoch)

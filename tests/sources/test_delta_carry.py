@@ -17,6 +17,7 @@ from delta_helpers import add_deletion_vector  # noqa: E402
 from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from spark_dl_core import SpecError  # noqa: E402
+from spark_dl_core.errors import RowsDroppedWarning  # noqa: E402
 from spark_dl_core.order import LoaderState  # noqa: E402
 from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta  # noqa: E402
 from spark_dl_core.sources.delta_carry import VersionCarryError  # noqa: E402
@@ -126,9 +127,10 @@ def test_iter_batches_carries_on_like_the_torch_loader(changing: str, world: int
 
 
 def test_optimize_rewritten_rows_wait_for_the_next_epoch(tmp_path: Path) -> None:
-    """Rows whose file OPTIMIZE rewrote are not live for the rest of the epoch (another
-    file at N) and are read from N's files from the next epoch on; rows of the file it
-    left alone carry on."""
+    """Without row tracking, rows whose file OPTIMIZE rewrote are not live for the rest of
+    the epoch (another file at N; the carry warns, naming the files, and counts them) and
+    are read from N's files from the next epoch on; rows of the file it left alone carry
+    on."""
     table = str(tmp_path / "optimized")
 
     def part(a: int, b: int, p: str) -> pa.Table:
@@ -142,11 +144,18 @@ def test_optimize_rewritten_rows_wait_for_the_next_epoch(tmp_path: Path) -> None
     kept = set(range(30, 60))
     for world in (1, 2):
         state, seen = _saved(table, 1, 4 // world, world)
-        rest = _carried(table, 3, state, world)
+        with pytest.warns(RowsDroppedWarning, match="rewritten") as said:
+            rest = _carried(table, 3, state, world)
+        assert {Path(f).parent.name for w in said for f in w.message.files} == {"p=a"}
         served = {i for r in rest for b in r for i in b}
         assert served == kept - set(seen) and len(served) < 30
         loader = open_delta(table, version=3).to_torch(**KW)
-        loader.load_state_dict(state, strict=False)
+        with pytest.warns(RowsDroppedWarning):
+            loader.load_state_dict(state, strict=False)
+        dropped = loader.stats()["carry"]["dropped"]
+        assert dropped == len([i for i in range(80) if i not in kept]) - len(
+            [i for i in seen if i not in kept]
+        )
         assert loader.epoch == 0 and sorted(flat(loader)) == sorted(served)
         everything = sorted([*range(80), *range(100, 110)])
         assert loader.epoch == 1 and sorted(flat(loader)) == everything
@@ -154,14 +163,15 @@ def test_optimize_rewritten_rows_wait_for_the_next_epoch(tmp_path: Path) -> None
 
 def test_nothing_left_live_starts_the_next_epoch(tmp_path: Path) -> None:
     """Every unserved row of M rewritten by OPTIMIZE: the carried epoch is over at the
-    switch, so the loader reads N's next epoch."""
+    switch (said by a warning), so the loader reads N's next epoch."""
     table = str(tmp_path / "compacted")
     write_deltalake(table, _ids(0, 40))
     write_deltalake(table, _ids(40, 50), mode="append")  # M = 1
     DeltaTable(table).optimize.compact()  # N = 2: one file
     state, _ = _saved(table, 1, 2, 1)
     loader = open_delta(table, version=2).to_torch(**KW)
-    loader.load_state_dict(state, strict=False)
+    with pytest.warns(RowsDroppedWarning, match="34 of the 34 rows epoch 0"):
+        loader.load_state_dict(state, strict=False)
     fresh = open_delta(table, version=2).to_torch(**KW)
     fresh.set_epoch(1)
     assert loader.epoch == 1 and flat(loader) == flat(fresh)

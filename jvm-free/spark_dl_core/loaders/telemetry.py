@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..order import EpochPlan
     from ..shard_source import ShardSource
 
@@ -105,10 +107,13 @@ class PassStats:
         self.spans = Spans() if trace else None
         self.worker_events: list[dict[str, Any]] = []
         self.tally: SourceTally | None = None
+        # A run carried on to another version: what became of its epoch's rows left then.
+        self.carry: Callable[[], dict[str, Any]] | None = None
 
     def follow(self, dataset: ShardSource, plan: EpochPlan) -> PassStats:
         """Report a mixture's per-source counts and stage for this pass's ``plan``."""
         self.tally = SourceTally(dataset, plan, self.epoch)
+        self.carry = getattr(dataset, "carry_report", None)
         return self
 
     def delivered(self, samples: int, waited: float, now: float) -> None:
@@ -133,6 +138,7 @@ class PassStats:
             "workers": {k: dict(v) for k, v in sorted(self.workers.items())},
             **self._downloads(),
             **(self.tally.report(self.batches) if self.tally is not None else {}),
+            **({"carry": self.carry()} if self.carry is not None else {}),
         }
 
     def _downloads(self) -> dict[str, float]:

@@ -32,6 +32,7 @@ from .quality import shuffle_quality
 from .state import (
     LoaderState,
     epoch_position,
+    epoch_start,
     epoch_total,
     plan_position,
     position_record,
@@ -51,6 +52,7 @@ __all__ = [
     "SchedulePart",
     "ScheduledOrder",
     "epoch_position",
+    "epoch_start",
     "epoch_total",
     "global_order",
     "merged_counts",

@@ -95,7 +95,9 @@ class LoaderState:
             return (dataset, *self.position(epoch_total(dataset, self.epoch)))
         carried, epoch, consumed = carry_on(self, strict)
         self.check(carried, fingerprint=False, **settings)
-        return carried, epoch, consumed
+        # The carried epoch may hold fewer samples than the saved one (rows deleted or
+        # dropped since): where nothing is left, the next epoch starts, for every loader.
+        return (carried, *epoch_position(epoch, consumed, epoch_total(carried, epoch)))
 
     def check(self, dataset: ShardSource, fingerprint: bool = True, **settings: Any) -> None:
         """Raise if this state belongs to another dataset or other order settings. A packed
@@ -131,6 +133,14 @@ def epoch_total(dataset: ShardSource, epoch: int) -> int:
     size (a run carried on to another Delta version: the epoch of the switch)."""
     total = getattr(dataset, "epoch_total", None)
     return len(dataset) if total is None else int(total(epoch))
+
+
+def epoch_start(dataset: ShardSource, epoch: int) -> int:
+    """The position a pass of ``epoch`` from its start begins at: 0, unless the dataset's
+    epochs start elsewhere (a run carried on to another Delta version: the carried epoch
+    begins at the switch, its earlier positions being the old version's samples)."""
+    start = getattr(dataset, "epoch_start", None)
+    return 0 if start is None else int(start(epoch))
 
 
 def position_record(dataset: ShardSource, epoch: int, consumed: int) -> dict[str, Any] | None:

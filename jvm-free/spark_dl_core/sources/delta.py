@@ -444,19 +444,24 @@ class DeltaSnapshot:
 
     def _filesystem(self) -> tuple[Any, str]:
         """A pyarrow filesystem for the table and how its URIs map to that filesystem's paths."""
-        from pyarrow import fs as pafs
-
-        if "://" not in self.table_uri or self.table_uri.startswith("file://"):
-            return pafs.LocalFileSystem(), ""
-        from .delta_remote import remote_filesystem  # the table's endpoint and credentials
-
-        return remote_filesystem(self.table_uri, self.storage_options)
+        return table_filesystem(self.table_uri, self.storage_options)
 
     @staticmethod
     def _fs_path(uri: str, prefix: str) -> str:
         if prefix and uri.startswith(prefix):
             return uri[len(prefix) :]
         return file_key(uri)
+
+
+def table_filesystem(table_uri: str, storage_options: dict[str, str] | None) -> tuple[Any, str]:
+    """A pyarrow filesystem for a table and the URI prefix its paths drop (``""`` locally)."""
+    from pyarrow import fs as pafs
+
+    if "://" not in table_uri or table_uri.startswith("file://"):
+        return pafs.LocalFileSystem(), ""
+    from .delta_remote import remote_filesystem  # the table's endpoint and credentials
+
+    return remote_filesystem(table_uri, storage_options)
 
 
 def _version_number(uri: str, version: Any) -> int | None:

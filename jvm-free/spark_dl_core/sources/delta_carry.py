@@ -18,10 +18,12 @@ import numpy as np
 from ..order.state import epoch_total
 from .delta import open_delta
 from .delta_inplace import DeltaDataset
-from .delta_log import DeltaSnapshotError
+from .delta_log import DeltaSnapshotError, file_key
+from .delta_row_ids import table_row_ids
 from .row_carry import (
     CarriedRows,
     RowCarry,
+    RowIdentity,
     RowLayout,
     VersionCarryError,
     carried,
@@ -95,7 +97,8 @@ def carry_on(ds: DeltaDataset, state: LoaderState, strict: bool) -> tuple[Any, i
             f"(field source): it was saved over another dataset or by an older spark-dl, so "
             f"{here} cannot tell which of its rows the run served"
         )
-    return carry_from(plain, CarriedDelta, state, _reopen(plain, rec, state.fingerprint), rec)
+    old = _reopen(plain, rec, state.fingerprint)
+    return carry_from(plain, CarriedDelta, state, old, rec, _named(rec), here)
 
 
 def _reopen(plain: DeltaDataset, rec: dict[str, Any], fingerprint: str) -> Any:
@@ -138,6 +141,26 @@ class CarriedDelta(CarriedRows, DeltaDataset):
 
     def open_old(self) -> Any:
         return _reopen(self.plain, self.carry.old, self.carry.old_fingerprint)
+
+    def row_identity(self) -> RowIdentity | None:
+        """The table's row ids (Delta row tracking) between the old version and this one."""
+        old, new = self.old_dataset(), self.plain
+        old_names = old.row_layout().files
+        known = set(old_names)
+        added = [
+            (name, file_key(uri))
+            for name, uri in zip(new.row_layout().files, new.snapshot.files)
+            if name not in known
+        ]
+        snap = new.snapshot
+        return table_row_ids(
+            snap.table_uri,
+            snap.storage_options,
+            old.snapshot.version,
+            snap.version,
+            dict(zip(old_names, (file_key(uri) for uri in old.snapshot.files))),
+            added,
+        )
 
 
 def install() -> None:

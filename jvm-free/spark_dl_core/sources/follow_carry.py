@@ -23,10 +23,12 @@ from ..errors import FollowError
 from ..order.state import epoch_total
 from ..versions import held_versions, read_version
 from .dataset import Dataset
+from .delta_row_ids import table_row_ids
 from .followed_version import FollowedVersion
 from .row_carry import (
     CarriedRows,
     RowCarry,
+    RowIdentity,
     RowLayout,
     VersionCarryError,
     carried,
@@ -150,7 +152,7 @@ def carry_on(ds: Dataset, state: LoaderState, strict: bool) -> tuple[Any, int, i
         )
     old = _reopen(plain, version, rec, state.fingerprint)
     rec = {**rec, "kind": "delta", "table": table, "version": version, "export": True}
-    return carry_from(plain, CarriedFollow, state, old, rec)
+    return carry_from(plain, CarriedFollow, state, old, rec, theirs, here)
 
 
 def _reopen(plain: Dataset, version: int, rec: dict[str, Any], fingerprint: str) -> Any:
@@ -193,6 +195,19 @@ class CarriedFollow(CarriedRows, Dataset):
     def open_old(self) -> Any:
         return _reopen(self.plain, int(self.carry.old["version"]), self.carry.old,
                        self.carry.old_fingerprint)  # fmt: skip
+
+    def row_identity(self) -> RowIdentity | None:
+        """The followed table's row ids (Delta row tracking) between the two versions, read
+        from the table's log and files when it can still be reached (a manifest names each
+        data file by its location in the table)."""
+        old_names = self.old_dataset().row_layout().files
+        known = set(old_names)
+        added = [(n, n) for n in self.plain.row_layout().files if n not in known]
+        old_version = int(self.carry.old["version"])
+        table = _table(self.plain)
+        return table_row_ids(
+            table, None, old_version, self.plain.version, {n: n for n in old_names}, added
+        )
 
 
 def install() -> None:

@@ -7,12 +7,19 @@ table (:mod:`.follow_carry`).
 
 The rule (docs/delta.md, "carry a run on"): a state saved at (epoch ``E``, ``consumed``)
 over the old version continues in the new one. Epoch ``E`` finishes over the samples of the
-old order at positions ``consumed..`` that are still *live* in the new version (their file is
-in its listing, their row not deleted there), in the old order; they are the new version's
-samples, read from its files. Positions before ``consumed`` are the samples already
-delivered: the carried epoch counts them, so its size is ``consumed`` plus the live rest,
-and padding repeats the live rest. From ``E + 1`` on the order is the new version's own,
-the very order a fresh run over it has. A pure function of (old order, new version, carry
+old order at positions ``consumed..`` that are still *live* in the new version, in the old
+order; they are the new version's samples, read from its files. A row is live there when its
+file is in the new listing and the row is not deleted there, or, where the table gives rows
+an identity across files (Delta row tracking, :class:`RowIdentity`), when a row with its id
+is live in a file added since (an OPTIMIZE or a copy-on-write DELETE / UPDATE moved it).
+Without that identity the rows of a rewritten file cannot be told from deleted ones: they
+are dropped from the epoch, and the carry says so
+(:class:`~spark_dl_core.errors.RowsDroppedWarning`, naming the files, and the loader's
+``stats()["carry"]``). Positions before ``consumed`` are the samples already delivered: the
+carried epoch counts them, so its size is ``consumed`` plus the live rest, it starts at
+``consumed`` (``set_epoch(E)`` reads the live rest, never the old version's positions) and
+padding repeats the live rest. From ``E + 1`` on the order is the new version's own, the
+very order a fresh run over it has. A pure function of (old order, new version, carry
 point): the same batches at any world size and worker count.
 """
 
@@ -21,13 +28,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..errors import SpecError
+from ..errors import RowsDroppedWarning, SpecError
 from ..order.dataset_order import GlobalOrder, _order_of
 from ..order.state import epoch_total
 
@@ -100,6 +108,42 @@ class RowLayout:
         return table
 
 
+class RowIdentity(Protocol):
+    """Rows' identity across the data files of two versions (Delta row tracking): what lets
+    a carried epoch follow a row that a rewrite of its file moved to another file."""
+
+    def ids_of(self, files: Sequence[str], file: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The stable id of each old-version row (``files[file]``, row in the file); -1
+        where the table names none."""
+        ...
+
+    def rows_of(self, ids: np.ndarray) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+        """Where each id is in the new version's files added since the old one: (their
+        names, as the new layout names files; file index, -1 where none holds it; row)."""
+        ...
+
+
+@dataclass(frozen=True)
+class CarryReport:
+    """What a carry did with the old epoch's rows not yet served at the switch (``left``):
+    carried on in place, followed by row id to another file, deleted at the new version, or
+    dropped (their file was rewritten and the table gives rows no identity across files)."""
+
+    epoch: int
+    left: int
+    carried: int
+    followed: int
+    deleted: int
+    dropped: int
+    dropped_files: tuple[str, ...] = field(default=())
+    row_ids: bool = False  # rows were followed by their row ids (Delta row tracking)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["dropped_files"] = list(self.dropped_files)
+        return out
+
+
 class VersionCarryError(SpecError):
     """A loader state of another version of a Delta table that cannot be carried on here:
     names the tables and both versions (``strict``, another table, no version recorded, a
@@ -155,15 +199,47 @@ class CarriedOrder:
         return self.rest[at]
 
 
-def carried_rest(old: Any, new: Any, carry: RowCarry) -> np.ndarray:
+def carried_rest(
+    old: Any, new: Any, carry: RowCarry, identity: RowIdentity | None = None
+) -> tuple[np.ndarray, CarryReport]:
     """The new version's ids of the old order's samples at positions ``consumed..`` of the
-    carried epoch that are live in the new version, in the old order. O(those samples)."""
+    carried epoch that are live in the new version, in the old order, and what became of
+    the others. O(those samples), plus reading the row ids of files rewritten since."""
     order = _order_of(old, carry.seed, carry.epoch, carry.shuffle, carry.window)
     ids = order.take(carry.consumed, order.total, True)
-    source = old.row_layout()
+    source, target = old.row_layout(), new.row_layout()
     file, rows = source.rows_of(ids)
-    mapped = new.row_layout().ids_of(source.files, file, rows)
-    return mapped[mapped >= 0]
+    mapped = target.ids_of(source.files, file, rows)
+    kept_files = set(target.files)
+    listed = np.array([f in kept_files for f in source.files], dtype=bool)
+    lost = np.flatnonzero(mapped < 0)  # deleted, or moved to another file by a rewrite
+    named = np.zeros(len(lost), dtype=bool)
+    if identity is not None and len(lost):
+        row_ids = identity.ids_of(source.files, file[lost], rows[lost])
+        named = row_ids >= 0
+        files, where, at = identity.rows_of(row_ids[named])
+        found = np.full(len(where), -1, dtype=np.int64)
+        held = where >= 0
+        found[held] = target.ids_of(files, where[held], at[held])
+        mapped[lost[named]] = found
+    # rows of a rewritten file the table cannot name: deleted or moved, nobody can tell
+    unnamed = lost[~named]
+    dropped = unnamed[~listed[file[unnamed]]]
+    live = mapped >= 0
+    _, first = np.unique(mapped[live], return_index=True)  # a row id held twice: once
+    keep = np.flatnonzero(live)[np.sort(first)]
+    rest = mapped[keep]
+    report = CarryReport(
+        epoch=carry.epoch,
+        left=len(ids),
+        carried=len(rest),
+        followed=int(np.count_nonzero(np.isin(keep, lost))),
+        deleted=len(ids) - len(rest) - len(dropped),
+        dropped=len(dropped),
+        dropped_files=tuple(source.files[f] for f in np.unique(file[dropped]).tolist()),
+        row_ids=identity is not None,
+    )
+    return rest, report
 
 
 def digest(content: Any) -> str:
@@ -174,16 +250,22 @@ def digest(content: Any) -> str:
 class CarriedRows:
     """Mixin of a dataset continuing a run from an older version of it (:func:`carried`).
 
-    The subclass reopens the old version (:meth:`open_old`); everything else is the plain
-    dataset's: shards, samples, ``len`` (the new version's size, every later epoch's)."""
+    The subclass reopens the old version (:meth:`open_old`) and may give rows an identity
+    across files (:meth:`row_identity`); everything else is the plain dataset's: shards,
+    samples, ``len`` (the new version's size, every later epoch's)."""
 
     carry: RowCarry
     plain: Any  # the same dataset, not carried
     _old: Any
-    _rest: np.ndarray | None
+    _rest: tuple[np.ndarray, CarryReport] | None
 
     def open_old(self) -> Any:
         raise NotImplementedError
+
+    def row_identity(self) -> RowIdentity | None:
+        """Rows' identity across the files of the old version and this one (None: rows are
+        named by (file, row) alone)."""
+        return None
 
     @property
     def fingerprint(self) -> str:
@@ -195,10 +277,20 @@ class CarriedRows:
             self._old = self.open_old()
         return self._old
 
-    def carried_rest(self) -> np.ndarray:
+    def _carried(self) -> tuple[np.ndarray, CarryReport]:
         if self._rest is None:
-            self._rest = carried_rest(self.old_dataset(), self.plain, self.carry)
+            self._rest = carried_rest(
+                self.old_dataset(), self.plain, self.carry, self.row_identity()
+            )
         return self._rest
+
+    def carried_rest(self) -> np.ndarray:
+        return self._carried()[0]
+
+    def carry_report(self) -> dict[str, Any]:
+        """What the carry did with the old epoch's rows left at the switch (a loader's
+        ``stats()["carry"]``)."""
+        return self._carried()[1].as_dict()
 
     def epoch_total(self, epoch: int) -> int:
         """Samples in ``epoch``: in the carried one, those delivered before the switch plus
@@ -206,6 +298,11 @@ class CarriedRows:
         if epoch != self.carry.epoch:
             return len(self.plain)
         return self.carry.consumed + len(self.carried_rest())
+
+    def epoch_start(self, epoch: int) -> int:
+        """Where a pass of ``epoch`` from its start begins: the carried epoch's positions
+        before the switch were the old version's samples, so it begins at the switch."""
+        return self.carry.consumed if epoch == self.carry.epoch else 0
 
     def make_order(
         self, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int
@@ -257,14 +354,46 @@ def check_carry(plain: Any, state: LoaderState, strict: bool, theirs: str, here:
 
 
 def carry_from(
-    plain: Any, kind: type, state: LoaderState, old: Any, rec: dict[str, Any]
+    plain: Any,
+    kind: type,
+    state: LoaderState,
+    old: Any,
+    rec: dict[str, Any],
+    theirs: str,
+    here: str,
 ) -> tuple[Any, int, int]:
     """(dataset, epoch, consumed): ``plain`` finishing the state's epoch of ``old`` (the
-    version it was saved on, reopened), or ``plain`` itself at an epoch's start."""
+    version it was saved on, reopened), or ``plain`` itself at an epoch's start. Rows the
+    carry has to drop are said, with a :class:`RowsDroppedWarning` (``theirs`` and
+    ``here`` name the two versions)."""
     epoch, consumed = state.position(epoch_total(old, state.epoch))
     if not consumed:
         return plain, epoch, 0
     carry = RowCarry(
         epoch, consumed, state.seed, state.shuffle, state.shuffle_window, state.fingerprint, rec
     )
-    return carried(plain, kind, carry, old), epoch, consumed
+    out = carried(plain, kind, carry, old)
+    _warn_dropped(out._carried()[1], theirs, here)
+    return out, epoch, consumed
+
+
+def _warn_dropped(report: CarryReport, theirs: str, here: str) -> None:
+    if not report.dropped:
+        return
+    files = list(report.dropped_files)
+    shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+    warnings.warn(
+        RowsDroppedWarning(
+            f"run carried on from {theirs} to {here}: {report.dropped} of the "
+            f"{report.left} rows epoch {report.epoch} had left to serve are dropped from it; "
+            f"their data files were rewritten since ({shown}: an OPTIMIZE, or a "
+            "copy-on-write DELETE or UPDATE) and the table gives rows no identity across "
+            "files (Delta row tracking, delta.enableRowTracking, is off), so moved rows "
+            f"cannot be told from deleted ones. Those still live are read from epoch "
+            f"{report.epoch + 1} on; loader.stats()['carry'] counts them",
+            files=files,
+            rows=report.dropped,
+            epoch=report.epoch,
+        ),
+        stacklevel=2,
+    )

@@ -18,7 +18,14 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ...errors import SpecError, optional_import
 from ...ops.read import ReadOps
-from ...order import EpochPlan, LoaderState, epoch_position, plan_position, position_record
+from ...order import (
+    EpochPlan,
+    LoaderState,
+    epoch_position,
+    epoch_start,
+    plan_position,
+    position_record,
+)
 from ..reader import BatchReader
 from ..settings import (
     PAD_MASK,
@@ -391,11 +398,17 @@ class TorchLoader:
     def _build_plan(self, epoch: int, consumed: int) -> EpochPlan:
         return self.settings.epoch_plan(self.dataset, epoch, consumed, self.rank, self.world_size)
 
-    def _set_position(self, epoch: int, consumed: int, done: _Pass | None = None) -> None:
+    def _set_position(
+        self, epoch: int, consumed: int, done: _Pass | None = None, settle: bool = True
+    ) -> None:
         """Move the saved position (the end of an epoch is the next epoch's start; inside
         it, even with no batch left for this rank, it stays). ``done``: the pass that
-        finished, which :meth:`state_dict` still reports."""
-        epoch, consumed, plan = plan_position(self._build_plan, epoch, consumed)
+        finished, which :meth:`state_dict` still reports. ``settle=False``: the epoch is
+        the one asked for (:meth:`set_epoch`), read even when nothing is left of it."""
+        if settle:
+            epoch, consumed, plan = plan_position(self._build_plan, epoch, consumed)
+        else:
+            plan = self._build_plan(epoch, consumed)
         self.epoch, self._consumed, self._plan_for = epoch, consumed, plan
         self._epoch_len = len(plan if not consumed else self._build_plan(epoch, 0))
         self._live, self._done = None, done
@@ -485,10 +498,12 @@ class TorchLoader:
         return fresh
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` afresh, unless it is already the saved position's epoch."""
+        """Start epoch ``epoch`` afresh, unless it is already the saved position's epoch.
+        A run carried on to another version restarts its carried epoch at the switch (what
+        is left of it, maybe nothing: an empty pass, then the next epoch)."""
         epoch = check_epoch(epoch)
         if epoch != self.epoch:
-            self._set_position(epoch, 0)
+            self._set_position(epoch, epoch_start(self.dataset, epoch), settle=False)
         elif self._done is not None and self._done.epoch != self.epoch:
             self._done = None  # the trainer has moved on from the finished pass's epoch
 
