@@ -7,16 +7,19 @@ PY := $(abspath $(VENV))/bin/python
 MOSAIC_VENV := .venv-mosaic
 JVM_JAR := spark_dl/jvm/spark-dl-jvm.jar
 JVM_SOURCES := $(wildcard spark_dl/jvm/*.java)
-
+DELTA_JARS := build/delta-jars
+DELTA_PY := import spark_dl.delta_session as d; print(d
 # Spark's Python workers must run the interpreter that has our packages.
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
 export SPARK_DL_MOSAIC_PYTHON := $(abspath $(MOSAIC_VENV))/bin/python
 export TF_CPP_MIN_LOG_LEVEL := 2
+# Delta Lake's jars for spark_dl.with_delta (fetched by Maven below)
+export SPARK_DL_DELTA_JARS := $(abspath $(DELTA_JARS))
 
 .PHONY: install mosaic-env browser-env demo test lint typecheck pytest bench fuzz clean
 
-install: $(VENV)/.installed $(JVM_JAR)
+install: $(VENV)/.installed $(JVM_JAR) $(DELTA_JARS)/.fetched
 
 $(VENV)/.installed: pyproject.toml jvm-free/pyproject.toml jvm-free/setup.py $(wildcard jvm-free/csrc/*.c) constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +41,15 @@ $(JVM_JAR): $(JVM_SOURCES) $(VENV)/.installed
 	  cd build/jvm && $(PY) -m zipfile -c $(abspath $@) sparkdl \
 	  || echo "spark-dl: the JVM scan did not compile; format('mds') reads stay in Python"; \
 	else echo "spark-dl: no javac; format('mds') reads stay on the Python path"; fi
+
+# Delta Lake's jars (delta-spark for the pinned PySpark, and what it needs that PySpark does
+# not ship), fetched once with the machine's Maven rather than by Ivy at every session start.
+$(DELTA_JARS)/.fetched: spark_dl/jvm/delta/pom.xml $(VENV)/.installed
+	@rm -rf $(DELTA_JARS) && mkdir -p $(DELTA_JARS)
+	mvn -q -B -f spark_dl/jvm/delta/pom.xml $$($(PY) -c "$(DELTA_PY).maven_properties())") \
+	  dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(DELTA_JARS))
+	$(PY) -c "$(DELTA_PY).prune_shipped('$(DELTA_JARS)'))"
+	touch $@
 
 # A side environment with Mosaic Streaming, the interoperability oracle. It cannot share
 # the main one (it pins numpy<2.2); the library never depends on it.
@@ -83,4 +95,4 @@ fuzz: install
 
 clean:
 	rm -rf $(VENV) $(MOSAIC_VENV) .pytest_cache .mypy_cache .ruff_cache demo-output bench-output \
-	  $(JVM_JAR) build/jvm
+	  $(JVM_JAR) build/jvm $(DELTA_JARS)

@@ -19,6 +19,7 @@ from .accessor import DLAccessor, install_accessor
 from .converter import Converter
 from .datasource import MDSDataSource, install_save_modes, register_source
 from .delta import read_delta
+from .delta_session import delta_jars, with_delta
 from .mixtures import mix
 from .sql import register_dataset, run_sql_file
 
@@ -54,11 +55,13 @@ __all__ = [
     "MDSDataSource",
     "Source",
     "__version__",
+    "delta_jars",
     "mix",
     "open_dataset",
     "read_delta",
     "register",
     "register_dataset",
     "run_sql_file",
+    "with_delta",
     "write_mds",
 ]

@@ -313,7 +313,7 @@ def _read_with_spark(
     timestamp: Timestamp | None,
     storage_options: dict[str, str] | None,
 ) -> tuple[DataFrame, dict[str, Any], tuple[str, ...] | None, pa.Schema | None]:
-    """Time travel with delta-spark (not exercised in CI: no Delta jars there).
+    """Time travel with delta-spark (the tests' sessions have it: ``with_delta``).
 
     The version is pinned before reading — with ``deltalake`` when it is installed (cheap,
     also validates the version with our error message), else ``DESCRIBE HISTORY`` — so the

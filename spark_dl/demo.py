@@ -85,10 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     write_deltalake(table_path, make_rows(args.rows, args.seed + 1), mode="append")
     print(f"   {table_path}: versions 0 and 1, {2 * args.rows:,} rows at version 1")
 
-    step("2. local Spark reads the table pinned at version 1")
+    step("2. local Spark with Delta Lake reads the table pinned at version 1")
     spark = (
-        SparkSession.builder.master("local[2]")
+        spark_dl.with_delta(SparkSession.builder.master("local[2]"))
         .appName("spark-dl demo")
+        .config("spark.databricks.delta.snapshotPartitions", "2")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -98,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     spark.sparkContext.setLogLevel("ERROR")
     spark_dl.register(spark)
     df = spark_dl.read_delta(spark, table_path, version=1)
-    print(f"   {df.count():,} rows, schema {df.schema.simpleString()}")
+    reader = spark_dl.delta.lineage_for(df)["reader"]  # type: ignore[index]
+    print(f"   {df.count():,} rows ({reader}), schema {df.schema.simpleString()}")
 
     step('3. df.write.format("mds") writes Mosaic-compatible shards from the executors')
     start = time.perf_counter()

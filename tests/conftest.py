@@ -22,6 +22,8 @@ _CONF = {
     "spark.default.parallelism": "2",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
+    # Delta's log replay shuffles into 50 partitions by default: seconds per query here
+    "spark.databricks.delta.snapshotPartitions": "2",
 }
 # Not "UTC": Spark hands Python data sources the session zone's name, and a reader or writer
 # that only works when it is spelled exactly "UTC" must fail here (issue: Etc/UTC, New York).
@@ -29,7 +31,11 @@ _ZONES = {"classic": "America/New_York", "connect": "Etc/UTC"}
 
 
 def _builder(builder: Any, tmp: str, connect: bool) -> Any:
-    builder = builder.config(
+    import spark_dl
+
+    # Delta Lake as a Databricks user has it (jars from `make install`): read_delta(engine=
+    # "auto"), spark.read.format("delta") and SQL on Delta tables all go through delta-spark.
+    builder = spark_dl.with_delta(builder).config(
         "spark.sql.session.timeZone", _ZONES["connect" if connect else "classic"]
     )
     for key, value in _CONF.items():

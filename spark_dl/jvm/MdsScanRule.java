@@ -192,8 +192,28 @@ public final class MdsScanRule extends Rule<LogicalPlan> {
     }
     StructType schema = new StructType(fields.toArray(new StructField[0]));
     MdsScan jvm = new MdsScan(ds, schema, ints(stored), ints(kinds), ints(masks), perPartition);
-    return scan.copy(scan.relation(), jvm, CollectionConverters.asScala(keep).toList(),
-        scan.keyGroupedPartitioning(), scan.ordering(), scan.pushedFilters(), scan.mergeableScan());
+    return withScan(scan, jvm, CollectionConverters.asScala(keep).toList());
+  }
+
+  /**
+   * {@code scan} with another Scan and output, every other field kept. Built through the case
+   * class's constructor, since its field list grows between Spark versions (4.3 added
+   * {@code mergeableScan}), so one jar source compiles against any PySpark 4.x.
+   */
+  private static LogicalPlan withScan(DataSourceV2ScanRelation scan, Object jvm, Object output)
+      throws Exception {
+    Object[] fields = new Object[scan.productArity()];
+    for (int i = 0; i < fields.length; i++) {
+      fields[i] = scan.productElement(i);
+    }
+    fields[1] = jvm; // (relation, scan, output, ...)
+    fields[2] = output;
+    for (java.lang.reflect.Constructor<?> c : DataSourceV2ScanRelation.class.getConstructors()) {
+      if (c.getParameterCount() == fields.length) {
+        return (LogicalPlan) c.newInstance(fields);
+      }
+    }
+    throw new IllegalStateException("no DataSourceV2ScanRelation constructor of " + fields.length);
   }
 
   private static int[] ints(List<Integer> values) {
