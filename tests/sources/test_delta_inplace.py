@@ -193,6 +193,59 @@ def test_mix_with_an_mds_dataset(table: dict[str, Any], tmp_path: Path) -> None:
     assert m.lineage[0]["lineage"]["version"] == snap.version
 
 
+def test_saved_mixture_with_a_source_read_in_place_reopens(
+    table: dict[str, Any], tmp_path: Path
+) -> None:
+    """A mixture of an in-place snapshot (an older version, a projection, rows new since a
+    version, a read spec) and an export is saved and opened again, by open_mixture and by
+    ``spark-dl inspect``: the same sources, fingerprint and batches."""
+    import contextlib
+
+    from spark_dl.cli import main
+    from spark_dl_core import open_mixture, write_mds
+
+    first, second, _ = table["versions"]
+    old = open_delta(table["path"], version=second, columns=["id", "name"])
+    new_rows = open_delta(table["path"], since=first, columns=["id", "name"])
+    spec = {"compression": "zstd"}  # part of the source's fingerprint
+    other = pa.table({"id": pa.array(range(10_000, 10_300), pa.int64()), "name": ["m"] * 300})
+    write_mds(other, str(tmp_path / "mds"))
+    m = mix(
+        [
+            Source(old, proportion=0.4),
+            Source(new_rows.dataset(spec), proportion=0.3, name="new"),
+            Source(str(tmp_path / "mds"), proportion=0.3),
+        ]
+    )
+    saved = tmp_path / "mixture.json"
+    m.save(str(saved))
+    again = open_mixture(str(saved))
+    assert again.fingerprint == m.fingerprint
+    assert [d.path for d in again.sources] == [d.path for d in m.sources]
+    assert again.sources[1].spec["compression"] == "zstd"
+    want = _ids(m.iter_batches(64, shuffle=True, seed=3))
+    assert _ids(again.iter_batches(64, shuffle=True, seed=3)) == want
+    assert "delta" not in json.loads(saved.read_text())["sources"][2]  # a dataset: its path
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["inspect", str(saved), "--json"]) == 0
+    assert [s["per_epoch"] for s in json.loads(out.getvalue())["sources"]] == m.counts
+
+
+def test_saved_mixture_with_a_filtered_in_place_source_is_refused_naming_it(
+    table: dict[str, Any], tmp_path: Path
+) -> None:
+    import pyarrow.compute as pc
+
+    from spark_dl_core import MixtureError, open_mixture
+
+    snap = open_delta(table["path"], columns=["id", "name"], filter=pc.field("id") > 100)
+    saved = tmp_path / "mixture.json"
+    mix([Source(snap, name="big")]).save(str(saved))
+    with pytest.raises(MixtureError, match=r"source 0 \(big\).*filter=.*export the filtered"):
+        open_mixture(str(saved))
+
+
 def test_missing_or_broken_data_file_names_it(table: dict[str, Any], tmp_path: Path) -> None:
     import shutil
 

@@ -14,10 +14,12 @@ from pydantic import ValidationError
 from ..errors import MixtureError
 from ..order import BATCHING
 from .dataset import Dataset, open_dataset
-from .delta import DeltaSnapshot
+from .delta import DeltaSnapshot, open_delta
+from .delta_inplace import DeltaDataset
 from .mixture import Mixture
 from .mixture_spec import (
     MIXTURE_VERSION,
+    InPlaceDelta,
     MixtureSpec,
     Source,
     SourceSpec,
@@ -47,6 +49,46 @@ def _open_source(
         raise
     except Exception as exc:
         raise MixtureError(f"source {index} ({target}) cannot be opened: {exc}") from exc
+
+
+def _in_place_record(dataset: Dataset) -> InPlaceDelta | None:
+    """What reopens a source read in place from a Delta table (None for a dataset, which
+    its path reopens)."""
+    if not isinstance(dataset, DeltaDataset):
+        return None
+    snap = dataset.snapshot
+    return InPlaceDelta(
+        table=snap.table_uri,
+        version=snap.version,
+        since=snap.since,
+        projection=None if snap.columns is None else list(snap.columns),
+        filter=None if snap.filter is None else str(snap.filter),
+        spec=dataset.spec,
+    )
+
+
+def _reopen_in_place(
+    record: InPlaceDelta, index: int, label: str, storage_options: dict[str, Any] | None
+) -> Dataset:
+    """A saved mixture's source read in place from a Delta table, opened again."""
+    if record.filter is not None:
+        raise MixtureError(
+            f"source {index} ({label}): a Delta table read in place with filter="
+            f"{record.filter} cannot be reopened from a saved mixture (a filter expression "
+            "has no JSON form); export the filtered snapshot (snap.write_mds(path)) and mix "
+            "the export, or build the mixture again with mix()"
+        )
+    try:
+        snap = open_delta(
+            record.table,
+            version=record.version,
+            since=record.since,
+            columns=record.projection,
+            storage_options=storage_options,
+        )
+        return snap.dataset(record.spec)
+    except Exception as exc:
+        raise MixtureError(f"source {index} ({label}) cannot be opened: {exc}") from exc
 
 
 def mix(
@@ -100,6 +142,7 @@ def mix(
                 repeat=s.repeat,
                 choose=choose,
                 lineage=d.source,
+                delta=_in_place_record(d),
             )
         )
     spec = MixtureSpec(
@@ -152,7 +195,10 @@ def open_mixture(
     datasets = []
     sources = []
     for i, s in enumerate(parsed.sources):
-        d = _open_source(Source(s.path), i, cache_dir, storage_options)
+        if s.delta is not None:
+            d = _reopen_in_place(s.delta, i, s.name or s.path, storage_options)
+        else:
+            d = _open_source(Source(s.path), i, cache_dir, storage_options)
         if s.fingerprint is None:  # a hand-written spec: the source as it is now
             s = s.model_copy(
                 update={"fingerprint": d.fingerprint, "samples": int(d.shard_offsets[-1])}

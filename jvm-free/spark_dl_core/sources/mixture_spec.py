@@ -97,10 +97,27 @@ class Source:
         return f"source {index}"
 
 
+class InPlaceDelta(BaseModel):
+    """How a source that is a Delta snapshot read in place is opened again: its ``path``
+    (``TABLE@vN``) names no directory. The arguments of ``open_delta`` and the read's spec
+    (``snap.dataset(spec)``). A ``filter`` is kept as its text only (a pyarrow expression
+    has no faithful JSON form), so such a source is refused when reopened."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    table: str
+    version: int
+    since: int | None = None
+    projection: list[str] | None = None
+    filter: str | None = None
+    spec: dict[str, Any] = {}
+
+
 class SourceSpec(BaseModel):
     """A source as saved in a :class:`MixtureSpec`. ``fingerprint`` and ``samples`` are
     filled in when the mixture is built; a hand-written spec (SQL) may leave them out, and
-    then takes the source as it is when opened."""
+    then takes the source as it is when opened. ``delta``: a Delta snapshot read in place
+    (else ``path`` is a dataset's)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -112,6 +129,14 @@ class SourceSpec(BaseModel):
     repeat: float | None = None
     choose: int | None = None
     lineage: dict[str, Any] = {}
+    delta: InPlaceDelta | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        out = handler(self)
+        if isinstance(out, dict) and out.get("delta") is None:
+            out.pop("delta", None)  # a dataset source is written as earlier versions wrote it
+        return out
 
 
 class Stage(BaseModel):
