@@ -46,7 +46,7 @@ from pyspark.sql.types import (
 
 from spark_dl_core import DatasetSpec, open_dataset
 from spark_dl_core.spec import planned_spec
-from spark_dl_core.store.storage import Store
+from spark_dl_core.store.storage import Store, uri_location
 
 from .mds_options import FORMAT
 from .mds_writer import _is_vector
@@ -175,14 +175,16 @@ def _stamp(entry: dict[str, Any]) -> list[str]:
 
 
 def _file_stamps(files: list[str]) -> list[list[str]]:
-    """Each input file with its size and modification time: one listing per directory
-    (a file missing from it is asked for alone); a filesystem that gives no times is
-    refused, so the caller warns instead of keying by names and sizes only."""
+    """Each input file (a URI, as ``inputFiles()`` names it) with its size and modification
+    time: one listing per directory (a file missing from it is asked for alone); a
+    filesystem that gives no times is refused, so the caller warns instead of keying by
+    names and sizes only. A URI is decoded once to the file it names: an escaped partition
+    directory (``part=a%20b``, ``part=100%25``) is otherwise a path that is not there."""
     from fsspec.core import url_to_fs
 
     by_dir: dict[tuple[int, str], list[tuple[str, Any, str]]] = {}
     for url in files:
-        fs, path = url_to_fs(url)
+        fs, path = url_to_fs(uri_location(url))
         by_dir.setdefault((id(fs), posixpath.dirname(path)), []).append((url, fs, path))
     out = []
     for (_, parent), entries in by_dir.items():

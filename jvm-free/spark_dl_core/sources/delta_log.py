@@ -12,6 +12,7 @@ from urllib.parse import unquote
 import pyarrow.compute as pc
 
 from ..errors import DatasetError, optional_import
+from ..store.storage import uri_location
 
 Timestamp = _dt.datetime | str | int | float
 
@@ -87,15 +88,9 @@ def file_key(uri: str) -> str:
 
 def log_location(uri: str) -> str:
     """A URI from the Delta log (``add.path`` joined to the table URI, a deletion vector's
-    file path) as a location: percent-escapes decoded exactly once, local files as plain
-    paths. Hive-style partition directories are themselves escaped (``part=a%20b``), and the
-    log escapes that again (``part=a%2520b``): decoding twice names a file that is not there.
-    """
-    if uri.startswith("file:"):
-        path = unquote(uri[len("file:") :])
-        return "/" + path.lstrip("/")  # file:/x, file:///x -> /x
-    scheme, sep, rest = uri.partition("://")
-    return scheme + sep + unquote(rest) if sep else unquote(uri)
+    file path) as a location (:func:`~spark_dl_core.store.storage.uri_location`): the log
+    escapes the already escaped partition directories again, so it is decoded once."""
+    return uri_location(uri)
 
 
 def log_locations(base: str, paths: list[str]) -> list[str]:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 
@@ -56,6 +57,19 @@ def redact(text: str, storage_options: Mapping[str, Any] | None = None) -> str:
 def is_remote(url: str) -> bool:
     scheme = url.split("://", 1)[0] if "://" in url else ""
     return scheme not in ("", "file", "local")
+
+
+def uri_location(uri: str) -> str:
+    """The location a URI names (a Hadoop path's ``toUri``, a Delta log's ``add.path``):
+    percent-escapes decoded exactly once, ``file:`` URIs as plain paths. Spark escapes
+    Hive-style partition directories itself (``part=a b`` is the directory ``part=a%20b``),
+    and the URI escapes that again (``part=a%2520b``): decoding twice, or not at all, names
+    a file that is not there."""
+    if uri.startswith("file:"):
+        path = unquote(uri[len("file:") :])
+        return "/" + path.lstrip("/")  # file:/x, file:///x -> /x
+    scheme, sep, rest = uri.partition("://")
+    return scheme + sep + unquote(rest) if sep else unquote(uri)
 
 
 def _local_path(url: str) -> str:
