@@ -193,6 +193,40 @@ def test_mix_with_an_mds_dataset(table: dict[str, Any], tmp_path: Path) -> None:
     assert m.lineage[0]["lineage"]["version"] == snap.version
 
 
+def test_mix_accepts_list_fields_named_element_and_item(
+    table: dict[str, Any], tmp_path: Path
+) -> None:
+    """Delta (as Parquet and Spark) names a list's field ``element``, pyarrow ``item``: one
+    Arrow type, so the table (in place or exported) mixes with a dataset pyarrow wrote; a
+    column whose type really differs is still refused."""
+    from spark_dl_core import MixtureError, open_dataset, write_mds
+
+    snap = open_delta(table["path"], columns=["id", "emb", "tok"])
+    assert str(snap.output_schema.field("tok").type) == "list<element: int64>"
+    snap.write_mds(str(tmp_path / "export"))
+    ids = np.arange(10_000, 10_050)
+    other = pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "emb": pa.array([[float(i)] * 8 for i in ids], pa.list_(pa.float32())),
+            "tok": pa.array([list(range(i % 5 + 1)) for i in ids], pa.list_(pa.int64())),
+        }
+    )
+    assert str(other.schema.field("tok").type) == "list<item: int64>"
+    write_mds(other, str(tmp_path / "mds"))
+    for delta in (snap, str(tmp_path / "export")):
+        m = mix([Source(delta), Source(str(tmp_path / "mds"))])  # each source once
+        got = m.to_arrow()
+        assert len(got) == len(m) == len(snap) + 50
+        from_mds = got.filter(pa.compute.greater_equal(got["id"], 10_000)).sort_by("id")
+        assert from_mds["tok"].to_pylist() == other["tok"].to_pylist()
+    widened = other.set_column(1, "emb", pa.array([[1.0] * 8] * 50, pa.list_(pa.float64())))
+    write_mds(widened, str(tmp_path / "f64"))
+    assert open_dataset(tmp_path / "f64").plans[1].encoding != "ndarray:float32"
+    with pytest.raises(MixtureError, match="column 'emb' differs"):
+        mix([Source(snap), Source(str(tmp_path / "f64"))])
+
+
 def test_saved_mixture_with_a_source_read_in_place_reopens(
     table: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -68,13 +68,15 @@ def common_columns(
         for d in datasets:
             plan = next((p for p in d.plans or [] if p.name == name), None)
             mask = plan.null_mask if plan is not None else None
-            arrow = str(plan.arrow_type) if plan is not None else None
+            arrow = plan.arrow_type if plan is not None else None
             seen.append((d.encoding(name).name, arrow, mask is not None, plan))
         for i in range(1, len(seen)):
             a, b = seen[0], seen[i]
             what = None
             if a[0] != b[0]:
                 what = f"encoding {a[0]!r} in {labels[0]}, {b[0]!r} in {labels[i]}"
+            # Arrow's equality: a list's field name (Parquet's, Delta's and Spark's
+            # "element", pyarrow's "item") is no part of the type
             elif a[1] is not None and b[1] is not None and a[1] != b[1]:
                 what = f"type {a[1]} in {labels[0]}, {b[1]} in {labels[i]}"
             elif a[2] != b[2]:
