@@ -17,6 +17,7 @@ value of it is used.
 from __future__ import annotations
 
 import json
+import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from .errors import DatasetError, FollowError, MetadataError
+from .errors import DatasetError, FollowError, MetadataError, SpecError
 from .format.buffers import I64, Pieces, offsets_from_lengths
 from .format.compact import index_digest
 from .format.index import ShardInfo, parse_index
@@ -94,6 +95,26 @@ class HeldVersion:
         return list(self.manifest["files"])
 
 
+def version_number(value: Any, call: str) -> int | None:
+    """A table version given as an argument (``call`` names the call, e.g.
+    ``open_delta('t')``): an int, or its digits in a string (``"3"``, as Spark's
+    ``versionAsOf`` takes it); None stays None. Anything else is a :class:`SpecError` naming
+    the argument and the accepted forms."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise SpecError(
+        f"{call}: version={value!r} is not a table version; give a whole number >= 0 (an "
+        "int such as 3, or its digits as a string such as '3')"
+    )
+
+
 def read_version(store: Store, version: int | None = None) -> HeldVersion | None:
     """Version ``version`` of the followed dataset at ``store`` (None: the latest held);
     None when the dataset follows no table. A version not held is a :class:`FollowError`
@@ -112,7 +133,8 @@ def read_version(store: Store, version: int | None = None) -> HeldVersion | None
     if chosen not in held:
         raise FollowError(
             f"{store.display()} holds table versions {held}, not {chosen} (never updated to "
-            "it, or vacuumed)",
+            "it, or vacuumed): open one of those with version=, or leave version= out for "
+            "the latest",
             path=store.display(),
             held=held,
             asked=chosen,

@@ -75,6 +75,18 @@ def test_version_that_does_not_exist_or_was_vacuumed(read: Any, table: Path) -> 
         open_delta(str(table), version=7)
 
 
+@pytest.mark.parametrize("bad", ["yesterday", "2024-13-01", [2024], True])
+def test_timestamp_that_is_no_point_in_time_is_refused_naming_it(table: Path, bad: Any) -> None:
+    """It was blamed on the log ('its log cannot be read: Invalid isoformat string')."""
+    with pytest.raises(
+        SpecError,
+        match=r"open_delta\(.*\): timestamp=.* is not a point in "
+        r"time; give a datetime.*ISO 8601.*milliseconds since the epoch",
+    ):
+        open_delta(table, timestamp=bad)
+    assert open_delta(table, timestamp="2999-01-01").version == open_delta(table).version
+
+
 @PATHS
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
 def test_truncated_or_replaced_data_file(read: Any, table: Path, damage: str) -> None:

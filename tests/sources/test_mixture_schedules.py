@@ -212,6 +212,9 @@ def test_fingerprint_and_spec_carry_the_schedule(paths: dict[str, str], tmp_path
         ([(0, {"web": 1})], {"epoch_size": None}, r"schedule: needs epoch_size"),
         ([], {}, r"schedule=\[\]"),
         ([("soon", {"web": 1})], {}, r"schedule stage 0 start='soon'"),
+        ([(0, {"web": 1}, 5)], {}, r"schedule= stage 0: \(0, .* is not a stage; a stage is a"),
+        ([0], {}, r"stage 0: 0 is not a stage; a stage is a pair \(start, \{name: weight\}\)"),
+        ([{"weights": {"web": 1}}], {}, r"stage 0: \{'weights'.*or a dict \{'start': start"),
     ],
 )
 def test_bad_schedules_are_refused_naming_the_stage(

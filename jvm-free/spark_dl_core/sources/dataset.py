@@ -44,7 +44,7 @@ from ..shard_source import Batch
 from ..store.cached_store import shard_store
 from ..store.indexing import index_fingerprint
 from ..store.storage import check_path
-from ..versions import Piece
+from ..versions import Piece, version_number
 from .followed_version import FollowedVersion
 from .random_access import RandomAccess
 from .shard_loading import ShardLoading
@@ -65,7 +65,7 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading):
         cache_dir: str | None = None,
         allow_unsafe: bool = False,
         storage_options: dict[str, Any] | None = None,
-        version: int | None = None,
+        version: int | str | None = None,
     ) -> None:
         check_path(path)
         self.path = str(path)
@@ -79,7 +79,8 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading):
         # assembled from others (see spark_dl_core.versions); None / {} otherwise
         self.version: int | None = None
         self._virtual: dict[str, list[Piece]] = {}
-        self.shards, self.meta, self._index_text = self._load(version)
+        asked = version_number(version, f"open_dataset({self.shown!r})")
+        self.shards, self.meta, self._index_text = self._load(asked)
         self.layout = self._layout()
         self.shard_offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
         np.cumsum(self.shards.samples, out=self.shard_offsets[1:])
@@ -660,12 +661,13 @@ def open_dataset(
     cache_dir: str | None = None,
     allow_unsafe: bool = False,
     storage_options: dict[str, Any] | None = None,
-    version: int | None = None,
+    version: int | str | None = None,
 ) -> Dataset:
     """Open an MDS dataset (ours or Mosaic's) at a local path or fsspec URL.
 
     A dataset that follows a Delta table (``write_mds(..., mode="update")``) opens at the
-    latest table version it holds; ``version`` opens another version it still holds.
+    latest table version it holds; ``version`` (an int, or its digits as a string) opens
+    another version it still holds.
 
     Everything after the path is keyword-only, so ``open_dataset(a, b)`` is a
     ``TypeError`` rather than ``b`` silently taken as the cache directory.

@@ -17,7 +17,6 @@ have their files' physical columns mapped back to the logical schema by
 
 from __future__ import annotations
 
-import operator
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import pyarrow as pa
 
 from ..errors import DatasetError, SpecError
 from ..meta import column_names
+from ..versions import version_number
 from .delta_columns import ColumnMapping, FileColumns, file_columns, mapping_of
 from .delta_dv import damaged_inline
 from .delta_errors import culprit_text, empty_commit, past_the_end, typed_errors
@@ -464,23 +464,6 @@ def table_filesystem(table_uri: str, storage_options: dict[str, str] | None) -> 
     return remote_filesystem(table_uri, storage_options)
 
 
-def _version_number(uri: str, version: Any) -> int | None:
-    """``version`` as an int: an int, or digits in a string; anything else is refused."""
-    if version is None:
-        return None
-    if isinstance(version, str) and version.strip().isdigit():
-        return int(version)
-    try:
-        if not isinstance(version, bool):
-            return operator.index(version)
-    except TypeError:
-        pass
-    raise SpecError(
-        f"open_delta({uri!r}, version={version!r}): a version is a whole number >= 0 (an "
-        "int, or its digits as a string)"
-    )
-
-
 def _log_filesystem(base: str, storage_options: dict[str, str] | None) -> tuple[Any, str]:
     """A pyarrow filesystem for the table at ``base`` and the table's root on it: a remote
     table's is built from ``storage_options`` (its endpoint and credentials; pyarrow's own
@@ -518,7 +501,7 @@ def open_delta(
     """
     deltalake = import_deltalake()
     uri = os.fspath(path)
-    version = _version_number(uri, version)
+    version = version_number(version, f"open_delta({uri!r})")
     if version is not None and timestamp is not None:
         raise SpecError(f"open_delta({uri!r}): give version or timestamp, not both")
     try:
@@ -531,7 +514,7 @@ def open_delta(
     available = version_range(history) or (latest.version(), latest.version())
     asked: str | None = None
     if timestamp is not None:
-        ms = utc_ms(timestamp)
+        ms = utc_ms(timestamp, f"open_delta({uri!r})")
         asked = f"timestamp {iso_ms(ms)}"
         eligible = [v for v, t in history if t <= ms]
         if not eligible:

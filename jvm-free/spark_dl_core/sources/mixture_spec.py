@@ -316,6 +316,13 @@ def schedule_stages(spec: MixtureSpec) -> Stages | None:
     return out
 
 
+_STAGE_FORMS = (
+    "a stage is a pair (start, {name: weight}) or a dict {'start': start, 'weights': "
+    "{name: weight}}, its start a number of samples (0, 27000, '27k') or of tokens "
+    "('100B tokens')"
+)
+
+
 def parse_schedule(schedule: Any) -> list[Stage]:
     """``mix(schedule=...)``: (start, {name: weight}) pairs (or dicts, or :class:`Stage`);
     a start may be a count string such as ``"27k"``."""
@@ -326,13 +333,13 @@ def parse_schedule(schedule: Any) -> list[Stage]:
         if isinstance(item, Stage):
             stages.append(item)
             continue
-        if isinstance(item, dict):
-            start, weights = item.get("start"), item.get("weights")
+        if isinstance(item, dict) and {"start", "weights"} <= set(item):
+            start, weights = item["start"], item["weights"]
         elif isinstance(item, (tuple, list)) and len(item) == 2:
             start, weights = item
         else:
-            raise MixtureError(f"schedule stage {k}: {item!r} is not (start, {{name: weight}})")
-        at, unit = parse_start(start if start is not None else "", f"schedule stage {k} start")
+            raise MixtureError(f"schedule= stage {k}: {item!r} is not a stage; {_STAGE_FORMS}")
+        at, unit = parse_start(start, f"schedule stage {k} start")
         if not isinstance(weights, dict):
             raise MixtureError(
                 f"schedule stage {k} (start={at}): weights {weights!r} are not "
