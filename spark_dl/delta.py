@@ -93,6 +93,21 @@ _KEEPING_NODES = frozenset(
 )
 
 
+# Those of them through which every row still names its data file (the scan's ``_metadata``
+# resolves above them): aggregations (``Distinct``, ``Deduplicate``) make new rows.
+_FILE_ROW_NODES = _KEEPING_NODES - {"Distinct", "Deduplicate"}
+
+
+@dataclass(frozen=True)
+class FileOrderBlock:
+    """Why a DataFrame over one pinned read is not written in the snapshot's file order:
+    the plan node in the way (the first from the top), and whether it is a sort the user
+    asked for (kept) rather than a node after which rows no longer name their file."""
+
+    node: str
+    sorted: bool
+
+
 _registry: dict[str, PinnedRead] = {}
 
 __all__ = ["DeltaSnapshotError", "lineage_for", "read_delta", "session_reads_delta"]
@@ -228,26 +243,59 @@ def delta_fields(df: DataFrame) -> pa.Schema | None:
     return pa.schema([read.schema.field(c) for c in names]) if names else None
 
 
-def _keeps_values(df: Any, token: str) -> bool:
-    """Whether the plan from ``df`` down to the read aliased ``token`` is a chain of nodes
-    that keep column values (classic: the analysed plan; Connect: the client's plan)."""
+def _nodes_above(df: Any, token: str) -> tuple[list[str], bool]:
+    """The plan's node names from ``df``'s root down towards the read aliased ``token``
+    (classic: the analysed plan; Connect: the client's plan), and whether that alias was
+    reached through nodes of one child each; the walk stops at its alias, or at the first
+    node of another shape (a join, a union: listed) or that cannot be walked."""
+    names: list[str] = []
     jdf = getattr(df, "_jdf", None)
     try:
         if jdf is not None:
             node = jdf.queryExecution().analyzed()
-            while node.nodeName() in _KEEPING_NODES and node.children().size() == 1:
-                if node.nodeName() == "SubqueryAlias" and str(node.alias()) == token:
-                    return True
+            while True:
+                name = str(node.nodeName())
+                if name == "SubqueryAlias" and str(node.alias()) == token:
+                    return names, True
+                names.append(name)
+                if node.children().size() != 1:
+                    return names, False
                 node = node.children().apply(0)
-            return False
         plan = getattr(df, "_plan", None)
-        while plan is not None and type(plan).__name__ in _KEEPING_NODES:
-            if type(plan).__name__ == "SubqueryAlias" and getattr(plan, "_alias", None) == token:
-                return True
+        while plan is not None:
+            name = type(plan).__name__
+            if name == "SubqueryAlias" and getattr(plan, "_alias", None) == token:
+                return names, True
+            names.append(name)
             plan = getattr(plan, "_child", None)
     except Exception:  # a plan we cannot walk: claim nothing
-        return False
-    return False
+        pass
+    return names, False
+
+
+def _keeps_values(df: Any, token: str) -> bool:
+    """Whether the plan from ``df`` down to the read aliased ``token`` is a chain of nodes
+    that keep column values (classic: the analysed plan; Connect: the client's plan)."""
+    names, reached = _nodes_above(df, token)
+    return reached and all(n in _KEEPING_NODES for n in names)
+
+
+def file_order_block(df: DataFrame) -> FileOrderBlock | None:
+    """What keeps ``df``, which reads one pinned snapshot, from being written in the
+    snapshot's file order (None: nothing, its rows still name their file). Decided from
+    the plan, never by resolving ``_metadata`` and failing (PySpark logs every failed
+    analysis as an ERROR with its stack trace). A sort (``orderBy``, ``sort``,
+    ``sortWithinPartitions``) is the user's order: it is kept, not replaced by the files'."""
+    tokens = [t for t in _plan_tokens(df) if t in _registry]
+    if len(tokens) != 1:
+        return FileOrderBlock("several reads", sorted=False)
+    names, reached = _nodes_above(df, tokens[0])
+    for name in names:
+        if name == "Sort":
+            return FileOrderBlock(name, sorted=True)
+        if name not in _FILE_ROW_NODES:
+            return FileOrderBlock(name, sorted=False)
+    return None if reached else FileOrderBlock(names[-1] if names else "unknown", sorted=False)
 
 
 def _own_columns(df: Any, names: list[str], frames: tuple[Any, ...]) -> list[str]:

@@ -9,7 +9,7 @@ import json
 import re
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spark_dl_core.commit import (
     normalize_mode,
@@ -29,6 +29,9 @@ NOT_REGISTERED = (
     "itself only where spark-dl is installed for the Python that Spark runs (its "
     "pyspark_spark_dl module); otherwise call spark_dl.register(spark) once the session exists"
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .delta import FileOrderBlock
 
 
 @contextlib.contextmanager
@@ -125,7 +128,7 @@ def _wrap_writer_class(cls: Any) -> None:
         frame = _written_frame(self)
         if frame is None:
             return None
-        from .delta import canonical_files, delta_fields, source_option
+        from .delta import canonical_files, delta_fields, file_order_block, source_option
 
         if "source" not in recorded:
             found = source_option(frame)
@@ -138,7 +141,7 @@ def _wrap_writer_class(cls: Any) -> None:
         files = canonical_files(frame)
         if not files or "canonical_files" in recorded:
             return None
-        ordered = _canonical_frame(frame)
+        ordered = _canonical_frame(frame, file_order_block(frame))
         if ordered is None:
             return None
         writer = orig_format(ordered.write, FORMAT)
@@ -203,31 +206,53 @@ def _written_frame(writer: Any) -> Any:
     return ConnectDataFrame(df, spark)  # Connect: the writer holds the plan
 
 
-def _canonical_frame(df: Any) -> Any:
+def _canonical_frame(df: Any, block: FileOrderBlock | None) -> Any:
     """``df`` with every data file's rows in one partition, in file row order, and a
     column naming the file: what lets each task cut shards at file boundaries and the
     commit order them by the snapshot's file order, whatever Spark's file splitting and
-    packing did (``maxPartitionBytes``, parallelism). None when rows cannot name their
-    file (the plan does not read files directly)."""
+    packing did (``maxPartitionBytes``, parallelism). None, with a warning saying why and
+    what is written instead, when the plan (``block``) or the scan's file metadata does not
+    allow it; nothing is resolved that could fail (PySpark logs failed analyses as ERRORs)."""
     from pyspark.sql import functions as F
 
-    try:
-        keyed = df.withColumn(SOURCE_FILE_COLUMN, F.col("_metadata.file_name")).withColumn(
-            _ROW_INDEX_COLUMN, F.col("_metadata.row_index")
-        )
-        keyed.schema  # noqa: B018 - resolve now: a plan without file metadata fails here
-    except Exception as exc:
-        warnings.warn(
-            f"spark-dl: rows of this pinned Delta read cannot name their data file ({exc}); "
-            "writing in Spark's partition order, which depends on parallelism",
-            stacklevel=4,
+    if block is not None and block.sorted:
+        _warn_layout(
+            "it is sorted (orderBy, sort or sortWithinPartitions): the rows are written in "
+            "that order, not in the snapshot's file order, so the dataset is not the "
+            "snapshot's canonical export (another fingerprint; rows that tie on the sort "
+            "keys may come in any order)"
         )
         return None
+    if block is not None:
+        _warn_layout(
+            f"its rows no longer name their data file after {block.node} in the plan "
+            "(a join, union or aggregation such as groupBy or distinct): writing in Spark's "
+            "partition order, which depends on parallelism"
+        )
+        return None
+    try:  # above the nodes file_order_block lets through, a file scan's _metadata resolves
+        fields = df.select("_metadata").schema["_metadata"].dataType.fieldNames()
+    except Exception as exc:  # a scan without file metadata
+        _warn_layout(f"its scan has no file metadata ({exc}): writing in Spark's partition order")
+        return None
+    if "file_name" not in fields or "row_index" not in fields:
+        _warn_layout(
+            f"the scan's file metadata cannot name each row's file and place (it has "
+            f"{fields}): writing in Spark's partition order, which depends on parallelism"
+        )
+        return None
+    keyed = df.withColumn(SOURCE_FILE_COLUMN, F.col("_metadata.file_name")).withColumn(
+        _ROW_INDEX_COLUMN, F.col("_metadata.row_index")
+    )
     return (
         keyed.repartition(F.col(SOURCE_FILE_COLUMN))
         .sortWithinPartitions(SOURCE_FILE_COLUMN, _ROW_INDEX_COLUMN)
         .drop(_ROW_INDEX_COLUMN)
     )
+
+
+def _warn_layout(why: str) -> None:
+    warnings.warn(f"spark-dl: writing a pinned Delta read: {why}", stacklevel=5)
 
 
 def install_save_modes() -> None:

@@ -135,6 +135,67 @@ def test_derived_frame_keeps_order_and_lineage(spark: Any, table: str, tmp_path:
     assert open_dataset(out2).source["table"] == table
 
 
+def test_a_sort_of_a_pinned_read_is_kept_and_said(spark: Any, table: str, tmp_path: Path) -> None:
+    """``read_delta(...).orderBy(...)`` was written in the snapshot's file order, the sort
+    the user asked for dropped without a word. The sort is kept now, and the write says the
+    dataset is therefore not the snapshot's canonical export."""
+    from pyspark.sql import functions as F
+
+    import spark_dl
+
+    df = spark_dl.read_delta(spark, table, version=2)
+    for name, sorted_frame in [
+        ("orderBy", df.orderBy(F.col("x").desc())),
+        ("sortWithinPartitions", df.coalesce(1).sortWithinPartitions(F.col("x").desc())),
+    ]:
+        out = str(tmp_path / name)
+        with pytest.warns(UserWarning, match="sorted .* not in the snapshot's file order"):
+            sorted_frame.write.format("mds").save(out)
+        xs = open_dataset(out).to_arrow().column("x").to_pylist()
+        assert len(xs) == 740 and xs == sorted(xs, reverse=True), name
+
+
+def test_an_aggregate_of_a_pinned_read_writes_without_an_error_log(
+    spark: Any, table: str, tmp_path: Path
+) -> None:
+    """A ``groupBy`` then ``write.format("mds")`` succeeded but PySpark logged an ERROR with
+    a long stack trace: the writer tried the scan's ``_metadata`` above the aggregate and
+    caught the failure, and PySpark logs every failed analysis. The plan decides it now,
+    and the warning names the node in the way."""
+    import logging
+
+    from pyspark.sql import functions as F
+
+    import spark_dl
+
+    class Records(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.DEBUG)
+            self.records: list[logging.LogRecord] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.records.append(record)
+
+    loggers = [
+        logging.getLogger(n) for n in ("DataFrameQueryContextLogger", "SQLQueryContextLogger")
+    ]
+    seen = Records()
+    for logger in loggers:
+        logger.addHandler(seen)
+    try:
+        df = spark_dl.read_delta(spark, table, version=2)
+        out = str(tmp_path / "grouped")
+        with pytest.warns(UserWarning, match="no longer name their data file after Aggregate"):
+            df.groupBy("part").count().write.format("mds").save(out)
+        plain = spark.range(10).groupBy((F.col("id") % 2).alias("k")).count()
+        plain.write.format("mds").save(str(tmp_path / "plain"))
+    finally:
+        for logger in loggers:
+            logger.removeHandler(seen)
+    assert sorted(open_dataset(out).to_arrow().column("count").to_pylist()) == [370, 370]
+    assert [r.getMessage()[:200] for r in seen.records if r.levelno >= logging.ERROR] == []
+
+
 def test_explicit_source_option(spark: Any, tmp_path: Path) -> None:
     out = str(tmp_path / "explicit")
     given = {"kind": "delta", "table": "s3://lake/t", "version": 5}
