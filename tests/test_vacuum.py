@@ -13,8 +13,15 @@ import pyarrow as pa
 import pytest
 
 from spark_dl.cli import main
-from spark_dl_core import DatasetError, DatasetSpec, ShardWriter, open_dataset, write_mds
-from spark_dl_core.maintenance import vacuum
+from spark_dl_core import (
+    DatasetError,
+    DatasetSpec,
+    ShardWriter,
+    maintenance,
+    open_dataset,
+    vacuum,
+    write_mds,
+)
 from spark_dl_core.store.storage import Store
 
 OLD = time.time() - 7200  # older than the default retention
@@ -48,6 +55,13 @@ def dataset(tmp_path: Path) -> tuple[Path, list[str]]:
     (path / "sub" / "shard.00000.mds").write_bytes(b"x")
     _age(path, *os.listdir(path))
     return path, orphans
+
+
+def test_vacuum_is_public() -> None:
+    """The docs call vacuum(...) from the package, as the CLI's vacuum does."""
+    import spark_dl_core
+
+    assert vacuum is maintenance.vacuum and {"vacuum", "VacuumReport"} <= set(spark_dl_core.__all__)
 
 
 def test_removes_only_unreferenced_leftovers(dataset: tuple[Path, list[str]]) -> None:

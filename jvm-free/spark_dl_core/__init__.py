@@ -16,6 +16,7 @@ from .errors import (
 )
 from .loaders.loading import install as _install_loading
 from .loaders.settings import LoaderSettings, PackSpec
+from .maintenance import VacuumReport, vacuum
 from .sources.dataset import Dataset, open_dataset
 from .sources.delta_carry import install as _install_delta_carry
 from .sources.delta_follow import install as _install_follow
@@ -38,7 +39,7 @@ _install_delta_carry()  # in-place Delta loaders carry a run on to another versi
 _install_follow_carry()  # followed datasets' loaders carry a run on to another version
 
 
-def open_delta(path: str, *, version: int | None = None, **kwargs: Any) -> Any:
+def open_delta(path: str, *, version: int | str | None = None, **kwargs: Any) -> Any:
     """A Delta table snapshot as Arrow, with no JVM (see :mod:`spark_dl_core.sources.delta`)."""
     from .sources.delta import open_delta as _open_delta
 
@@ -62,6 +63,7 @@ __all__ = [
     "SparkDLError",
     "SpecError",
     "UnsafeEncodingError",
+    "VacuumReport",
     "WriteResult",
     "__version__",
     "mix",
@@ -69,6 +71,7 @@ __all__ = [
     "open_delta",
     "open_mixture",
     "parse_size",
+    "vacuum",
     "write_compact_index",
     "write_mds",
 ]

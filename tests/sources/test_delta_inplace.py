@@ -193,6 +193,24 @@ def test_mix_with_an_mds_dataset(table: dict[str, Any], tmp_path: Path) -> None:
     assert m.lineage[0]["lineage"]["version"] == snap.version
 
 
+def test_snapshot_columns_are_a_datasets_and_its_projection_is_named(
+    table: dict[str, Any], tmp_path: Path
+) -> None:
+    """``snap.columns`` was the ``columns=`` projection (None without one) where a dataset's
+    ``columns`` maps each column to its encoding; the projection is ``snap.projection``."""
+    from spark_dl_core import open_dataset
+
+    whole = open_delta(table["path"])
+    assert whole.projection is None
+    assert list(whole.columns) == ["id", "emb", "tok", "name", "part"]
+    snap = open_delta(table["path"], columns=["name", "id"])
+    assert snap.projection == ["name", "id"]
+    assert snap.columns == snap.dataset().columns == {"name": "str", "id": "int64"}
+    snap.write_mds(str(tmp_path / "export"))
+    assert open_dataset(tmp_path / "export").columns == snap.columns
+    assert snap.lineage()["columns"] == ["name", "id"]  # what exports record, as before
+
+
 def test_mix_accepts_list_fields_named_element_and_item(
     table: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -104,9 +104,10 @@ def install_in_place(dataset_class: Any) -> None:
 class DeltaSnapshot:
     """One version of a Delta table, pinned: the same rows, in the same order, every time.
 
-    Use :func:`open_delta`. ``columns`` projects; ``filter`` is a pyarrow compute expression
-    (or a SQL-ish string recorded in the lineage only when it is an expression's text) applied
-    per batch after deletion vectors.
+    Use :func:`open_delta`. ``projection``: the columns its ``columns=`` picked (None: every
+    column); ``columns``, as for any dataset, the columns read and their encodings.
+    ``filter`` is a pyarrow compute expression (or a SQL-ish string recorded in the lineage
+    only when it is an expression's text) applied per batch after deletion vectors.
     """
 
     table_uri: str
@@ -115,7 +116,7 @@ class DeltaSnapshot:
     files: list[str]
     schema: pa.Schema
     partition_columns: list[str]
-    columns: list[str] | None = None
+    projection: list[str] | None = None
     filter: Any = None
     storage_options: dict[str, str] | None = None
     available: tuple[int, int] | None = None
@@ -139,16 +140,22 @@ class DeltaSnapshot:
 
     @cached_property
     def output_schema(self) -> pa.Schema:
-        if self.columns is None:
+        if self.projection is None:
             return self.schema
-        missing = [c for c in self.columns if c not in self.schema.names]
+        missing = [c for c in self.projection if c not in self.schema.names]
         if missing:
             raise DeltaSnapshotError(
                 self.table_uri,
                 f"has no column(s) {missing}; it has {self.schema.names}",
                 asked=f"version {self.version}",
             )
-        return pa.schema([self.schema.field(c) for c in self.columns])
+        return pa.schema([self.schema.field(c) for c in self.projection])
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """The columns a read in place gives and their encodings, as a dataset's
+        ``columns`` (the ``columns=`` asked of :func:`open_delta` is :attr:`projection`)."""
+        return self.dataset().columns
 
     def lineage(self) -> dict[str, Any]:
         """What a dataset written from this snapshot records as its source (spark_dl.json)."""
@@ -157,7 +164,7 @@ class DeltaSnapshot:
             "table": self.table_uri,
             "version": self.version,
             "timestamp": self.timestamp,
-            "columns": list(self.columns) if self.columns is not None else None,
+            "columns": list(self.projection) if self.projection is not None else None,
             "filter": None if self.filter is None else str(self.filter),
             "reader": "deltalake",
             **({"since": self.since} if self.since is not None else {}),
@@ -603,7 +610,7 @@ def open_delta(
         files=files,
         schema=schema,
         partition_columns=partition_columns,
-        columns=column_names(columns),
+        projection=column_names(columns),
         filter=as_expression(filter),
         storage_options=storage_options,
         available=available,

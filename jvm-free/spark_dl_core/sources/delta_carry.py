@@ -112,7 +112,7 @@ def _reopen(plain: DeltaDataset, rec: dict[str, Any], fingerprint: str) -> Any:
             snap.table_uri,
             version=version,
             storage_options=snap.storage_options,
-            columns=snap.columns,
+            columns=snap.projection,
             filter=snap.filter,
             since=rec.get("since"),
         )

@@ -71,7 +71,7 @@ def _refused(snap: Any, error: Exception) -> DeltaFilterError:
         return DeltaFilterError(snap, f"filter {snap.filter} {why}")
     name = found.group(1)
     if name in snap.schema.names:
-        why = f"names column {name!r}, which columns= {snap.columns} leaves out: add it there"
+        why = f"names column {name!r}, which columns= {snap.projection} leaves out: add it there"
     else:
         why = f"names column {name!r}, which the table does not have; it has {snap.schema.names}"
     return DeltaFilterError(snap, f"filter {snap.filter} {why}", column=name)

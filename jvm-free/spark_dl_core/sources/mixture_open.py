@@ -61,7 +61,7 @@ def _in_place_record(dataset: Dataset) -> InPlaceDelta | None:
         table=snap.table_uri,
         version=snap.version,
         since=snap.since,
-        projection=None if snap.columns is None else list(snap.columns),
+        projection=snap.projection,
         filter=None if snap.filter is None else str(snap.filter),
         spec=dataset.spec,
     )
