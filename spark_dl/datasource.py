@@ -28,7 +28,7 @@ from spark_dl_core.ops.arrow import arrow_schema
 
 from .jvm_scan import install_jvm_scan
 from .mds_options import FORMAT as FORMAT
-from .mds_options import _path, _storage_options, validate_options
+from .mds_options import _path, _storage_options, validate_options, version_option
 from .mds_options import spec_from_options as spec_from_options
 from .mds_reader import MDSReader, _reader_options, _unprefixed, _with_table_options
 from .mds_writer import MDSWriter as MDSWriter
@@ -50,7 +50,11 @@ class MDSDataSource(DataSource):
         if "mixture" in options:  # a saved mixture: one epoch's rows (mixture_source)
             schema = mixture_schema(options)
         else:
-            ds = open_dataset(_path(options), storage_options=_storage_options(options))
+            ds = open_dataset(
+                _path(options),
+                storage_options=_storage_options(options),
+                version=version_option(options),
+            )
             schema = to_spark_schema(arrow_schema(ds))
         if "provider" in options:  # a catalog table being created
             schema = _with_table_options(schema, options)

@@ -46,7 +46,10 @@ WRITE_OPTIONS = frozenset(
     }
 )
 READ_OPTIONS = frozenset(
-    {"path", "shards_per_partition", "verify_hashes", "allow_unsafe", *MIXTURE_READ_OPTIONS}
+    {
+        *("path", "shards_per_partition", "verify_hashes", "allow_unsafe", "version"),
+        *MIXTURE_READ_OPTIONS,
+    }
 )
 OPTION_PREFIXES = ("encoding.", "storage.")
 # Table properties Spark's catalog adds to a ``CREATE TABLE … USING mds`` table's options
@@ -86,6 +89,8 @@ def validate_options(options: Mapping[str, str], kind: Literal["read", "write"])
             bool_option(lowered, key)
     if "shards_per_partition" in lowered:
         int_option(lowered, "shards_per_partition", 1, 1, 1 << 20)
+    if "version" in lowered:
+        version_option(lowered)
     if lowered.get("vector_dtype", "float64") not in ("float64", "float32"):
         raise SpecError(
             f"option 'vector_dtype' must be float64 or float32, got {lowered['vector_dtype']!r}"
@@ -126,6 +131,20 @@ def int_option(options: Mapping[str, str], key: str, default: int, low: int, hig
     if not low <= value <= high:
         raise SpecError(f"option {key!r} must be between {low} and {high}, got {value}")
     return value
+
+
+def version_option(options: Mapping[str, str]) -> int | None:
+    """Read option ``version``: the Delta table version to read of a dataset that follows a
+    table, as the core's ``open_dataset(path, version=N)`` (None: the latest it holds). A
+    mixture has no versions of its own: its sources are pinned by its spec."""
+    if "version" not in options:
+        return None
+    if "mixture" in options:
+        raise SpecError(
+            "option 'version' reads a version held by a dataset that follows a Delta table; "
+            "a mixture's sources are pinned by its spec, so it takes none"
+        )
+    return int_option(options, "version", 0, 0, (1 << 63) - 1)
 
 
 def spec_from_options(options: dict[str, str], schema_names: Sequence[str] = ()) -> DatasetSpec:

@@ -31,6 +31,7 @@ from .mds_options import (
     _storage_options,
     bool_option,
     int_option,
+    version_option,
 )
 from .types import conform, spark_arrow_schema, to_spark_schema
 
@@ -57,12 +58,16 @@ class MDSReader(DataSourceReader):
         # unset: each shard checked once (the core's default); true: every hash; false: none
         self.verify = bool_option(options, "verify_hashes") if "verify_hashes" in options else None
         self.allow_unsafe = bool_option(options, "allow_unsafe")
+        self.version = version_option(options)  # a followed table's version (None: latest)
         self.columns, self.names = _asked_columns(self.path, self._open(), schema)
         self.nullable = [f.nullable for f in schema.fields]
 
     def _open(self) -> Any:
         return open_dataset(
-            self.path, allow_unsafe=self.allow_unsafe, storage_options=self.storage_options
+            self.path,
+            allow_unsafe=self.allow_unsafe,
+            storage_options=self.storage_options,
+            version=self.version,
         )
 
     def partitions(self) -> Sequence[InputPartition]:

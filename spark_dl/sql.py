@@ -35,22 +35,27 @@ def register_dataset(
     version: int | None = None,
     options: dict[str, str] | None = None,
 ) -> Any:
-    """Register exactly one of an MDS ``path``, a ``delta`` table (at ``version``), a SQL
-    ``query`` or a ``dataframe`` as the temporary view ``name``; returns its DataFrame."""
+    """Register exactly one of an MDS ``path``, a ``delta`` table, a SQL ``query`` or a
+    ``dataframe`` as the temporary view ``name``; returns its DataFrame. ``version`` reads
+    a Delta table as of that version, or an MDS path that follows a table at a version it
+    holds (as ``open_dataset(path, version=N)``)."""
     given = [x for x in (path, query, dataframe, delta) if x is not None]
     if len(given) != 1:
         raise ValueError("register_dataset takes exactly one of path=, query=, dataframe=, delta=")
-    if version is not None and delta is None:
+    if version is not None and path is None and delta is None:
         raise SpecError(
-            f"register_dataset: version={version} applies to delta= only (an MDS path, a query "
-            "or a DataFrame has no versions); pass delta=TABLE_PATH, version=N to read a Delta "
-            "table as of a version"
+            f"register_dataset: version={version} applies to delta= (a table as of a version) "
+            "and path= (a dataset that follows a table, at a version it holds); a query or a "
+            "DataFrame has no versions"
         )
     from . import register
 
     register(spark)
     if path is not None:
-        df = spark.read.format(FORMAT).options(**(options or {})).load(path)
+        read = dict(options or {})
+        if version is not None:
+            read["version"] = str(version)
+        df = spark.read.format(FORMAT).options(**read).load(path)
     elif delta is not None:
         from .delta import read_delta
 

@@ -55,13 +55,17 @@ def _shard_files(out: str) -> set[str]:
 def test_spark_updates_equal_fresh_exports(classic_spark: Any, table: str, tmp_path: Path) -> None:
     """Each version reached by Spark updates is a fresh export of it; an update converts
     only the files added since (a deletion vector writes no shard) and runs no Spark job."""
+    import spark_dl
+
     out = str(tmp_path / "followed")
     sc = classic_spark.sparkContext
     for version in range(4):
         before = _shard_files(out) if version else set()
+        # delta-spark replays the log with Spark jobs when the DataFrame is made: not ours
+        writer = spark_dl.read_delta(classic_spark, table, version=version).write
         sc.setJobGroup("spark-dl-follow", "update", False)
         try:
-            _update(classic_spark, table, version, out, **SPEC)
+            writer.format("mds").mode("update").options(**SPEC).save(out)
             jobs = sc.statusTracker().getJobIdsForGroup("spark-dl-follow")
         finally:
             sc.setLocalProperty("spark.jobGroup.id", None)
@@ -144,3 +148,38 @@ def test_update_spelling_errors(classic_spark: Any, table: str, tmp_path: Path) 
     df.write.mode("update").format("mds").save(out)  # either order of mode and format
     df.dl.write_mds(out, mode="update")  # the accessor: the same update, already held
     assert held_versions(open_dataset(out).store) == [1]
+
+
+def test_spark_and_sql_read_a_version_the_dataset_holds(
+    spark: Any, table: str, tmp_path: Path
+) -> None:
+    """``open_dataset(path, version=N)`` reads an older version a followed dataset holds;
+    Spark could only read the latest, and ``register_dataset`` said an MDS path "has no
+    versions". ``format("mds").option("version", N)``, ``register_dataset(path=,
+    version=)`` and SQL's ``OPTIONS (version 'N')`` read what the core reads."""
+    import spark_dl
+
+    out = str(tmp_path / "followed")
+    for version in (0, 1):
+        open_delta(table, version=version).write_mds(out, SPEC, mode="update")
+
+    def ids(df: Any) -> list[int]:
+        return sorted(r.id for r in df.select("id").collect())
+
+    held = {
+        v: sorted(open_dataset(out, version=v).to_arrow().column("id").to_pylist()) for v in (0, 1)
+    }
+    assert len(held[0]) == 300 and len(held[1]) == 500
+    assert ids(spark.read.format("mds").load(out)) == held[1]
+    assert ids(spark.read.format("mds").option("version", 0).load(out)) == held[0]
+    assert ids(spark_dl.register_dataset(spark, "followed_v0", path=out, version=0)) == held[0]
+    assert ids(spark.table("followed_v0")) == held[0]
+    spark.sql(
+        f"CREATE OR REPLACE TEMPORARY VIEW followed_sql USING mds "
+        f"OPTIONS (path '{out}', version '0')"
+    )
+    assert ids(spark.table("followed_sql")) == held[0]
+    with pytest.raises(Exception, match=r"option 'version' must be an integer, got 'v0'"):
+        spark.read.format("mds").option("version", "v0").load(out).count()
+    with pytest.raises(Exception, match=r"holds table versions \[0, 1\], not 7"):
+        spark.read.format("mds").option("version", 7).load(out).count()

@@ -62,9 +62,11 @@ def test_register_dataset(spark: Any, tmp_path: Any) -> None:
     assert spark.sql("SELECT count(*) AS n FROM by_frame").collect()[0].n == 3
     with pytest.raises(ValueError, match="exactly one"):
         spark_dl.register_dataset(spark, "none")
-    for given in ({"path": path}, {"query": "SELECT 1"}, {"dataframe": spark.range(3)}):
-        with pytest.raises(SpecError, match=r"version=3 applies to delta= only"):
+    for given in ({"query": "SELECT 1"}, {"dataframe": spark.range(3)}):
+        with pytest.raises(SpecError, match=r"version=3 applies to delta= .* and path="):
             spark_dl.register_dataset(spark, "versioned", version=3, **given)
+    with pytest.raises(Exception, match=r"does not follow a Delta table .* no version 3"):
+        spark_dl.register_dataset(spark, "versioned", path=path, version=3)
     assert not spark.catalog.tableExists("versioned")
 
 
