@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
+import pyarrow as pa
 
 from spark_dl_core.spec import NULL_MODES
 
@@ -231,13 +232,26 @@ def read_any(path: str, work: Callable[[Any], T]) -> tuple[T, list[str]]:
             as_json.append(exc.column)
 
 
-def describe(path: str, samples: int = 3) -> dict[str, Any]:
-    """Everything ``inspect`` shows about a dataset, as plain data."""
-    info, as_json = read_any(path, lambda ds: _described(ds, samples))
+def describe(path: str, samples: int = 3, shards: bool = False) -> dict[str, Any]:
+    """Everything ``inspect`` shows about a dataset, as plain data: its shards summed up
+    (``shard_summary``), and listed one by one (``shards``) only when asked."""
+    info, as_json = read_any(path, lambda ds: _described(ds, samples, shards))
     return {**info, "arrays_with_nulls_as_json": as_json}
 
 
-def _described(ds: Any, samples: int) -> dict[str, Any]:
+def _shard_summary(ds: Any) -> dict[str, Any]:
+    """The shards at a glance (a dataset may have 10^5 of them): the least and most
+    samples and stored bytes of one, and every hash recorded."""
+    samples = [s.samples for s in ds.shards]
+    stored = [s.stored.bytes for s in ds.shards]
+    return {
+        "samples": [min(samples), max(samples)] if samples else None,
+        "bytes": [min(stored), max(stored)] if stored else None,
+        "hashes": sorted({h for s in ds.shards for h in s.stored.hashes}),
+    }
+
+
+def _described(ds: Any, samples: int, shards: bool = False) -> dict[str, Any]:
     n = min(samples, len(ds))
     rows = _sample_rows(ds, n) if n else []
     plans = {p.name: p for p in ds.plans or []}
@@ -253,17 +267,8 @@ def _described(ds: Any, samples: int) -> dict[str, Any]:
             }
             for name, enc in ds.columns.items()
         ],
-        "shards": [
-            {
-                "file": s.stored.basename,
-                "samples": s.samples,
-                "bytes": s.stored.bytes,
-                "raw_bytes": s.raw_data.bytes,
-                "hashes": sorted(s.stored.hashes),
-            }
-            for s in ds.shards
-        ],
         "num_shards": ds.num_shards,
+        "shard_summary": _shard_summary(ds),
         "bytes": sum(s.stored.bytes for s in ds.shards),
         "raw_bytes": sum(s.raw_data.bytes for s in ds.shards),
         "compression": ds.shards[0].compression if ds.shards else None,
@@ -271,14 +276,39 @@ def _described(ds: Any, samples: int) -> dict[str, Any]:
         "lineage": ds.source,
         "fingerprint": ds.fingerprint,
         "sample_rows": rows,
+        **(
+            {
+                "shards": [
+                    {
+                        "file": s.stored.basename,
+                        "samples": s.samples,
+                        "bytes": s.stored.bytes,
+                        "raw_bytes": s.raw_data.bytes,
+                        "hashes": sorted(s.stored.hashes),
+                    }
+                    for s in ds.shards
+                ]
+            }
+            if shards
+            else {}
+        ),
     }
 
 
 def _sample_rows(ds: Any, n: int) -> list[dict[str, Any]]:
     """The first ``n`` rows as the source holds them: a masked column's nulls are None (not
-    the stored 0 or empty value), its ``<column>__isnull`` companion is left out."""
+    the stored 0 or empty value), its ``<column>__isnull`` companion is left out; dates,
+    times and timestamps (stored as numbers: days, microseconds) as Arrow's values, which
+    print as dates."""
+    from spark_dl_core.ops.arrow import numpy_to_arrow
+
     masks = {p.null_mask: p.name for p in ds.plans or [] if p.null_mask}
+    temporal = {p.name: p.arrow_type for p in ds.plans or [] if pa.types.is_temporal(p.arrow_type)}
     batch = ds.read(np.arange(n))
+    for name, t in temporal.items():
+        values = batch.get(name)
+        if isinstance(values, np.ndarray) and values.dtype.kind in "iu":  # no read op changed it
+            batch[name] = numpy_to_arrow(values, t).to_pylist()
     rows = []
     for i in range(n):
         row = {k: _jsonable(v[i]) for k, v in batch.items() if k not in masks}
@@ -355,7 +385,7 @@ def _is_mixture_spec(path: str) -> bool:
 def cmd_inspect(args: argparse.Namespace) -> int:
     if _is_mixture_spec(args.path):
         return _inspect_mixture(args)
-    info = describe(args.path, args.samples)
+    info = describe(args.path, args.samples, args.shards)
     if args.json:
         _print_json(info)
         return EXIT_OK
@@ -382,8 +412,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print("lineage:")
         for k, v in info["lineage"].items():
             print(f"  {k}: {v}")
-    print("shards:")
-    for s in info["shards"]:
+    summary = info["shard_summary"]
+    if summary["samples"] is not None:
+        (least, most), (small, big) = summary["samples"], summary["bytes"]
+        listed = "" if "shards" in info else " (--shards lists them)"
+        print(
+            f"shards: {info['num_shards']}, {least}-{most} samples and {small}-{big} bytes "
+            f"each, hashes {summary['hashes']}{listed}"
+        )
+    for s in info.get("shards", []):
         print(f"  {s['file']}: {s['samples']} samples, {s['bytes']} bytes, hashes {s['hashes']}")
     for i, row in enumerate(info["sample_rows"]):
         print(f"sample {i}: {json.dumps(row, default=str)[:500]}")
@@ -714,6 +751,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--samples", type=_count(0), default=3, help="sample rows to show (default 3)")
     p.add_argument("--epoch", type=_count(0), default=0, help="mixture specs: the epoch to show")
+    p.add_argument(
+        "--shards", action="store_true", help="list every shard (default: a summary of them)"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_quiet_on_broken_pipe(cmd_inspect))
 

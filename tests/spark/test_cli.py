@@ -399,3 +399,38 @@ def test_export_mode_update_follows_the_table(tmp_path: Path) -> None:
     assert held["samples"] == 50
     proc = run("export", table, "--version", "0", *args, check=1)
     assert "backwards" in proc.stderr and out in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_inspect_sums_up_the_shards_and_prints_dates(tmp_path: Path) -> None:
+    """``inspect`` listed every shard (thousands of lines for a big dataset) where a
+    summary is wanted, and printed dates and timestamps as the numbers they are stored as
+    (days, microseconds). Now: one summary line, ``--shards`` for the list; dates as dates."""
+    import datetime as dt
+
+    from spark_dl_core import write_mds
+
+    day = dt.date(2024, 2, 29)
+    data = pa.table(
+        {
+            "id": list(range(200)),
+            "day": pa.array([day + dt.timedelta(days=i) for i in range(200)], pa.date32()),
+            "at": pa.array(
+                [dt.datetime(2024, 2, 29, 12, 30, tzinfo=dt.timezone.utc)] * 200,
+                pa.timestamp("us", tz="UTC"),
+            ),
+        }
+    )
+    out = str(tmp_path / "ds")
+    shards = write_mds(data, out, {"shard_size": 1024, "hashes": ["xxh64"]}).shards
+    assert shards > 5
+    text = run("inspect", out, "--samples", "2").stdout
+    assert f"shards: {shards}, " in text and "(--shards lists them)" in text
+    assert ".mds" not in text  # no shard file named
+    assert '"day": "2024-02-29"' in text and '"day": "2024-03-01"' in text
+    assert '"at": "2024-02-29 12:30:00+00:00"' in text
+    listed = run("inspect", out, "--shards").stdout
+    assert sum(".mds" in line for line in listed.splitlines()) == shards
+    info = json.loads(run("inspect", out, "--json").stdout)
+    assert "shards" not in info and info["shard_summary"]["hashes"] == ["xxh64"]
+    assert info["sample_rows"][1]["day"] == "2024-03-01"
+    assert len(json.loads(run("inspect", out, "--json", "--shards").stdout)["shards"]) == shards
