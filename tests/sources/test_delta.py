@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import os
 import subprocess
@@ -363,19 +364,21 @@ def spark(_spark_sessions: Any) -> Any:
 def test_read_delta_matches_open_delta(spark: Any, tables: dict[str, Any]) -> None:
     from spark_dl.delta import lineage_for, read_delta, session_reads_delta
 
-    assert not session_reads_delta(spark)
+    assert session_reads_delta(spark)  # the shared session has delta-spark (with_delta)
     cases = [(tables["history"], v) for v in tables["expected"]]
     cases += [(tables["part"], 0), (tables["dv"], 0), (tables["dv"], 1)]
-    for path, version in cases:
-        df = read_delta(spark, path, version=version)
+    # "auto" is Delta's own reader here; "deltalake" the fallback for sessions without it
+    readers = {"auto": "delta-spark", "deltalake": "spark-parquet"}
+    for (path, version), engine in itertools.product(cases, readers):
+        df = read_delta(spark, path, version=version, engine=engine)  # type: ignore[arg-type]
         snap = open_delta(path, version=version)
         assert df.columns == snap.schema.names, path
         got = sorted(tuple(r) for r in df.collect())
-        assert got == rows(snap.to_arrow()), (path, version)
+        assert got == rows(snap.to_arrow()), (path, version, engine)
         lineage = lineage_for(df)
         assert lineage is not None and lineage["version"] == version
         # deletion vectors are a filter on the file scan: no trip through driver memory
-        assert lineage["reader"] == "spark-parquet"
+        assert lineage["reader"] == readers[engine]
         assert "derived" not in lineage
     latest = read_delta(spark, tables["history"])
     assert lineage_for(latest)["version"] == 3  # type: ignore[index]
@@ -414,12 +417,13 @@ def test_read_delta_partitions_like_the_core(
     data = write_escaped(str(tmp_path / "scratch"))
     spark.createDataFrame(data.to_pandas()).write.partitionBy("part", "ts").parquet(written)
     commit_parquet_directories(written, data)
-    for path in (tables["escaped"], written):
+    readers = {"auto": "delta-spark", "deltalake": "spark-parquet"}
+    for path, engine in itertools.product((tables["escaped"], written), readers):
         snap = open_delta(path)
-        df = read_delta(spark, path)
+        df = read_delta(spark, path, engine=engine)  # type: ignore[arg-type]
         assert df.columns == snap.schema.names
-        assert _spark_instants(df) == _instants(snap.to_arrow()), path
-        assert lineage_for(df)["reader"] == "spark-parquet"  # type: ignore[index]
+        assert _spark_instants(df) == _instants(snap.to_arrow()), (path, engine)
+        assert lineage_for(df)["reader"] == readers[engine]  # type: ignore[index]
     core = open_delta(tables["escaped"]).to_arrow()
     assert sorted(core["part"].to_pylist()) == sorted(ESCAPED_PARTS)
 
