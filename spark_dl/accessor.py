@@ -14,13 +14,13 @@ from typing import Any, Literal, TypeAlias
 from spark_dl_core import DatasetSpec
 from spark_dl_core.meta import column_names
 
-from .converter import Converter, as_spec, fixed_shapes, make_converter, resolve_spec
+from .converter import Converter, as_spec, make_converter, resolve_spec
 from .datasource import FORMAT, register_source
 
 SpecLike: TypeAlias = DatasetSpec | dict[str, Any] | None
 InPlace: TypeAlias = bool | Literal["auto"]
 
-__all__ = ["DLAccessor", "fixed_shapes", "install_accessor"]
+__all__ = ["DLAccessor", "install_accessor"]
 
 
 def _given(**settings: Any) -> dict[str, Any]:
@@ -39,7 +39,8 @@ class DLAccessor:
         register_source(df.sparkSession, force=False)
 
     def resolved_spec(self, spec: SpecLike = None, *, infer_shapes: bool = True) -> DatasetSpec:
-        """``spec`` with fixed array shapes filled in (see :func:`fixed_shapes`)."""
+        """``spec`` with ``json`` for ragged nested arrays, which no inferred encoding can
+        store (see :func:`spark_dl.converter.ragged_nested_as_json`)."""
         return resolve_spec(self._df, spec, infer_shapes)
 
     def write_mds(

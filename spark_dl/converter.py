@@ -32,24 +32,13 @@ import weakref
 from typing import Any
 
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    ArrayType,
-    BooleanType,
-    ByteType,
-    DataType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    ShortType,
-)
+from pyspark.sql.types import ArrayType
 
 from spark_dl_core import DatasetSpec, open_dataset
 from spark_dl_core.spec import planned_spec
 from spark_dl_core.store.storage import Store, uri_location
 
 from .mds_options import FORMAT
-from .mds_writer import _is_vector
 
 CACHE_DIR_CONF = "spark.spark_dl.cache.dir"
 OLD_CACHE_DIR_CONF = "spark_dl.cache.dir"  # Spark warns "Ignoring non-Spark config property"
@@ -58,68 +47,33 @@ _holders: dict[str, int] = {}  # live datasets opened through converters, per ca
 _pending: set[str] = set()  # deleted while held: removed when the last holder goes
 _lock = threading.RLock()
 
-_NUMPY = {
-    BooleanType: "uint8",
-    ByteType: "int8",
-    ShortType: "int16",
-    IntegerType: "int32",
-    LongType: "int64",
-    FloatType: "float32",
-    DoubleType: "float64",
-}
 
+def ragged_nested_as_json(df: Any, spec: DatasetSpec) -> dict[str, str]:
+    """``json`` for the nested arrays (``array<array<…>>``) whose inner arrays differ in
+    length within a row, which the encoding their type infers (``ndarray``, rectangular
+    values only) cannot store: every other writer refuses such a column, naming it.
 
-def _leaf_dtype(dt: DataType) -> str | None:
-    for cls, name in _NUMPY.items():
-        if isinstance(dt, cls):
-            return name
-    return None
-
-
-def fixed_shapes(df: Any, spec: DatasetSpec, vector_dtype: str = "float64") -> dict[str, str]:
-    """Fixed ``ndarray`` encodings for array/vector columns whose rows all have one length,
-    and ``json`` for nested arrays whose inner arrays differ in length within a row (the
-    ``ndarray`` encoding stores rectangular arrays only).
-
-    Spark's schema says ``array<float>`` whatever the lengths, and write tasks must agree on
-    one encoding without seeing each other's data, so one small aggregate decides it here:
-    equal lengths and no nulls give ``ndarray:float32:32`` (a fixed-width column that loads
-    as one tensor); otherwise the column keeps the variable ``ndarray`` encoding.
+    Nothing else is decided here: a column's encoding is inferred from its Arrow type alone
+    (``spark_dl_core.format.encodings.infer_encoding``), by every path alike, so one Delta
+    version gives one dataset whether ``df.dl``, ``format("mds")`` or the core writes it.
+    Arrays of one length per row need no fixed encoding for that: the writer records each
+    shard's one shape, and loaders give them as one dense tensor.
     """
-    candidates: dict[str, tuple[Any, str]] = {}
-    nested: list[str] = []  # array<array<…>>: ragged inner lengths need the json encoding
-    for f in df.schema.fields:
-        if f.name in spec.columns:
-            continue
-        if isinstance(f.dataType, ArrayType) and isinstance(f.dataType.elementType, ArrayType):
-            nested.append(f.name)
-        elif isinstance(f.dataType, ArrayType):
-            dtype = _leaf_dtype(f.dataType.elementType)
-            if dtype is not None:
-                candidates[f.name] = (F.col(f.name), dtype)
-        elif _is_vector(f.dataType):
-            from pyspark.ml.functions import vector_to_array
-
-            candidates[f.name] = (vector_to_array(F.col(f.name)), vector_dtype)
-    if not candidates and not nested:
+    nested = [
+        f.name
+        for f in df.schema.fields
+        if f.name not in spec.columns
+        and isinstance(f.dataType, ArrayType)
+        and isinstance(f.dataType.elementType, ArrayType)
+    ]
+    if not nested:
         return {}
     aggs = []
-    for i, (column, _) in enumerate(candidates.values()):
-        aggs += [
-            F.min(F.size(column)).alias(f"lo{i}"),
-            F.max(F.size(column)).alias(f"hi{i}"),
-            F.count(F.when(column.isNull(), 1)).alias(f"nulls{i}"),
-        ]
     for i, name in enumerate(nested):  # distinct inner lengths within one row
         lengths = F.array_distinct(F.transform(F.col(name), lambda inner: F.size(inner)))
         aggs.append(F.max(F.size(lengths)).alias(f"ragged{i}"))
     row = df.agg(*aggs).collect()[0]
-    out = {name: "json" for i, name in enumerate(nested) if (row[f"ragged{i}"] or 0) > 1}
-    for i, (name, (_, dtype)) in enumerate(candidates.items()):
-        lo, hi, nulls = row[f"lo{i}"], row[f"hi{i}"], row[f"nulls{i}"]
-        if lo is not None and lo == hi and lo > 0 and nulls == 0:
-            out[name] = f"ndarray:{dtype}:{lo}"
-    return out
+    return {name: "json" for i, name in enumerate(nested) if (row[f"ragged{i}"] or 0) > 1}
 
 
 def as_spec(spec: DatasetSpec | dict[str, Any] | None) -> DatasetSpec:
@@ -131,11 +85,11 @@ def as_spec(spec: DatasetSpec | dict[str, Any] | None) -> DatasetSpec:
 def resolve_spec(
     df: Any, spec: DatasetSpec | dict[str, Any] | None = None, infer_shapes: bool = True
 ) -> DatasetSpec:
-    """``spec`` with fixed array shapes filled in (see :func:`fixed_shapes`)."""
+    """``spec`` with ``json`` for ragged nested arrays (see :func:`ragged_nested_as_json`)."""
     resolved = as_spec(spec)
     if not infer_shapes or any(t.at == "write" for t in resolved.transforms):
         return resolved  # spec columns name post-transform columns: leave them alone
-    shapes = fixed_shapes(df, resolved)
+    shapes = ragged_nested_as_json(df, resolved)
     if not shapes:
         return resolved
     return resolved.model_copy(update={"columns": {**shapes, **resolved.columns}})

@@ -327,7 +327,7 @@ def test_not_null_columns_one_fingerprint(spark: Any, strict_table: str, tmp_pat
     out = str(tmp_path / "spark")
     df.write.format("mds").options(shard_size="1500", hashes="xxh64", nulls="mask").save(out)
     _same_dataset(out, core)
-    df.dl.write_mds(str(tmp_path / "dl"), masked, infer_shapes=False)
+    df.dl.write_mds(str(tmp_path / "dl"), masked)
     _same_dataset(str(tmp_path / "dl"), core)
     # no masks: the columns without nulls, projected on both sides (a derived frame)
     columns = ["id", "score", "pt", "part"]
@@ -358,3 +358,67 @@ def test_recomputed_column_is_not_taken_as_not_null(
             open_delta(strict_table, version=1).to_arrow().to_pylist(), key=lambda r: r["score"]
         )
     ]
+
+
+def _every_type(start: int, n: int) -> pa.Table:
+    """A row of every column type a Delta table holds, arrays of one length per row among
+    them (an embedding: Spark's schema says ``array<float>`` whatever the lengths)."""
+    import datetime as dt
+    from decimal import Decimal
+
+    ids = range(start, start + n)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "flag": pa.array([i % 2 == 0 for i in ids]),
+            "tiny": pa.array([i % 100 for i in ids], pa.int8()),
+            "small": pa.array([i for i in ids], pa.int16()),
+            "int": pa.array([-i for i in ids], pa.int32()),
+            "f32": pa.array([i / 8 for i in ids], pa.float32()),
+            "f64": pa.array([i / 3 for i in ids], pa.float64()),
+            "dec": pa.array([Decimal(i) / 100 for i in ids], pa.decimal128(12, 2)),
+            "text": [f"row {i}" for i in ids],
+            "raw": [bytes([i % 256]) * 3 for i in ids],
+            "day": pa.array([dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in ids]),
+            "at": pa.array(
+                [
+                    dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=i)
+                    for i in ids
+                ],
+                pa.timestamp("us", tz="UTC"),
+            ),
+            "emb": pa.array([[i / 2] * 8 for i in ids], pa.list_(pa.float32())),
+            "counts": pa.array([[i] * 4 for i in ids], pa.list_(pa.int64())),
+            "tokens": pa.array([list(range(i % 5 + 1)) for i in ids], pa.list_(pa.int32())),
+            "grid": pa.array(
+                [[[i, 1.0], [2.0, 3.0]] for i in ids], pa.list_(pa.list_(pa.float64()))
+            ),
+            "tags": pa.array([[f"t{i}", "x"] for i in ids], pa.list_(pa.string())),
+            "pair": pa.array([{"a": i, "b": f"s{i}"} for i in ids]),
+            "attrs": pa.array([[("k", i)] for i in ids], pa.map_(pa.string(), pa.int64())),
+        }
+    )
+
+
+def test_every_column_type_one_encoding_through_spark_and_the_core(
+    spark: Any, tmp_path: Path
+) -> None:
+    """``df.dl`` on a pinned read stored an equal-length ``list<float>`` (an embedding) as
+    ``ndarray:float32:8`` from a data aggregate, where the core's export stores
+    ``ndarray:float32`` from the type: another fingerprint and other batches for one seed.
+    Encodings are now inferred from the type alone, on every path."""
+    import spark_dl
+
+    table = str(tmp_path / "every")
+    write_deltalake(table, _every_type(0, 60))
+    write_deltalake(table, _every_type(60, 40), mode="append")
+    core = str(tmp_path / "core")
+    open_delta(table, version=1).write_mds(core, SPEC)
+    assert open_dataset(core).columns["emb"] == "ndarray:float32"
+    df = spark_dl.read_delta(spark, table, version=1)
+    written = {"format": str(tmp_path / "format"), "dl": str(tmp_path / "dl")}
+    df.write.format("mds").options(shard_size="1500", hashes="xxh64").save(written["format"])
+    df.dl.write_mds(written["dl"], SPEC)
+    cached = df.dl.converter(SPEC, cache_dir=str(tmp_path / "cache")).path
+    for path in [*written.values(), cached]:
+        _same_dataset(path, core)
