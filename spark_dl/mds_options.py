@@ -19,6 +19,7 @@ FORMAT = "mds"
 # data file each row came from. Write tasks cut shards at its changes and drop it.
 SOURCE_FILE_COLUMN = "__spark_dl_source_file"
 _ROW_INDEX_COLUMN = "__spark_dl_row_index"
+_SPLIT_START_COLUMN = "__spark_dl_split_start"
 SPEC_OPTIONS = ("compression", "shard_size", "hashes", "nulls", "columns", "spec")
 _READ_ROWS = 8192  # rows per Arrow batch a mixture read task yields (bounded memory)
 # An ``mds`` read task yields batches of about this many decoded bytes (within the row

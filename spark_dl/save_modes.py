@@ -22,7 +22,13 @@ from spark_dl_core.meta import (
 from spark_dl_core.store.storage import Store
 
 from .follow import UPDATE, is_update, update_from_frame
-from .mds_options import _ROW_INDEX_COLUMN, FORMAT, SOURCE_FILE_COLUMN, _storage_options
+from .mds_options import (
+    _ROW_INDEX_COLUMN,
+    _SPLIT_START_COLUMN,
+    FORMAT,
+    SOURCE_FILE_COLUMN,
+    _storage_options,
+)
 
 NOT_REGISTERED = (
     "the 'mds' data source is not registered on this Spark session: Spark finds it by "
@@ -235,20 +241,36 @@ def _canonical_frame(df: Any, block: FileOrderBlock | None) -> Any:
     except Exception as exc:  # a scan without file metadata
         _warn_layout(f"its scan has no file metadata ({exc}): writing in Spark's partition order")
         return None
-    if "file_name" not in fields or "row_index" not in fields:
+    order = _file_row_order(fields)
+    if "file_name" not in fields or order is None:
         _warn_layout(
             f"the scan's file metadata cannot name each row's file and place (it has "
             f"{fields}): writing in Spark's partition order, which depends on parallelism"
         )
         return None
-    keyed = df.withColumn(SOURCE_FILE_COLUMN, F.col("_metadata.file_name")).withColumn(
-        _ROW_INDEX_COLUMN, F.col("_metadata.row_index")
-    )
+    keyed = df.withColumn(SOURCE_FILE_COLUMN, F.col("_metadata.file_name")).withColumns(order)
     return (
         keyed.repartition(F.col(SOURCE_FILE_COLUMN))
-        .sortWithinPartitions(SOURCE_FILE_COLUMN, _ROW_INDEX_COLUMN)
-        .drop(_ROW_INDEX_COLUMN)
+        .sortWithinPartitions(SOURCE_FILE_COLUMN, *order)
+        .drop(*order)
     )
+
+
+def _file_row_order(fields: list[str]) -> dict[str, Any] | None:
+    """The columns that sort each data file's rows into file order, given the scan's
+    ``_metadata`` fields: the Parquet scan's ``row_index``; where the scan has none (Delta's
+    own reader exposes no row index), the split's start offset, then the scan task's row
+    counter, which follows file order within a split (deletion vectors only drop rows)."""
+    from pyspark.sql import functions as F
+
+    if "row_index" in fields:
+        return {_ROW_INDEX_COLUMN: F.col("_metadata.row_index")}
+    if "file_block_start" in fields:
+        return {
+            _SPLIT_START_COLUMN: F.col("_metadata.file_block_start"),
+            _ROW_INDEX_COLUMN: F.monotonically_increasing_id(),
+        }
+    return None
 
 
 def _warn_layout(why: str) -> None:
