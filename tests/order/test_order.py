@@ -262,7 +262,9 @@ def test_loaders_read_the_lazy_order(fixed_ds: str, workers: int) -> None:
     torch = pytest.importorskip("torch")
     ds = open_dataset(fixed_ds)
     sizes = np.diff(ds.shard_offsets)
-    ref = _reference_order(sizes, ds.fingerprint, 5, 2, 4)
+    # the default order draws batches from streams: test_locality derives it from the
+    # streams' own orders, each derived from its windows as _reference_order is
+    ref = global_order(sizes, ds.fingerprint, 5, 2, True, 4, streams=64, batch_size=64)
     labels = np.arange(len(ds))  # label == global sample id in this dataset
     for world in (1, 3):
         for rank in range(world):
@@ -311,13 +313,31 @@ def test_plan_memory_does_not_grow_with_samples() -> None:
 def test_state_of_another_order_version_is_refused(fixed_ds: str) -> None:
     ds = open_dataset(fixed_ds)
     state = LoaderState(ds.fingerprint, 2, 0, True, 4, 100, False, 700).to_dict()
-    assert state["version"] == ORDER_VERSION == 2
+    assert state["version"] == ORDER_VERSION == 3
     old = {**state, "version": 1}
     with pytest.raises(SpecError, match="order version 1"):
         list(ds.iter_batches(100, shuffle=True, seed=2, state=old))
     legacy = {k: v for k, v in state.items() if k != "version"}  # saved before versions
     with pytest.raises(SpecError, match="order version 1"):
         LoaderState.from_dict(legacy)
+
+
+def test_a_version_2_state_resumes_only_with_one_stream(fixed_ds: str) -> None:
+    """Order version 2 had no streams: its order is version 3's with ``streams=1``, so its
+    state resumes there exactly, and a loader with streams is refused naming the setting."""
+    ds = open_dataset(fixed_ds)
+    v3 = LoaderState(ds.fingerprint, 2, 0, True, 4, 100, False, 700).to_dict()
+    v2 = {k: v for k, v in v3.items() if k != "streams"} | {"version": 2}
+    with pytest.raises(SpecError, match=r"streams=1 .*before order version 3.*pass streams=1"):
+        list(ds.iter_batches(100, shuffle=True, seed=2, state=v2))
+    full = np.concatenate(
+        [b["label"] for b in ds.iter_batches(100, shuffle=True, seed=2, streams=1)]
+    )
+    tail = np.concatenate(
+        [b["label"] for b in ds.iter_batches(100, shuffle=True, seed=2, streams=1, state=v2)]
+    )
+    assert np.array_equal(tail, full[700:])
+    assert np.array_equal(full, global_order(ds.shards.samples, ds.fingerprint, 2, 0, True, 4))
 
 
 def test_window_permute_is_a_bijection_for_every_size() -> None:
@@ -373,7 +393,8 @@ def test_first_torch_batch_computes_no_whole_window(tmp_path: object) -> None:
     write_mds(pa.table({"id": ids}), path, DatasetSpec(shard_size="160KiB"))
     ds = open_dataset(path)
     assert ds.num_shards >= 8
-    first = next(iter(ds.to_torch(batch_size=256, shuffle=True, seed=1)))
+    # one stream: the order is one GlobalOrder, whose windows this test watches
+    first = next(iter(ds.to_torch(batch_size=256, shuffle=True, seed=1, streams=1)))
     (order,) = _ORDERS[ds].values()
     assert not order.__dict__.get("_dense") and "_ahead" not in order.__dict__
     expected = global_order(ds.shards.samples, ds.fingerprint, 1, 0, True, 4)[:256]
@@ -417,7 +438,8 @@ def test_next_epochs_first_window_starts_during_the_last_window(tmp_path: object
     )
     ds = open_dataset(path)
     assert ds.num_shards >= 8
-    loader = ds.to_torch(batch_size=1000, shuffle=True, seed=3)
+    # one stream: the order is one GlobalOrder, whose windows this test watches
+    loader = ds.to_torch(batch_size=1000, shuffle=True, seed=3, streams=1)
     first = np.concatenate([b["id"].numpy() for b in loader])
     kept = _ORDERS[ds]
     following = [o for key, o in kept.items() if key[2] == 1]

@@ -101,10 +101,11 @@ RUNNERS = {"torch": (_torch_start, _torch_resume), "tf": (_tf_start, _tf_resume)
 WORLDS = [(2, 5, 2), (1, 8, 4), (3, 3, 2)]
 
 
-def _epoch_ids(ds: Dataset, epoch: int) -> list[int]:
-    """The epoch's global order, as one rank reads it."""
-    order = ds.sample_order(batch_size=N, shuffle=True, seed=7, epoch=epoch)
-    return order[0].tolist()
+def _epoch_ids(ds: Dataset, epoch: int, batch: int, streams: int = 64) -> list[int]:
+    """The epoch's global order, as one rank reads it at batch size ``batch`` (a streamed
+    order, the default, draws each batch from its stream, so it depends on the batch size)."""
+    order = ds.sample_order(batch_size=batch, shuffle=True, seed=7, epoch=epoch, streams=streams)
+    return np.concatenate(list(order)).tolist()
 
 
 @pytest.mark.parametrize("framework", ["torch", "tf"])
@@ -134,7 +135,7 @@ def test_every_sample_once_across_ranks(
     rest, next_epoch = resume(ds, after, states[0], kw)
     counts = Counter(seen + rest)
     assert sorted(counts) == list(range(N)) and set(counts.values()) == {1}
-    assert sorted(rest) == sorted(_epoch_ids(ds, 0)[len(seen) :])
+    assert sorted(rest) == sorted(_epoch_ids(ds, 0, kw["batch_size"])[len(seen) :])
     # then the next epoch, whole, on every rank (a rank with an empty rest moved on too)
     assert sorted(next_epoch) == list(range(N))
 
@@ -145,21 +146,22 @@ def test_drop_last_and_a_larger_batch_continue_the_epoch(
     sources: dict[str, Dataset], framework: str, batch: int, world: int
 ) -> None:
     """6 steps of 100 on one rank, then drop_last with a larger batch: the same epoch goes
-    on with the 403 samples left, less those that fill no last round; it never restarts."""
+    on with the 403 samples left, less those that fill no last round; it never restarts.
+    Only an order that does not depend on the batch size allows that: ``streams=1``."""
     if framework == "tf":
         pytest.importorskip("tensorflow")
     else:
         pytest.importorskip("torch")
     ds = sources["dataset"]
     start, resume = RUNNERS[framework]
-    seen, (state, *_) = start(ds, 1, 6, {**KW, "batch_size": 100})
-    kw = {**KW, "batch_size": batch, "drop_last": True}
+    seen, (state, *_) = start(ds, 1, 6, {**KW, "batch_size": 100, "streams": 1})
+    kw = {**KW, "batch_size": batch, "drop_last": True, "streams": 1}
     rest, next_epoch = resume(ds, world, state, kw)
-    order = _epoch_ids(ds, 0)
+    order = _epoch_ids(ds, 0, batch, streams=1)
     kept = (N - 600) // (batch * world) * batch * world  # whole rounds of the larger batch
     assert sorted(rest) == sorted(order[600 : 600 + kept])
     assert not set(rest) & set(seen)
-    epoch_one = _epoch_ids(ds, 1)
+    epoch_one = _epoch_ids(ds, 1, batch, streams=1)
     assert sorted(next_epoch) == sorted(epoch_one[: N // (batch * world) * batch * world])
 
 

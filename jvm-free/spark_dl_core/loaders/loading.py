@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from ..meta import column_names
 from ..ops.arrow import arrow_schema, batch_to_arrow
-from ..order import EpochPlan, LoaderState
+from ..order import DEFAULT_STREAMS, EpochPlan, LoaderState
 from ..sources.dataset import Batch, Dataset, install_loading
 from .frameworks import adapter
 from .packing import iter_packed
@@ -87,6 +87,7 @@ def iter_batches(
             shuffle=chosen.shuffle,
             shuffle_window=chosen.shuffle_window,
             batch_size=chosen.batch_size,
+            streams=chosen.streams,
         )
         ds = resumed  # type: ignore[assignment]  # a dataset's carried-on variant is one
     elif consumed or start_batch:
@@ -135,6 +136,7 @@ def sample_order(
     consumed: int = 0,
     settings: LoaderSettings | None = None,
     even_batches: bool = True,
+    streams: int = DEFAULT_STREAMS,
 ) -> EpochPlan:
     """One rank's batches of global sample indices for an epoch, lazily: the very order
     every loader reads. ``len(order)`` batches; ``order[k]`` is an int64 array, computed
@@ -158,6 +160,7 @@ def sample_order(
         shuffle_window=shuffle_window,
         consumed=consumed,
         even_batches=even_batches,
+        streams=streams,
     )
 
 

@@ -187,6 +187,7 @@ class BatchReader:
         # (within ``prefetch_bytes`` of stored bytes beyond the current batch's shards).
         self.download_threads = download_threads
         self.hinted: set[int] = set()
+        self.touched: set[int] = set()  # distinct shards loaded this pass (telemetry)
         self._remote = True  # until the dataset says its shards are read in place
         self._net0: dict[str, float] | None = None
 
@@ -347,6 +348,8 @@ class BatchReader:
             self.spans.add("load shard", started, time.perf_counter(), who, shard=shard)
         with self.cond:
             self.loaded[shard] = data
+            self.touched.add(shard)
+            self.times["shards_touched"] = float(len(self.touched))
             self.cond.notify_all()
 
     def _prefetch(self) -> None:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import PackError, SpecError
 from ..meta import column_names
-from ..order import DEFAULT_WINDOW, EpochPlan
+from ..order import DEFAULT_STREAMS, DEFAULT_WINDOW, EpochPlan
 from .reader import DEFAULT_PREFETCH_BYTES, BatchReader
 
 if TYPE_CHECKING:
@@ -71,12 +71,14 @@ class LoaderSettings:
     Order (fix the global order and this rank's share): ``batch_size``, ``shuffle``,
     ``seed``, ``epoch``, ``rank``, ``world_size`` (None: from torch.distributed or the
     ``RANK``/``WORLD_SIZE`` environment), ``drop_last``, ``shuffle_window`` (shards per
-    shuffle window), ``even_batches`` (over several ranks, every rank the same number of
-    batches, by repeating the epoch's first samples; ``pad_mask=True`` marks the repeats in
-    a bool ``pad_mask`` column). Reading: ``columns``, ``images``, ``verify_hashes``,
-    ``prefetch_bytes``, ``transforms`` (read-time transform specs), ``device``,
-    ``download_threads`` (remote datasets: concurrent range GETs per process; None:
-    ``SPARK_DL_DOWNLOAD_THREADS``, else 8).
+    shuffle window), ``streams`` (a shuffled order's fixed streams of shards, global batch
+    ``g`` from stream ``g % streams``: a rank of a world size dividing it reads only its
+    streams' shards; 1: no streams, the order before version 3), ``even_batches`` (over
+    several ranks, every rank the same number of batches, by repeating the epoch's first
+    samples; ``pad_mask=True`` marks the repeats in a bool ``pad_mask`` column). Reading:
+    ``columns``, ``images``, ``verify_hashes``, ``prefetch_bytes``, ``transforms``
+    (read-time transform specs), ``device``, ``download_threads`` (remote datasets:
+    concurrent range GETs per process; None: ``SPARK_DL_DOWNLOAD_THREADS``, else 8).
     PyTorch only: ``num_workers``, ``prefetch_factor``, ``pin_memory``,
     ``persistent_workers`` (default True: DataLoader workers start once per loader and serve
     every pass; False starts them per pass), ``multiprocessing_context``,
@@ -93,6 +95,7 @@ class LoaderSettings:
     world_size: int | None = None
     drop_last: bool = False
     shuffle_window: int = DEFAULT_WINDOW
+    streams: int = DEFAULT_STREAMS
     even_batches: bool = True
     pad_mask: bool = False
     columns: tuple[str, ...] | None = None
@@ -118,7 +121,7 @@ class LoaderSettings:
             if not ok:
                 raise SpecError(f"loader setting {name}={getattr(self, name)!r}: {what}")
 
-        for name in ("batch_size", "seed", "epoch", "shuffle_window", "num_workers"):
+        for name in ("batch_size", "seed", "epoch", "shuffle_window", "streams", "num_workers"):
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool), name, "not an int")
         for name in (
@@ -139,6 +142,7 @@ class LoaderSettings:
         need(self.batch_size >= 1, "batch_size", "must be >= 1")
         need(self.epoch >= 0, "epoch", "must be >= 0")
         need(self.shuffle_window >= 1, "shuffle_window", "must be >= 1 shard")
+        need(self.streams >= 1, "streams", "must be >= 1 (1: one stream, no locality)")
         need(self.num_workers >= 0, "num_workers", "must be >= 0")
         need(self.prefetch_bytes >= 0, "prefetch_bytes", "must be >= 0")
         need(self.group is None or self.group >= 1, "group", "must be >= 1")
@@ -223,6 +227,7 @@ class LoaderSettings:
             shuffle_window=self.shuffle_window,
             consumed=consumed,
             even_batches=self.even_batches,
+            streams=self.streams,
         )
 
     def replace(self, **changes: Any) -> LoaderSettings:
@@ -255,6 +260,7 @@ _COMMON = frozenset(
         "world_size",
         "drop_last",
         "shuffle_window",
+        "streams",
         "even_batches",
         "pad_mask",
         "columns",

@@ -107,12 +107,15 @@ class PassStats:
         self.spans = Spans() if trace else None
         self.worker_events: list[dict[str, Any]] = []
         self.tally: SourceTally | None = None
+        # How local this rank's reads are (``EpochPlan.locality``), for the pass's plan.
+        self.locality: dict[str, Any] | None = None
         # A run carried on to another version: what became of its epoch's rows left then.
         self.carry: Callable[[], dict[str, Any]] | None = None
 
     def follow(self, dataset: ShardSource, plan: EpochPlan) -> PassStats:
         """Report a mixture's per-source counts and stage for this pass's ``plan``."""
         self.tally = SourceTally(dataset, plan, self.epoch)
+        self.locality = plan.locality()
         self.carry = getattr(dataset, "carry_report", None)
         return self
 
@@ -137,6 +140,8 @@ class PassStats:
             "data_starved_pct": 100.0 * self.waited_s / wall,
             "workers": {k: dict(v) for k, v in sorted(self.workers.items())},
             **self._downloads(),
+            **self._shards(),
+            **({"locality": dict(self.locality)} if self.locality is not None else {}),
             **(self.tally.report(self.batches) if self.tally is not None else {}),
             **({"carry": self.carry()} if self.carry is not None else {}),
         }
@@ -151,9 +156,17 @@ class PassStats:
         busy = max(t["download_s"] for t in times)
         return {
             "download_bytes": got,
+            # shard bytes read through the node cache that no download brought in this pass
+            "cache_hit_bytes": max(0.0, sum(t.get("fetched_bytes", 0.0) for t in times) - got),
             "download_bytes_per_s": got / busy if busy > 0 else 0.0,
             "network_wait_s": sum(t["network_wait_s"] for t in times),
         }
+
+    def _shards(self) -> dict[str, int]:
+        """Distinct shards each reader loaded this pass, summed over its workers (with
+        DataLoader workers a shard two of them read counts twice)."""
+        touched = [t["shards_touched"] for t in self.workers.values() if "shards_touched" in t]
+        return {"shards_touched": int(sum(touched))} if touched else {}
 
     def postfix(self) -> str:
         d = self.as_dict()

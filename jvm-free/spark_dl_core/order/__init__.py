@@ -14,6 +14,7 @@ from .dataset_order import (
     global_order,
     window_permute,
 )
+from .locality import DEFAULT_STREAMS, StreamedOrder, locality_report, rank_streams
 from .mixture_order import (
     BATCHING,
     MixtureOrder,
@@ -28,7 +29,7 @@ from .mixture_order import (
     source_pieces,
 )
 from .plans import EpochPlan
-from .quality import shuffle_quality
+from .quality import shuffle_quality, step_spread
 from .state import (
     LoaderState,
     epoch_position,
@@ -41,6 +42,7 @@ from .state import (
 
 __all__ = [
     "BATCHING",
+    "DEFAULT_STREAMS",
     "DEFAULT_WINDOW",
     "DENSE_WORLD",
     "ORDER_VERSION",
@@ -51,19 +53,23 @@ __all__ = [
     "MixturePlan",
     "SchedulePart",
     "ScheduledOrder",
+    "StreamedOrder",
     "epoch_position",
     "epoch_start",
     "epoch_total",
     "global_order",
+    "locality_report",
     "merged_counts",
     "merged_counts_at",
     "plan_position",
     "position_record",
     "proportional_counts",
     "range_counts",
+    "rank_streams",
     "resolve_window",
     "schedule_parts",
     "shuffle_quality",
     "source_pieces",
+    "step_spread",
     "window_permute",
 ]

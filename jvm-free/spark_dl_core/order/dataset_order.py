@@ -60,7 +60,9 @@ DENSE_WORLD = 8
 # a saved state records it, and a state of another version is refused (its ``consumed``
 # counts samples of an order this code no longer produces).
 # 1: materialized permutation per window (spark-dl 0.1). 2: lazy Feistel window permutation.
-ORDER_VERSION = 2
+# 3: shuffled orders drawn from fixed streams of shards (``order.locality``); its order with
+# ``streams=1`` is version 2's, so a version 2 state resumes with ``streams=1``.
+ORDER_VERSION = 3
 _ROUNDS = 6
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -422,10 +424,10 @@ def _prepare_next_epoch(dataset: weakref.ref[Any], key: tuple[Any, ...]) -> None
     """Make the next epoch's order (same dataset and settings) and start its first
     windows on a thread: the pass now ending is in its last window."""
     source = dataset()
-    _, seed, epoch, shuffle, window, batch_size = key
+    _, seed, epoch, shuffle, window, batch_size, streams = key
     if source is None or not shuffle:
         return
-    order = _order_of(source, seed, epoch + 1, shuffle, window, batch_size)
+    order = _order_of(source, seed, epoch + 1, shuffle, window, batch_size, streams)
     prepare = getattr(order, "prepare", None)
     if prepare is not None:
         prepare()
@@ -434,21 +436,58 @@ def _prepare_next_epoch(dataset: weakref.ref[Any], key: tuple[Any, ...]) -> None
 _ORDERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], _Order]] = weakref.WeakKeyDictionary()
 
 
+def streamed(dataset: ShardSource, shuffle: bool, streams: int) -> bool:
+    """Whether ``dataset``'s order with these settings is drawn from streams
+    (:mod:`~spark_dl_core.order.locality`): a shuffled plain source with ``streams > 1``;
+    its order then depends on the batch size. A mixture makes its own order."""
+    return bool(shuffle) and int(streams) > 1 and getattr(dataset, "make_order", None) is None
+
+
 def _order_of(
-    dataset: ShardSource, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int = 0
+    dataset: ShardSource,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    window: int,
+    batch_size: int = 0,
+    streams: int = 1,
 ) -> _Order:
     """The dataset's global order for these settings; the last two are kept per dataset, so
     a loader and its resumed or re-planned passes share one O(shards) order. A mixture
-    (anything with ``make_order``) makes its own, which may depend on the batch size."""
+    (anything with ``make_order``) makes its own, which may depend on the batch size; a
+    shuffled plain source with ``streams > 1`` is read from streams of its shards."""
     make = getattr(dataset, "make_order", None)
-    if make is None or not getattr(dataset, "order_uses_batch_size", False):
-        batch_size = 0
-    key = (dataset.fingerprint, int(seed), int(epoch), bool(shuffle), int(window), batch_size)
+    by_streams = streamed(dataset, shuffle, streams)
+    if not by_streams:
+        streams = 1
+        if make is None or not getattr(dataset, "order_uses_batch_size", False):
+            batch_size = 0
+    key = (
+        dataset.fingerprint,
+        int(seed),
+        int(epoch),
+        bool(shuffle),
+        int(window),
+        int(batch_size),
+        int(streams),
+    )
     kept = _ORDERS.setdefault(dataset, {})
     order = kept.get(key)
     if order is None:
         if make is not None:
             order = make(int(seed), int(epoch), bool(shuffle), int(window), batch_size)
+        elif by_streams:
+            from .locality import StreamedOrder
+
+            order = StreamedOrder(
+                np.diff(dataset.shard_offsets),
+                dataset.fingerprint,
+                int(seed),
+                int(epoch),
+                int(window),
+                int(streams),
+                int(batch_size),
+            )
         else:
             order = GlobalOrder(
                 np.diff(dataset.shard_offsets), dataset.fingerprint, seed, epoch, shuffle, window
@@ -469,10 +508,22 @@ def global_order(
     epoch: int,
     shuffle: bool,
     window: int = DEFAULT_WINDOW,
+    *,
+    streams: int = 1,
+    batch_size: int = 0,
 ) -> np.ndarray:
     """Every sample index once, materialized: for small datasets, tests and quality figures.
+    ``streams > 1`` (with ``batch_size``): the streamed order a loader with those settings
+    reads (:mod:`~spark_dl_core.order.locality`).
 
     Loaders never call this; they ask :class:`GlobalOrder` for the positions they need.
     """
+    if shuffle and streams > 1:
+        from .locality import StreamedOrder
+
+        streamed_order = StreamedOrder(
+            np.asarray(shard_sizes), fingerprint, seed, epoch, window, streams, batch_size
+        )
+        return streamed_order.take(0, streamed_order.total, dense=True)
     order = GlobalOrder(shard_sizes, fingerprint, seed, epoch, shuffle, window)
     return order.take(0, order.total)

@@ -1,19 +1,22 @@
 """A rank's plan of an epoch: its global batches of sample indices, lazily, from a position.
 
 Global batch ``g`` goes to rank ``g % world_size``; even batches, padding and ``drop_last``
-are decided here, so every framework adapter deals the same batches.
+are decided here, so every framework adapter deals the same batches. With a streamed order
+(:mod:`~spark_dl_core.order.locality`) batch ``g`` comes from stream ``g % streams``, so a
+rank whose world size divides the streams reads only its own streams' shards.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
 from ..errors import SpecError
 from .dataset_order import DENSE_WORLD, _Materialized, _Order, _order_of
+from .locality import StreamedOrder, locality_report
 from .state import resolve_window
 
 if TYPE_CHECKING:
@@ -85,9 +88,16 @@ class EpochPlan(Sequence[np.ndarray]):
         shuffle_window: int | None,
         consumed: int = 0,
         even_batches: bool = False,
+        streams: int = 1,
     ) -> EpochPlan:
         order = _order_of(
-            dataset, seed, epoch, shuffle, resolve_window(shuffle_window), int(batch_size)
+            dataset,
+            seed,
+            epoch,
+            shuffle,
+            resolve_window(shuffle_window),
+            int(batch_size),
+            int(streams),
         )
         return cls(
             order,
@@ -140,7 +150,7 @@ class EpochPlan(Sequence[np.ndarray]):
     def _take(self, start: int, stop: int) -> np.ndarray:
         """Sample ids at positions ``start:stop``; positions from ``total`` on are padding:
         position ``total + i`` repeats position ``i % total`` of the order."""
-        total, dense = self.order.total, self.world_size <= DENSE_WORLD
+        total, dense = self.order.total, self._dense
         if stop <= total:
             return self.order.take(start, stop, dense)
         parts = [self.order.take(start, total, dense)] if start < total else []
@@ -151,6 +161,18 @@ class EpochPlan(Sequence[np.ndarray]):
             parts.append(self.order.take(lo, hi, dense))
             at += hi - lo
         return np.concatenate(parts).astype(np.int64, copy=False)
+
+    @property
+    def _dense(self) -> bool:
+        """Whether this rank reads most of each shuffle window it meets (see
+        ``GlobalOrder.ids``): few ranks, or a streamed order whose streams it reads whole."""
+        if isinstance(self.order, StreamedOrder):
+            return self.order.dense_for(self.world_size)
+        return self.world_size <= DENSE_WORLD
+
+    def locality(self) -> dict[str, Any]:
+        """How local this rank's reads are (:func:`~.locality.locality_report`)."""
+        return locality_report(self.order, self.rank, self.world_size)
 
     @property
     def repeats(self) -> int:

@@ -40,3 +40,30 @@ def shuffle_quality(order: np.ndarray, shard_sizes: np.ndarray | None = None) ->
         shard = np.searchsorted(offsets, order, side="right") - 1
         out["same_shard_adjacent"] = float(np.mean(shard[1:] == shard[:-1]))
     return out
+
+
+def step_spread(
+    order: np.ndarray, shard_sizes: np.ndarray, batch_size: int, world_size: int
+) -> dict[str, float]:
+    """How many shards one batch's and one training step's rows come from (means).
+
+    A step is global batches ``kW .. kW + W - 1`` (``W`` = ``world_size``). The windowed
+    order draws a step from one window of shards whatever ``W``; a streamed order draws its
+    ``W`` batches from ``W`` streams, each from one window of that stream's shards, so a step
+    spreads over more shards as ``W`` grows.
+    """
+    order = np.asarray(order, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(shard_sizes)])
+    shard = np.searchsorted(offsets, order, side="right") - 1
+
+    def mean_distinct(size: int) -> float:
+        whole = len(shard) // size
+        if not whole:
+            return float(len(np.unique(shard)))
+        rows = np.sort(shard[: whole * size].reshape(whole, size), axis=1)
+        return float(np.mean(1 + np.count_nonzero(np.diff(rows, axis=1), axis=1)))
+
+    return {
+        "shards_per_batch": mean_distinct(batch_size),
+        "shards_per_step": mean_distinct(batch_size * world_size),
+    }

@@ -11,7 +11,11 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..errors import PackError, SpecError
-from .dataset_order import DEFAULT_WINDOW, ORDER_VERSION
+from .dataset_order import DEFAULT_WINDOW, ORDER_VERSION, streamed
+from .locality import DEFAULT_STREAMS
+
+# The order version before streams: its order is version 3's with ``streams=1``.
+STREAMLESS_VERSION = 2
 
 if TYPE_CHECKING:
     from ..shard_source import ShardSource
@@ -34,6 +38,9 @@ class LoaderState:
     drop_last: bool
     consumed: int
     version: int = ORDER_VERSION
+    # Streams the shuffled order is drawn from (``order.locality``); 1: no streams, the
+    # order of version 2 (a version 2 state is read as ``streams=1``).
+    streams: int = DEFAULT_STREAMS
     # Packed loaders: {"settings": pack settings, "rows": global rows consumed, "version"}
     # (see spark_dl_core.loaders.packing); ``consumed`` is then 0.
     pack: dict[str, Any] | None = None
@@ -52,11 +59,15 @@ class LoaderState:
     def from_dict(cls, state: dict[str, Any]) -> LoaderState:
         if not isinstance(state, dict):
             raise SpecError(f"loader state must be a dict, got {type(state).__name__}")
-        optional = ("version", "pack", "source")
+        optional = ("version", "pack", "source", "streams")
         missing = {f for f in cls.__dataclass_fields__ if f not in optional} - set(state)
         if missing:
             raise SpecError(f"loader state lacks {sorted(missing)}; was it made by spark-dl?")
         version = state.get("version", 1)
+        if version == STREAMLESS_VERSION and "streams" not in state:
+            # version 2's order is this version's order with one stream
+            state = {**state, "version": ORDER_VERSION, "streams": 1}
+            version = ORDER_VERSION
         if version != ORDER_VERSION:
             raise SpecError(
                 f"loader state has order version {version!r}, this spark-dl computes order "
@@ -115,8 +126,19 @@ class LoaderState:
                 f"loader state is for dataset {self.fingerprint[:16]}…, but {dataset.path} has "
                 f"fingerprint {dataset.fingerprint[:16]}…: resuming would mix up samples"
             )
+        streams = settings.pop("streams", None)
+        if streams is not None and streams != self.streams:
+            before = " (saved before order version 3: its order is streams=1)" * (self.streams == 1)
+            raise SpecError(
+                f"loader state was saved with streams={self.streams}{before}, the loader has "
+                f"streams={streams}: each gives another order, so the position would repeat "
+                f"or skip samples; pass streams={self.streams} to resume exactly"
+            )
+        by_batch = getattr(dataset, "order_uses_batch_size", False) or streamed(
+            dataset, self.shuffle, self.streams
+        )
         for name, value in settings.items():
-            if name == "batch_size" and not getattr(dataset, "order_uses_batch_size", False):
+            if name == "batch_size" and not by_batch:
                 continue  # positions count samples: the batch size may change on resume
             if getattr(self, name) != value:
                 raise SpecError(

@@ -160,6 +160,9 @@ class ShardCache:
         # Telemetry: bytes received, seconds with at least one range in flight, seconds
         # fetch() waited for a download.
         self.bytes_downloaded = 0
+        # Shard bytes fetch() handed out (from the machine's cache, downloaded first or
+        # not): less the bytes downloaded meanwhile, what the node cache served.
+        self.fetched_bytes = 0
         self.download_s = 0.0
         self.network_wait_s = 0.0
         self._active = 0
@@ -301,6 +304,8 @@ class ShardCache:
                 self._hit(path)
             else:
                 self._wait_download(basename, path, nbytes)
+            with self._mutex:
+                self.fetched_bytes += nbytes
             data: np.ndarray = (
                 np.memmap(path, dtype=np.uint8, mode="r") if nbytes else np.empty(0, dtype=np.uint8)
             )
@@ -567,6 +572,7 @@ class ShardCache:
                 busy += time.perf_counter() - self._busy_since
             return {
                 "download_bytes": float(self.bytes_downloaded),
+                "fetched_bytes": float(self.fetched_bytes),
                 "download_s": busy,
                 "network_wait_s": self.network_wait_s,
             }

@@ -31,6 +31,7 @@ import numpy as np
 from ...errors import SpecError
 from ...format.buffers import Jagged
 from ...order import (
+    DEFAULT_STREAMS,
     EpochPlan,
     LoaderState,
     epoch_position,
@@ -157,6 +158,7 @@ def tf_state(
     batch_size: int,
     drop_last: bool = False,
     shuffle_window: int | None = None,
+    streams: int = DEFAULT_STREAMS,
 ) -> dict[str, Any]:
     """Deprecated spelling: a loader state (as ``state_dict()`` returns) for a position.
 
@@ -171,6 +173,7 @@ def tf_state(
         batch_size=batch_size,
         drop_last=drop_last,
         consumed=int(min(consumed, len(dataset))),
+        streams=streams,
         source=position_record(dataset, epoch, int(min(consumed, len(dataset)))),
     ).to_dict()
 
@@ -231,6 +234,7 @@ def make_tf_dataset(
             shuffle=settings.shuffle,
             shuffle_window=window,
             batch_size=settings.batch_size,
+            streams=settings.streams,
         )
 
     def plan_for(epoch: int, consumed: int) -> EpochPlan:
@@ -343,6 +347,7 @@ def make_tf_dataset(
             batch_size=settings.batch_size,
             drop_last=settings.drop_last,
             consumed=consumed,
+            streams=settings.streams,
             source=position_record(dataset, at_epoch, consumed),
         ).to_dict()
 

@@ -624,13 +624,15 @@ class TorchLoader:
             batch_size=self.batch_size,
             drop_last=self.drop_last,
             consumed=consumed,
+            streams=self.settings.streams,
             source=position_record(self.dataset, epoch, consumed),
         ).to_dict()
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
         """Make ``state`` the saved position; raises if it is for another dataset or order.
 
-        The batch size and ``drop_last`` may change: the position is counted in samples.
+        ``drop_last`` may change: the position is counted in samples; so may the batch
+        size with ``streams=1`` (a streamed order, the default, depends on it).
         ``strict=False``: a state of another version of the dataset (a mixture whose weights,
         sources or schedule changed) carries the run on if the dataset can honour it
         (docs/mixtures.md), else it raises naming why.
@@ -643,6 +645,7 @@ class TorchLoader:
             shuffle=self.shuffle,
             shuffle_window=self.shuffle_window,
             batch_size=self.batch_size,
+            streams=self.settings.streams,
         )
         if dataset is not self.dataset:  # carried on: workers must read the new order
             self.dataset, self._pool = dataset, None

@@ -1,0 +1,232 @@
+"""A locality-aware global order: the epoch's batches drawn round-robin from fixed streams.
+
+Why: with one shuffle over the whole dataset every rank needs every shard, so N nodes pull N
+copies of the data per epoch. Here the shards are split once (per fingerprint, seed, batch
+size and number of streams, never per epoch or world size) into ``streams`` (P) streams of
+balanced sample counts; each stream is shuffled on its own every epoch (a
+:class:`~spark_dl_core.order.dataset_order.GlobalOrder` over its pieces of shards), and
+global batch ``g`` is batch ``g // P`` of stream ``g % P``. Rank ``r`` of ``W`` reads global
+batches ``g = r (mod W)``, so when ``W`` divides ``P`` it reads only streams ``s = r (mod W)``:
+the same ``P / W`` streams every epoch, whose shards its node's cache then holds.
+
+Stream ``s`` holds exactly the samples of the batches it serves (``B`` each, the epoch's short
+last batch included), so every position of the epoch is one sample and batch ``g`` is
+positions ``[g B, (g + 1) B)``, as for every other order. Streams are cut from one fixed
+permutation of the shards, in bit-reversed order of their numbers when ``P`` is a power of
+two: the streams of one rank (equal low bits) then lie side by side, and only the shards at
+the ``W - 1`` boundaries between ranks are shared by two of them.
+
+The order depends on (fingerprint, seed, epoch, shuffle window, P, B) only: a step's rows
+(global batches ``kW .. kW + W - 1``) are the same at every world size, and a position counts
+samples of the same order whatever the world size, so elastic resume stays exact.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..errors import SpecError
+from .dataset_order import DENSE_WORLD, GlobalOrder, _rng
+
+DEFAULT_STREAMS = 64
+
+
+def stream_lengths(total: int, streams: int, batch_size: int) -> np.ndarray:
+    """Samples in each stream: ``batch_size`` for every global batch ``g`` with
+    ``g % streams == s``, less the short last batch's missing samples in its stream."""
+    batches = -(-total // batch_size)
+    s = np.arange(streams, dtype=np.int64)
+    counts = np.where(s < batches, (batches - 1 - s) // streams + 1, 0)
+    lengths = counts * batch_size
+    if batches:
+        lengths[(batches - 1) % streams] -= batches * batch_size - total
+    return lengths
+
+
+def layout_slots(streams: int) -> np.ndarray:
+    """The stream at each slot of the shard layout: bit-reversed numbers when ``streams``
+    is a power of two (so one rank's streams, ``s = r mod W`` for ``W`` a power of two,
+    sit side by side and share no shard with another rank but at its two ends), else
+    ``0, 1, ...``."""
+    if streams & (streams - 1):
+        return np.arange(streams, dtype=np.int64)
+    bits = streams.bit_length() - 1
+    slots = np.arange(streams, dtype=np.int64)
+    rev = np.zeros(streams, dtype=np.int64)
+    for b in range(bits):
+        rev |= ((slots >> b) & 1) << (bits - 1 - b)
+    return rev
+
+
+@lru_cache(maxsize=16)
+def _pieces_cached(
+    sizes: bytes, bases: bytes | None, fingerprint: str, seed: int, streams: int, batch_size: int
+) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    shard_sizes = np.frombuffer(sizes, dtype=np.int64)
+    starts = np.frombuffer(bases, dtype=np.int64) if bases is not None else None
+    return stream_pieces(shard_sizes, fingerprint, seed, streams, batch_size, starts)
+
+
+def stream_pieces(
+    shard_sizes: np.ndarray,
+    fingerprint: str,
+    seed: int,
+    streams: int,
+    batch_size: int,
+    bases: np.ndarray | None = None,
+) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Per stream: its pieces of shards as (sizes, first ids), fixed for every epoch.
+
+    The shards are laid out in one permutation keyed by (fingerprint, seed) only, and the
+    layout is cut at the streams' lengths in slot order (:func:`layout_slots`): a shard is
+    whole in one stream, or split between the two streams whose boundary falls in it.
+    """
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    starts = offsets[:-1] if bases is None else np.asarray(bases, dtype=np.int64)
+    perm = _rng(f"streams:{fingerprint}", seed, 0).permutation(len(sizes)).astype(np.int64)
+    laid = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes[perm], out=laid[1:])
+    lengths = stream_lengths(int(offsets[-1]), streams, batch_size)
+    slots = layout_slots(streams)
+    cuts = np.zeros(streams + 1, dtype=np.int64)
+    np.cumsum(lengths[slots], out=cuts[1:])
+    out: list[tuple[np.ndarray, np.ndarray]] = [(np.empty(0, np.int64),) * 2] * streams
+    for t, s in enumerate(slots.tolist()):
+        a, z = int(cuts[t]), int(cuts[t + 1])
+        if z <= a:
+            continue
+        k = np.arange(np.searchsorted(laid, a, "right") - 1, np.searchsorted(laid, z, "left"))
+        lo = np.maximum(laid[k], a)
+        hi = np.minimum(laid[k + 1], z)
+        keep = hi > lo
+        out[s] = ((hi - lo)[keep], (starts[perm[k]] + (lo - laid[k]))[keep])
+    return tuple(out)
+
+
+class StreamedOrder:
+    """The lazy order of one epoch over ``streams`` fixed streams (see the module's text).
+
+    Holds the streams' pieces (O(shards) in all) and, once read, each stream's
+    :class:`GlobalOrder`; ``take`` maps a position range batch by batch to its stream.
+    """
+
+    def __init__(
+        self,
+        shard_sizes: np.ndarray,
+        fingerprint: str,
+        seed: int,
+        epoch: int,
+        window: int,
+        streams: int,
+        batch_size: int,
+        *,
+        bases: np.ndarray | None = None,
+    ) -> None:
+        if streams < 1:
+            raise SpecError(f"streams must be >= 1, got {streams}")
+        if batch_size < 1:
+            raise SpecError(f"a streamed order needs a batch size >= 1, got {batch_size}")
+        if window < 1:
+            raise SpecError(f"shuffle_window must be >= 1 shard, got {window}")
+        sizes = np.ascontiguousarray(shard_sizes, dtype=np.int64)
+        self.total = int(sizes.sum())
+        self.streams, self.batch_size = int(streams), int(batch_size)
+        self.fingerprint, self.seed, self.epoch, self.window = fingerprint, seed, epoch, window
+        raw_bases = None if bases is None else np.ascontiguousarray(bases, np.int64).tobytes()
+        self.pieces = _pieces_cached(
+            sizes.tobytes(), raw_bases, fingerprint, int(seed), self.streams, self.batch_size
+        )
+        self._orders: dict[int, GlobalOrder] = {}
+
+    def __len__(self) -> int:
+        return self.total
+
+    def stream(self, s: int) -> GlobalOrder:
+        """Stream ``s``'s order this epoch (its own key, so streams shuffle apart)."""
+        order = self._orders.get(s)
+        if order is None:
+            sizes, bases = self.pieces[s]
+            order = GlobalOrder(
+                sizes,
+                f"{self.fingerprint}:stream{s}/{self.streams}",
+                self.seed,
+                self.epoch,
+                True,
+                self.window,
+                bases=bases,
+            )
+            self._orders[s] = order
+        return order
+
+    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
+        """Ids at positions ``start:stop``: each global batch's part from its stream."""
+        if stop <= start:
+            return np.empty(0, dtype=np.int64)
+        size, p = self.batch_size, self.streams
+        parts = []
+        for g in range(start // size, (stop - 1) // size + 1):
+            at = g * size
+            a, z = max(start, at) - at, min(stop, at + size) - at
+            base = (g // p) * size
+            parts.append(self.stream(g % p).take(base + a, base + z, dense))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def ids(self, positions: np.ndarray) -> np.ndarray:
+        """Ids at arbitrary ``positions`` (each in ``0..total-1``)."""
+        pos = np.asarray(positions, dtype=np.int64)
+        out = np.empty_like(pos)
+        g = pos // self.batch_size
+        s = g % self.streams
+        inside = (g // self.streams) * self.batch_size + pos % self.batch_size
+        for stream in np.unique(s).tolist():
+            here = s == stream
+            out[here] = self.stream(stream).ids(inside[here])
+        return out
+
+    def dense_for(self, world_size: int) -> bool:
+        """Whether a rank of ``world_size`` reads enough of each of its streams that
+        computing a stream window's whole order at once pays (see ``GlobalOrder.ids``)."""
+        return world_size // math.gcd(world_size, self.streams) <= DENSE_WORLD
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_orders"] = {}  # each process builds the streams it reads
+        return state
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held: the streams' pieces and the orders built, O(shards)."""
+        pieces = sum(a.nbytes + b.nbytes for a, b in self.pieces)
+        return pieces + sum(o.nbytes for o in self._orders.values())
+
+
+def rank_streams(streams: int, rank: int, world_size: int) -> list[int]:
+    """The streams rank ``rank`` of ``world_size`` reads batches of: ``s = rank (mod
+    gcd(world_size, streams))``, ``streams / world_size`` of them when ``world_size``
+    divides ``streams``, more (a larger share of the data) when it does not."""
+    step = math.gcd(world_size, streams)
+    return list(range(rank % step, streams, step))
+
+
+def locality_report(order: Any, rank: int, world_size: int) -> dict[str, Any]:
+    """How local a rank's reads are under ``order``: the streams it reads, the share of the
+    dataset they hold, and the ideal share (``1 / world_size``). A world size that does
+    not divide the streams reads a share ``1 / gcd(world_size, streams)``; an order
+    without streams (unshuffled, ``streams=1``, a mixture) needs every shard on every
+    rank."""
+    if not isinstance(order, StreamedOrder):
+        return {"streams": 1, "streams_read": 1, "data_share": 1.0, "ideal_share": 1 / world_size}
+    mine = rank_streams(order.streams, rank, world_size)
+    held = sum(int(order.pieces[s][0].sum()) for s in mine)
+    return {
+        "streams": order.streams,
+        "streams_read": len(mine),
+        "data_share": held / max(1, order.total),
+        "ideal_share": 1 / world_size,
+    }
