@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import RowsDroppedWarning, SpecError
 from ..order.dataset_order import GlobalOrder, _order_of
+from ..order.locality import StreamedOrder
 from ..order.state import epoch_total
 
 if TYPE_CHECKING:
@@ -162,6 +163,10 @@ class RowCarry:
     window: int
     old_fingerprint: str
     old: dict[str, Any]
+    # The saved order's streams and batch size (``order.locality``); 1: no streams, the
+    # order of records written before streams.
+    streams: int = 1
+    batch_size: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -177,6 +182,8 @@ class RowCarry:
                 int(data["window"]),
                 str(data["old_fingerprint"]),
                 dict(data["old"]),
+                int(data.get("streams", 1)),
+                int(data.get("batch_size", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SpecError(f"loader state field source.carry is not valid: {exc!r}") from None
@@ -205,7 +212,15 @@ def carried_rest(
     """The new version's ids of the old order's samples at positions ``consumed..`` of the
     carried epoch that are live in the new version, in the old order, and what became of
     the others. O(those samples), plus reading the row ids of files rewritten since."""
-    order = _order_of(old, carry.seed, carry.epoch, carry.shuffle, carry.window)
+    order = _order_of(
+        old,
+        carry.seed,
+        carry.epoch,
+        carry.shuffle,
+        carry.window,
+        carry.batch_size,
+        carry.streams,
+    )
     ids = order.take(carry.consumed, order.total, True)
     source, target = old.row_layout(), new.row_layout()
     file, rows = source.rows_of(ids)
@@ -306,11 +321,14 @@ class CarriedRows:
 
     def make_order(
         self, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int
-    ) -> CarriedOrder | GlobalOrder:
+    ) -> CarriedOrder | GlobalOrder | StreamedOrder:
         if epoch == self.carry.epoch:
             return CarriedOrder(self.carry.consumed, self.carried_rest())
         plain = self.plain
         sizes = np.diff(plain.shard_offsets)
+        streams, size = self.carry.streams, self.carry.batch_size
+        if shuffle and streams > 1 and size > 0:  # the run's own streamed order
+            return StreamedOrder(sizes, plain.fingerprint, seed, epoch, window, streams, size)
         return GlobalOrder(sizes, plain.fingerprint, seed, epoch, shuffle, window)
 
 
@@ -370,7 +388,15 @@ def carry_from(
     if not consumed:
         return plain, epoch, 0
     carry = RowCarry(
-        epoch, consumed, state.seed, state.shuffle, state.shuffle_window, state.fingerprint, rec
+        epoch,
+        consumed,
+        state.seed,
+        state.shuffle,
+        state.shuffle_window,
+        state.fingerprint,
+        rec,
+        state.streams,
+        state.batch_size,
     )
     out = carried(plain, kind, carry, old)
     _warn_dropped(out._carried()[1], theirs, here)
