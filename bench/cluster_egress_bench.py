@@ -1,0 +1,246 @@
+"""Bytes a simulated cluster pulls from object storage per epoch (issue 42).
+
+Each simulated node is a set of rank processes sharing one temp dir (its machine cache) with
+torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK). They read
+a real S3-compatible server (moto, its own process, on loopback) through a byte-counting
+proxy (tests/s3_helpers.ShapedLink, no delay), an MDS dataset and a Delta table read in
+place, 4 nodes x 1 rank and 2 nodes x 2 ranks, 3 reshuffled epochs. Printed: bytes pulled /
+dataset bytes per epoch and in all, bytes landed per node; checked: every row served once
+per epoch, and each step's rows are the 1-rank order's batches kW..kW+W-1.
+
+    .venv/bin/python bench/cluster_egress_bench.py [--rows 16384] [--streams 64]
+
+A rank process is this script with ``--rank-worker``: it reads its share of one epoch
+(``iter_batches``, rank and world size from the environment) and writes its batches' ids.
+Mosaic Streaming and LitData are printed beside it only if installed (not installed here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+BATCH = 64
+SEED = 0
+
+
+def rank_worker(args: argparse.Namespace) -> None:
+    """One rank of one node, one epoch: its batches' ids and what it downloaded, as JSON."""
+    from spark_dl_core import open_dataset, open_delta
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    options = json.loads(args.options)
+    if args.kind == "mds":
+        ds: Any = open_dataset(args.url, cache_dir=args.cache, storage_options=options)
+    else:
+        snap = open_delta(args.url, storage_options=options)
+        ds = snap.dataset(cache=False, span_dir=args.cache)
+    batches = [
+        b["id"].tolist()
+        for b in ds.iter_batches(
+            BATCH,
+            shuffle=True,
+            seed=SEED,
+            epoch=args.epoch,
+            rank=rank,
+            world_size=world,
+            even_batches=False,
+            streams=args.streams,
+            columns=["id", "x"],
+        )
+    ]
+    out = {"batches": batches, "net": ds.download_stats()}
+    Path(args.out).write_text(json.dumps(out))
+
+
+def _write_data(
+    kind: str, url: str, rows: int, options: dict[str, Any], delta: dict[str, str]
+) -> None:
+    import pyarrow as pa
+
+    from spark_dl_core import DatasetSpec, write_mds
+
+    x = np.random.default_rng(0).random((rows, 256), dtype=np.float32)
+    table = pa.table({"id": np.arange(rows, dtype=np.int64), "x": list(x)})
+    if kind == "mds":
+        write_mds(table, url, DatasetSpec(shard_size="128KiB"), storage_options=options)
+        return
+    from deltalake import WriterProperties, write_deltalake
+
+    per_file = rows // 16
+    props = WriterProperties(max_row_group_size=256)  # row groups are the shards read in place
+    for f in range(16):
+        part = table.slice(f * per_file, per_file)
+        write_deltalake(url, part, mode="append", storage_options=delta, writer_properties=props)
+
+
+def _stored_bytes(fs: Any, prefix: str) -> int:
+    return sum(int(info["size"]) for info in fs.find(prefix, detail=True).values())
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _reference(
+    kind: str, url: str, options: dict[str, Any], epoch: int, streams: int
+) -> list[np.ndarray]:
+    from spark_dl_core import open_dataset, open_delta
+
+    if kind == "mds":
+        ds: Any = open_dataset(url, storage_options=options)
+    else:
+        ds = open_delta(url, storage_options=options).dataset(cache=False)
+    order = ds.sample_order(batch_size=BATCH, shuffle=True, seed=SEED, epoch=epoch, streams=streams)
+    # positions index the dataset's rows (a Delta table's in the log's file order): its ids
+    ids = np.asarray(ds.read(np.arange(len(ds)), columns=["id"])["id"])
+    return [ids[np.asarray(b)] for b in order]
+
+
+def run_case(
+    kind: str,
+    nodes: int,
+    per_node: int,
+    url: str,
+    direct: dict[str, Any],
+    counted: dict[str, Any],
+    link: Any,
+    stored: int,
+    rows: int,
+    streams: int,
+    work: Path,
+) -> dict[str, Any]:
+    world = nodes * per_node
+    node_dirs = [work / f"{kind}-{nodes}x{per_node}-node{n}" for n in range(nodes)]
+    per_epoch, landed = [], []
+    for epoch in range(3):
+        before = link.down_bytes
+        procs = []
+        for n in range(nodes):
+            for local in range(per_node):
+                rank = n * per_node + local
+                env = dict(
+                    os.environ,
+                    RANK=str(rank),
+                    WORLD_SIZE=str(world),
+                    LOCAL_RANK=str(local),
+                    LOCAL_WORLD_SIZE=str(per_node),
+                    GROUP_RANK=str(n),
+                    TMPDIR=str(node_dirs[n]),
+                )
+                node_dirs[n].mkdir(parents=True, exist_ok=True)
+                out = work / f"out-{kind}-{nodes}x{per_node}-{epoch}-{rank}.json"
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--rank-worker",
+                    "--kind",
+                    kind,
+                    "--url",
+                    url,
+                    "--cache",
+                    str(node_dirs[n] / "cache"),
+                    "--epoch",
+                    str(epoch),
+                    "--out",
+                    str(out),
+                    "--options",
+                    json.dumps(counted),
+                    "--streams",
+                    str(streams),
+                ]
+                procs.append((rank, out, subprocess.Popen(cmd, env=env)))
+        got: dict[int, list[np.ndarray]] = {}
+        for rank, out, proc in procs:
+            if proc.wait() != 0:
+                raise SystemExit(f"rank {rank} failed")
+            got[rank] = [np.asarray(b) for b in json.loads(out.read_text())["batches"]]
+        per_epoch.append((link.down_bytes - before) / stored)
+        # every row once in the epoch
+        every = np.sort(np.concatenate([np.concatenate(v) for v in got.values() if v]))
+        assert np.array_equal(every, np.arange(rows)), f"{kind} epoch {epoch}: rows not served once"
+        # step k's rows are the 1-rank order's batches kW..kW+W-1
+        ref = _reference(kind, url, direct, epoch, streams)
+        for k in range(len(got[0])):
+            step = [got[r][k] for r in range(world) if k < len(got[r])]
+            want = ref[k * world : k * world + len(step)]
+            assert all(np.array_equal(a, b) for a, b in zip(step, want)), f"{kind} step {k}"
+        landed.append([_du(d / "cache") / stored for d in node_dirs])
+    return {"per_epoch": per_epoch, "total": sum(per_epoch), "landed": landed[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rank-worker", action="store_true")
+    parser.add_argument("--kind", default="mds")
+    parser.add_argument("--url")
+    parser.add_argument("--cache")
+    parser.add_argument("--epoch", type=int, default=0)
+    parser.add_argument("--out")
+    parser.add_argument("--options", default="{}")
+    parser.add_argument("--rows", type=int, default=16384)
+    parser.add_argument("--streams", type=int, default=64)
+    args = parser.parse_args()
+    if args.rank_worker:
+        return rank_worker(args)
+
+    from s3_helpers import ShapedLink, aws_test_env, delta_options, endpoint_options, moto_process
+
+    with moto_process() as (host, port), aws_test_env(), ShapedLink((host, port)) as link:
+        import s3fs
+
+        direct = endpoint_options(host, port)
+        counted = endpoint_options("127.0.0.1", link.port)
+        counted_delta = delta_options("127.0.0.1", link.port)
+        fs = s3fs.S3FileSystem(**direct)
+        fs.call_s3("create_bucket", Bucket="bench")
+        print(f"rows={args.rows} batch={BATCH} streams={args.streams}")
+        print(
+            f"{'case':28} {'epoch 0':>8} {'epoch 1':>8} {'epoch 2':>8} {'3 epochs':>9}"
+            "  landed per node"
+        )
+        for kind in ("mds", "delta"):
+            url = f"s3://bench/{kind}-{args.streams}"
+            _write_data(kind, url, args.rows, direct, delta_options(host, port))
+            stored = _stored_bytes(fs, f"bench/{kind}-{args.streams}")
+            options = counted if kind == "mds" else counted_delta
+            for nodes, per_node in ((4, 1), (2, 2)):
+                with tempfile.TemporaryDirectory() as work:
+                    got = run_case(
+                        kind,
+                        nodes,
+                        per_node,
+                        url,
+                        direct if kind == "mds" else delta_options(host, port),
+                        options,
+                        link,
+                        stored,
+                        args.rows,
+                        args.streams,
+                        Path(work),
+                    )
+                e = got["per_epoch"]
+                landed = " ".join(f"{x:.2f}" for x in got["landed"])
+                print(
+                    f"{kind + f' {nodes} nodes x {per_node}':28} {e[0]:7.2f}x {e[1]:7.2f}x "
+                    f"{e[2]:7.2f}x {got['total']:8.2f}x  {landed} (of the dataset)"
+                )
+        for anchor in ("streaming", "litdata"):
+            if importlib.util.find_spec(anchor) is None:
+                print(f"{anchor}: not installed, not measured")
+
+
+if __name__ == "__main__":
+    main()
