@@ -128,4 +128,3 @@ def maven_properties() -> str:
     """``-D`` flags naming the Delta artifact and version for ``spark_dl/jvm/delta/pom.xml``."""
     artifact, version = _maven_coordinates().split(":")[1:]
     return f"-Ddelta.artifact={artifact} -Ddelta.version={version}"
-
