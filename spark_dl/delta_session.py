@@ -46,14 +46,15 @@ def delta_jars(jars_dir: str | os.PathLike[str] | None = None) -> list[str]:
         if named:
             raise DeltaSetupError(f"{folder}: holds no jars; run `make install`")
         return []
-    expected = _delta_version()
     core = [Path(j).name for j in jars if Path(j).name.startswith("delta-spark_")]
     if not core:
         raise DeltaSetupError(f"{folder}: no delta-spark jar among {len(jars)} jars")
-    if expected is not None and not any(name.endswith(f"-{expected}.jar") for name in core):
+    wanted = _artifact_name()
+    if wanted is not None and not any(name.startswith(f"{wanted}.") for name in core):
         raise DeltaSetupError(
-            f"{folder}: holds {core[0]}, but the installed delta-spark is {expected}; "
-            "run `make install` to fetch the matching jars"
+            f"{folder}: holds {core[0]}, but this environment needs {wanted}.jar "
+            "(delta-spark's version, built for this PySpark's Spark version); run "
+            "`make install` to fetch the matching jars"
         )
     return jars
 
@@ -88,18 +89,30 @@ def _delta_version() -> str | None:
         return None
 
 
-def _maven_coordinates() -> str:
-    """delta-spark's artifact for this PySpark (``io.delta:delta-spark_<spark>_2.13:<v>``)."""
+def _artifact_name() -> str | None:
+    """The delta-spark jar's name (without ``.jar``) for this environment:
+    ``delta-spark_<spark major.minor>_2.13-<delta-spark version>``; None without delta-spark.
+    Delta publishes one artifact per Spark version: a jar built for another Spark fails
+    at session start or, worse, in the middle of a query."""
     import pyspark
 
     version = _delta_version()
     if version is None:
+        return None
+    spark = ".".join(pyspark.__version__.split(".")[:2])
+    return f"delta-spark_{spark}_2.13-{version}"
+
+
+def _maven_coordinates() -> str:
+    """delta-spark's artifact for this PySpark (``io.delta:delta-spark_<spark>_2.13:<v>``)."""
+    name = _artifact_name()
+    if name is None:
         raise DeltaSetupError(
             "no Delta jars found and delta-spark is not installed: "
             "`pip install spark-dl[delta]`, or run `make install` in a checkout"
         )
-    spark = ".".join(pyspark.__version__.split(".")[:2])
-    return f"io.delta:delta-spark_{spark}_2.13:{version}"
+    artifact, version = name.rsplit("-", 1)
+    return f"io.delta:{artifact}:{version}"
 
 
 def prune_shipped(folder: str | os.PathLike[str]) -> list[str]:
