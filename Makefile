@@ -29,6 +29,10 @@ $(VENV)/.installed: pyproject.toml jvm-free/pyproject.toml jvm-free/setup.py $(w
 	# pyspark_* modules (pkgutil over sys.path) finds pyspark_spark_dl; the default editable
 	# finder makes it importable but invisible to that discovery
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]" --config-settings editable_mode=compat
+	# PyPI's torch is the CUDA build, which brings triton (the GPU kernel compiler); imported
+	# after TensorFlow (both bundle LLVM) it crashes the process, and on a CPU machine nothing
+	# needs it (torch runs without it): leave it out
+	$(PY) -m pip uninstall -q -y triton
 	touch $@
 
 # The JVM scan (docs/spark.md, "Reading"), compiled against PySpark's own jars. Where javac
