@@ -101,7 +101,9 @@ def numpy_to_arrow(values: np.ndarray | Jagged, t: pa.DataType) -> pa.Array:
         ):
             items = [json_value_as_py(v, t, map_pairs=True) for v in items]
         elif items and isinstance(items[0], np.ndarray):
-            items = [v.tolist() for v in items]
+            # booleans are stored as uint8, and Arrow takes no ints for a bool
+            as_bool = pa.types.is_boolean(_leaf(t))
+            items = [(v.astype(bool) if as_bool else v).tolist() for v in items]
         return pa.array(items, type=t)
     if values.ndim > 1:
         return _nested(values, t)
@@ -114,6 +116,13 @@ def numpy_to_arrow(values: np.ndarray | Jagged, t: pa.DataType) -> pa.Array:
         return pa.array(values.tolist(), type=t)
     array = pa.array(values)
     return array if array.type == t else array.cast(t)
+
+
+def _leaf(t: pa.DataType) -> pa.DataType:
+    """The element type below every list level of ``t``."""
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return t
 
 
 def _nested(values: np.ndarray, t: pa.DataType) -> pa.Array:
