@@ -7,11 +7,14 @@ scan where it applies (``spark_dl/jvm_scan.py``). ``--python`` adds ``mds_python
 reads on the Python reader (``spark.spark_dl.jvmScan.enabled=false``). ``--floor`` adds
 ``mds_floor`` (see :func:`_register_floor`): Spark's own cost of a Python data source for
 these rows.
-Queries: ``count()``, two sums (``count + two sums``, the issue's yardstick), and a full
-scan of every column (``write.format("noop")``).
+Queries: ``count()``, a count and two sums (``count+2sums``: ``sum(x)``, ``sum(y)``; with
+an array column ``sum(y)`` and ``sum(features[0])``, the issue's yardstick), and a full scan
+of every column (``write.format("noop")``). Each line says which reader ran the query.
 
 ``--shape numeric``: ``id`` bigint, ``x`` double, ``y`` float. ``--shape features`` adds
-``features`` array<float>[32] (stored as ``ndarray:float32:32``).
+``features`` array<float>[32] stored as ``ndarray:float32:32`` (a fixed width, as ``df.dl``
+or ``columns=`` store it); ``--shape features_var`` stores it as a plain
+``df.write.format("mds")`` does, variable ``ndarray:float32``.
 
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python bench/spark_read_bench.py [--rows N]
 """
@@ -51,13 +54,13 @@ def _session() -> Any:
 def _write(spark: Any, rows: int, shape: str, work: Path) -> dict[str, Path]:
     """The same rows as MDS and as Parquet (two files / shard groups each way)."""
     cols = "id, CAST(id * 0.5 AS double) AS x, CAST(id % 1000 AS float) AS y"
-    if shape == "features":
+    if shape.startswith("features"):
         cols += ", transform(sequence(0, 31), i -> CAST(id + i AS float)) AS features"
     df = spark.sql(f"SELECT {cols} FROM range({rows})").repartition(2).cache()
     df.count()
     paths = {"mds": work / "mds", "parquet": work / "parquet"}
     writer = df.write.format("mds").mode("overwrite")
-    if shape == "features":
+    if shape == "features":  # features_var: the variable encoding Spark's schema implies
         writer = writer.option("columns", '{"features": "ndarray:float32:32"}')
     writer.save(str(paths["mds"]))
     df.write.mode("overwrite").parquet(str(paths["parquet"]))
@@ -65,26 +68,38 @@ def _write(spark: Any, rows: int, shape: str, work: Path) -> dict[str, Path]:
     return paths
 
 
-def _queries(spark: Any, path: Path, fmt: str) -> dict[str, Callable[[], Any]]:
+def _frames(spark: Any, path: Path, fmt: str) -> dict[str, Callable[[], Any]]:
+    """Each query's DataFrame (``scan``: the load itself), timed by :func:`_queries` and
+    planned by :func:`_reader`."""
     from pyspark.sql import functions as F
-
-    if fmt == "mds_python":  # the Python reader: the JVM scan off around each query
-        return {k: _python_path(spark, fn) for k, fn in _queries(spark, path, "mds").items()}
 
     def load() -> Any:
         if fmt == "parquet":
             return spark.read.parquet(str(path))
         return spark.read.format(fmt).load(str(path))
 
-    def count() -> Any:
-        return load().count()
-
     def sums() -> Any:
         df = load()
-        return df.count(), df.agg(F.sum("x"), F.sum("y")).collect()
+        if "features" in df.columns:
+            return df.agg(F.sum("y"), F.sum(F.col("features")[0]))
+        return df.agg(F.sum("x"), F.sum("y"))
+
+    return {"count": lambda: load().groupBy().count(), "count+2sums": sums, "scan": load}
+
+
+def _queries(spark: Any, path: Path, fmt: str) -> dict[str, Callable[[], Any]]:
+    if fmt == "mds_python":  # the Python reader: the JVM scan off around each query
+        return {k: _python_path(spark, fn) for k, fn in _queries(spark, path, "mds").items()}
+    frames = _frames(spark, path, fmt)
+
+    def count() -> Any:
+        return frames["scan"]().count()
+
+    def sums() -> Any:
+        return frames["scan"]().count(), frames["count+2sums"]().collect()
 
     def scan() -> Any:
-        load().write.format("noop").mode("overwrite").save()
+        frames["scan"]().write.format("noop").mode("overwrite").save()
 
     return {"count": count, "count+2sums": sums, "scan": scan}
 
@@ -137,22 +152,19 @@ def _register_floor(spark: Any) -> None:
     spark.dataSource.register(FloorSource)
 
 
-def _reader(spark: Any, path: Path) -> str:
-    """Which reader ``format("mds")`` runs for a count and for a full scan (the executed
-    plans say: the JVM scan takes a query only where it reads every column it uses)."""
-    df = spark.read.format("mds").load(str(path))
-
-    def which(frame: Any) -> str:
-        plan = frame._jdf.queryExecution().executedPlan().toString()
-        return "JVM scan" if "MdsJvmScan" in plan else "Python reader"
-
-    return f"count on the {which(df.groupBy().count())}, full scan on the {which(df)}"
+def _reader(spark: Any, path: Path, query: str) -> str:
+    """Which reader ``format("mds")`` runs ``query`` on (its executed plan says: the JVM scan
+    takes a query only where it reads every column the query uses)."""
+    plan = _frames(spark, path, "mds")[query]()._jdf.queryExecution().executedPlan().toString()
+    return "JVM scan" if "MdsJvmScan" in plan else "Python reader"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=2_000_000)
-    parser.add_argument("--shape", choices=("numeric", "features"), default="numeric")
+    parser.add_argument(
+        "--shape", choices=("numeric", "features", "features_var"), default="numeric"
+    )
     parser.add_argument("--runs", type=int, default=5, help="paired runs per query")
     parser.add_argument("--queries", default=",".join(QUERIES))
     parser.add_argument("--floor", action="store_true", help="also time the API's floor")
@@ -188,7 +200,6 @@ def main() -> None:
             paths["mds_floor"] = paths["mds"]
             formats.append("mds_floor")
         print(f"\nstorage -> Spark read, {args.rows:,} rows, shape {args.shape}, local[2]")
-        print(f"  mds: {_reader(spark, paths['mds'])}")
         print(f"  load average before: {os.getloadavg()[0]:.2f}")
         for name in args.queries.split(","):
             fns = {f: _queries(spark, paths[f], f)[name] for f in formats}
@@ -210,7 +221,8 @@ def main() -> None:
                     pythons.append(pair["mds_python"] / pair["parquet"])
             med = {f: statistics.median(t) for f, t in times.items()}
             line = (
-                f"  {name:12s} mds {med['mds']:6.3f} s  parquet {med['parquet']:6.3f} s  "
+                f"  {name:12s} mds ({_reader(spark, paths['mds'], name)}) "
+                f"{med['mds']:6.3f} s  parquet {med['parquet']:6.3f} s  "
                 f"mds/parquet median {statistics.median(ratios):4.2f}x "
                 f"(min {min(ratios):4.2f}, max {max(ratios):4.2f})"
             )

@@ -21,7 +21,8 @@ import org.apache.spark.sql.types.DataTypes;
 
 final class MdsDataset {
   static final ObjectMapper JSON = new ObjectMapper();
-  /** Column kinds the reader decodes: fixed-width little-endian numbers, UTF-8 text, bytes. */
+  /** Column kinds the reader decodes: fixed-width little-endian numbers, UTF-8 text, bytes;
+   * and NDARRAY, an `ndarray` column that its NdArrayColumn reads. */
   static final String[] ENCODINGS = {
     "int8", "int16", "int32", "int64", "float32", "float64", "str", "bytes", "uint8"
   };
@@ -34,6 +35,8 @@ final class MdsDataset {
     DataTypes.BooleanType
   };
   static final int[] WIDTH = {1, 2, 4, 8, 4, 8, -1, -1, 1};
+  /** The kind of an `ndarray` column, read by its NdArrayColumn. */
+  static final int NDARRAY = 9; // past ENCODINGS
 
   /** One shard as the index and spark_dl.json describe it. */
   static final class Shard implements Serializable {
@@ -67,6 +70,8 @@ final class MdsDataset {
   /** Each stored column's width in a sample, -1 where variable (index.json column_sizes). */
   final List<Integer> sizes = new ArrayList<>();
   private JsonNode columns;
+  /** spark_dl.json's shard entries (each records its ndarray columns' one shape, if any). */
+  private JsonNode recordedShards;
 
   private MdsDataset(Path dir) {
     this.dir = dir;
@@ -82,11 +87,12 @@ final class MdsDataset {
     JsonNode meta = JSON.readTree(metaFile.toFile());
     JsonNode index = JSON.readTree(indexFile.toFile());
     JsonNode spec = meta.path("spec");
-    if (spec.path("transforms").size() > 0 || meta.has("virtual") || !meta.path("shards").isArray()) {
+    if (hasReadTransforms(spec) || meta.has("virtual") || !meta.path("shards").isArray()) {
       return null;
     }
     MdsDataset ds = new MdsDataset(dir);
     ds.columns = meta.path("columns");
+    ds.recordedShards = meta.path("shards");
     JsonNode entries = index.path("shards");
     if (!entries.isArray() || entries.size() != meta.path("shards").size()) {
       return null;
@@ -99,6 +105,17 @@ final class MdsDataset {
       ds.shards.add(shard);
     }
     return ds;
+  }
+
+  /** Whether the spec records read-time transforms, which the Python reader applies (as
+   * ops.arrow.read_transforms: write-time ones, a tokenize op say, already shaped the shards). */
+  private static boolean hasReadTransforms(JsonNode spec) {
+    for (JsonNode transform : spec.path("transforms")) {
+      if (!transform.isObject() || "read".equals(transform.path("at").asText())) {
+        return true;
+      }
+    }
+    return !spec.path("transforms").isMissingNode() && !spec.path("transforms").isArray();
   }
 
   private Shard shard(JsonNode entry, JsonNode recorded, Boolean verify) {
@@ -173,6 +190,41 @@ final class MdsDataset {
       }
     }
     return -1;
+  }
+
+  /** Stored column i as the JVM scan reads an `ndarray` column into type asked, or null
+   * where the Python reader must read it (see NdArrayColumn.of). */
+  NdArrayColumn array(int i, DataType asked) {
+    JsonNode col = columns.path(names.get(i));
+    if (!col.isObject() || mask(i) == -2 || !col.path("encoding").asText().equals(encodings.get(i))) {
+      return null;
+    }
+    return NdArrayColumn.of(names.get(i), encodings.get(i), col.path("arrow_type").asText(), asked,
+        sizes.get(i), recordedShape(names.get(i)));
+  }
+
+  /** The one shape every shard's entry records for a column (as Dataset.forms' "dense"),
+   * else null. */
+  private int[] recordedShape(String name) {
+    int[] first = null;
+    for (JsonNode shard : recordedShards) {
+      JsonNode shape = shard.path("shapes").path(name);
+      if (!shape.isArray()) {
+        return null;
+      }
+      int[] dims = new int[shape.size()];
+      for (int d = 0; d < dims.length; d++) {
+        if (!shape.get(d).canConvertToInt()) {
+          return null;
+        }
+        dims[d] = shape.get(d).asInt();
+      }
+      if (first != null && !java.util.Arrays.equals(first, dims)) {
+        return null;
+      }
+      first = dims;
+    }
+    return first;
   }
 
   /** Stored column i's null mask column (one uint8 byte, nonzero: null), -1 for none, -2

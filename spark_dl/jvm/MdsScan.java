@@ -29,6 +29,8 @@ import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.execution.vectorized.OnHeapColumnVector;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.vectorized.ColumnVector;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
@@ -38,21 +40,27 @@ public final class MdsScan implements Scan, Batch {
   static final long PARTITION_BYTES = 128L << 20;
   static final long SHARD_OPEN_BYTES = 4L << 20;
   static final int BATCH_ROWS = 16384;
+  // as mds_options.READ_BATCH_BYTES and READ_BATCH_ROWS' low end: a batch of long arrays is
+  // bounded by its bytes, not by its rows
+  static final int BATCH_BYTES = 8 << 20;
+  static final int MIN_BATCH_ROWS = 64;
 
   private final MdsDataset ds;
   private final StructType schema;
   private final int[] stored;
   private final int[] kinds;
   private final int[] masks;
+  private final NdArrayColumn[] arrays;
   private final Integer shardsPerPartition;
 
   MdsScan(MdsDataset ds, StructType schema, int[] stored, int[] kinds, int[] masks,
-      Integer shardsPerPartition) {
+      NdArrayColumn[] arrays, Integer shardsPerPartition) {
     this.ds = ds;
     this.schema = schema;
     this.stored = stored;
     this.kinds = kinds;
     this.masks = masks;
+    this.arrays = arrays;
     this.shardsPerPartition = shardsPerPartition;
   }
 
@@ -126,7 +134,9 @@ public final class MdsScan implements Scan, Batch {
   @Override
   public PartitionReaderFactory createReaderFactory() {
     int[] sizes = ds.sizes.stream().mapToInt(Integer::intValue).toArray();
-    return new Factory(stored, kinds, masks, sizes);
+    DataType[] types = java.util.Arrays.stream(schema.fields()).map(StructField::dataType)
+        .toArray(DataType[]::new);
+    return new Factory(stored, kinds, masks, arrays, types, sizes);
   }
 
   /** A shard group: the dataset's path, the shards' positions in the index, their entries. */
@@ -148,14 +158,21 @@ public final class MdsScan implements Scan, Batch {
     final int[] stored;
     final int[] kinds;
     final int[] masks;
+    /** Per asked column: its NdArrayColumn where it is one, else null. */
+    final NdArrayColumn[] arrays;
+    /** Per asked column: its Spark type. */
+    final DataType[] types;
     final int[] sizes;
     final int columns;
     final int[] variable;
 
-    Factory(int[] stored, int[] kinds, int[] masks, int[] sizes) {
+    Factory(int[] stored, int[] kinds, int[] masks, NdArrayColumn[] arrays, DataType[] types,
+        int[] sizes) {
       this.stored = stored;
       this.kinds = kinds;
       this.masks = masks;
+      this.arrays = arrays;
+      this.types = types;
       this.sizes = sizes;
       this.columns = sizes.length;
       this.variable = java.util.stream.IntStream.range(0, sizes.length).filter(i -> sizes[i] < 0).toArray();
@@ -190,6 +207,7 @@ public final class MdsScan implements Scan, Batch {
     private final Part part;
     private final Factory f;
     private final OnHeapColumnVector[] vectors;
+    private final NdArrayColumn.Writer[] arrays;
     private final ColumnarBatch batch;
     private int shard = -1;
     private Shard current;
@@ -199,8 +217,12 @@ public final class MdsScan implements Scan, Batch {
       this.part = part;
       this.f = f;
       this.vectors = new OnHeapColumnVector[f.stored.length];
+      this.arrays = new NdArrayColumn.Writer[f.stored.length];
       for (int i = 0; i < vectors.length; i++) {
-        vectors[i] = new OnHeapColumnVector(BATCH_ROWS, MdsDataset.SPARK[f.kinds[i]]);
+        vectors[i] = new OnHeapColumnVector(BATCH_ROWS, f.types[i]);
+        if (f.arrays[i] != null) {
+          arrays[i] = f.arrays[i].new Writer(vectors[i], message -> current.error(message));
+        }
       }
       this.batch = new ColumnarBatch(vectors);
     }
@@ -217,11 +239,16 @@ public final class MdsScan implements Scan, Batch {
         current = new Shard(Path.of(part.dir), part.shards.get(shard), f);
         row = 0;
       }
-      int n = f.stored.length == 0 ? current.count - row : Math.min(BATCH_ROWS, current.count - row);
+      int n = f.stored.length == 0 ? current.count - row : Math.min(current.batchRows, current.count - row);
       for (OnHeapColumnVector v : vectors) {
         v.reset();
       }
-      current.decode(row, n, vectors);
+      for (NdArrayColumn.Writer a : arrays) {
+        if (a != null) {
+          a.reset();
+        }
+      }
+      current.decode(row, n, vectors, arrays);
       batch.setNumRows(n);
       row += n;
       return true;
@@ -259,6 +286,8 @@ public final class MdsScan implements Scan, Batch {
   static final class Shard {
     final String file;
     final int count;
+    /** Rows per batch: about BATCH_BYTES of this shard's samples, at most BATCH_ROWS. */
+    final int batchRows;
     private final byte[] raw;
     private final ByteBuffer buf;
     private final int[] offsets;
@@ -277,6 +306,7 @@ public final class MdsScan implements Scan, Batch {
         this.buf = null;
         this.offsets = null;
         this.count = info.samples;
+        this.batchRows = BATCH_ROWS;
         return;
       }
       byte[] data = read(path, info);
@@ -284,11 +314,13 @@ public final class MdsScan implements Scan, Batch {
       this.raw = info.zstd ? decompress(info, data) : data;
       this.buf = ByteBuffer.wrap(raw).order(ByteOrder.LITTLE_ENDIAN);
       this.count = header(info.samples);
+      long perRow = Math.max(1, info.rawBytes / Math.max(1, count));
+      this.batchRows = (int) Math.max(MIN_BATCH_ROWS, Math.min(BATCH_ROWS, BATCH_BYTES / perRow));
       this.offsets = new int[count + 1];
       validate();
     }
 
-    private IllegalStateException error(String message) {
+    IllegalStateException error(String message) {
       return failure("ShardError: shard '" + file + "': " + message);
     }
 
@@ -403,12 +435,12 @@ public final class MdsScan implements Scan, Batch {
     }
 
     /** Rows [start, start+n) of the asked columns into vectors. */
-    void decode(int start, int n, OnHeapColumnVector[] vectors) {
+    void decode(int start, int n, OnHeapColumnVector[] vectors, NdArrayColumn.Writer[] arrays) {
       if (vectors.length == 0) {
         return;
       }
       if (f.variable.length == 0) {
-        decodeFixed(start, n, vectors);
+        decodeFixed(start, n, vectors, arrays);
         return;
       }
       int columns = f.columns;
@@ -447,7 +479,13 @@ public final class MdsScan implements Scan, Batch {
         for (int k = 0; k < vectors.length; k++) {
           int mask = f.masks[k];
           if (mask >= 0 && raw[at[mask]] != 0) { // as batch_to_arrow: a nonzero mask byte
-            vectors[k].putNull(r);
+            if (arrays[k] != null) {
+              arrays[k].putNull(r);
+            } else {
+              vectors[k].putNull(r);
+            }
+          } else if (arrays[k] != null) {
+            arrays[k].put(r, raw, buf, at[f.stored[k]], width[f.stored[k]]);
           } else {
             put(vectors[k], f.kinds[k], r, at[f.stored[k]], width[f.stored[k]]);
           }
@@ -457,7 +495,8 @@ public final class MdsScan implements Scan, Batch {
 
     /** Every column fixed-width: each sample is one row of the same size; a column at a
      * time, the type switched on once per column rather than once per value. */
-    private void decodeFixed(int start, int n, OnHeapColumnVector[] vectors) {
+    private void decodeFixed(int start, int n, OnHeapColumnVector[] vectors,
+        NdArrayColumn.Writer[] arrays) {
       int row = 0;
       int[] at = new int[f.columns];
       for (int c = 0; c < f.columns; c++) {
@@ -481,6 +520,7 @@ public final class MdsScan implements Scan, Batch {
           case 3: for (int r = 0; r < n; r++) v.putLong(r, buf.getLong(col + r * row)); break;
           case 4: for (int r = 0; r < n; r++) v.putFloat(r, buf.getFloat(col + r * row)); break;
           case 5: for (int r = 0; r < n; r++) v.putDouble(r, buf.getDouble(col + r * row)); break;
+          case MdsDataset.NDARRAY: for (int r = 0; r < n; r++) arrays[k].put(r, raw, buf, col + r * row, row); break;
           default: for (int r = 0; r < n; r++) v.putBoolean(r, buf.get(col + r * row) != 0);
         }
         if (mask >= 0) { // as batch_to_arrow: a nonzero mask byte is a null

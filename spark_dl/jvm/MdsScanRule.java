@@ -175,12 +175,17 @@ public final class MdsScanRule extends Rule<LogicalPlan> {
     List<Integer> stored = new ArrayList<>();
     List<Integer> kinds = new ArrayList<>();
     List<Integer> masks = new ArrayList<>();
+    List<NdArrayColumn> arrays = new ArrayList<>();
     for (AttributeReference a : CollectionConverters.asJava(scan.output())) {
       if (needed != null && !needed.contains(a.exprId())) {
         continue;
       }
       int column = ds.column(a.name());
       int kind = column < 0 ? -1 : ds.kind(column, a.dataType());
+      NdArrayColumn array = kind < 0 && column >= 0 ? ds.array(column, a.dataType()) : null;
+      if (array != null) {
+        kind = MdsDataset.NDARRAY;
+      }
       if (kind < 0) {
         return null;
       }
@@ -189,9 +194,11 @@ public final class MdsScanRule extends Rule<LogicalPlan> {
       stored.add(column);
       kinds.add(kind);
       masks.add(ds.mask(column));
+      arrays.add(array);
     }
     StructType schema = new StructType(fields.toArray(new StructField[0]));
-    MdsScan jvm = new MdsScan(ds, schema, ints(stored), ints(kinds), ints(masks), perPartition);
+    MdsScan jvm = new MdsScan(ds, schema, ints(stored), ints(kinds), ints(masks),
+        arrays.toArray(new NdArrayColumn[0]), perPartition);
     return withScan(scan, jvm, CollectionConverters.asScala(keep).toList());
   }
 

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from spark_dl.jvm_scan import ENABLED, JAR
@@ -115,12 +116,230 @@ def test_unsupported_reads_keep_the_python_reader(classic_spark: Any, tmp_path: 
     spark = classic_spark
     gz = _write(spark, tmp_path / "gz", 50, compression="gz")
     assert "MdsJvmScan" not in _plan(spark.read.format("mds").load(gz))
-    frame = spark.sql("SELECT id, array(id, id + 1) AS arr FROM range(50)")
-    frame.write.format("mds").save(str(tmp_path / "arr"))
-    df = spark.read.format("mds").load(str(tmp_path / "arr"))
+    frame = spark.sql("SELECT id, array(CAST(id AS string), 'x') AS words FROM range(50)")
+    frame.write.format("mds").save(str(tmp_path / "json"))  # array<string>: a json column
+    df = spark.read.format("mds").load(str(tmp_path / "json"))
     assert "MdsJvmScan" in _plan(df.select("id"))  # a supported column alone
-    assert "MdsJvmScan" not in _plan(df.select("arr"))
-    assert sorted(r.arr for r in df.collect()) == [[i, i + 1] for i in range(50)]
+    assert "MdsJvmScan" not in _plan(df.select("words"))
+    assert sorted(r.words[0] for r in df.collect()) == sorted(str(i) for i in range(50))
+
+
+# --------------------------------------------------------------------------- ndarray columns
+
+# Every ndarray element type: (the stored dtype, the Arrow type written, sample values).
+ARRAY_DTYPES = [
+    ("int8", pa.int8(), [-128, -1, 0, 127]),
+    ("uint8", pa.uint8(), [0, 1, 200, 255]),
+    ("int16", pa.int16(), [-32768, -2, 7, 32767]),
+    ("uint16", pa.uint16(), [0, 3, 40000, 65535]),
+    ("int32", pa.int32(), [-(2**31), -5, 9, 2**31 - 1]),
+    ("uint32", pa.uint32(), [0, 11, 3_000_000_000, 2**32 - 1]),
+    ("int64", pa.int64(), [-(2**63), -13, 17, 2**63 - 1]),
+    ("float16", pa.float16(), [-65504.0, -0.0, 6e-08, 1.5, 65504.0, float("inf")]),
+    ("float32", pa.float32(), [-3.5e38, -0.0, 1.4e-45, 0.1, 3.5e38, float("-inf")]),
+    ("float64", pa.float64(), [-1.7e308, -0.0, 5e-324, 0.1, 1.7e308, float("inf")]),
+    ("uint8", pa.bool_(), [True, False]),  # array<boolean>: uint8 values, Arrow booleans
+]
+
+
+def _values(pool: list[Any], count: int, seed: int) -> list[Any]:
+    return [pool[(seed * 7 + k * 3) % len(pool)] for k in range(count)]
+
+
+def _array_table(arrow: pa.DataType, pool: list[Any], rows: int, width: int | None) -> pa.Table:
+    """``id``, ``fixed`` (``width`` values a row as Arrow fixed-size lists, some rows null;
+    or 2 x 3 nested lists where width is None; none null there, nor for booleans: the writer
+    fills a null with an empty list, or with zeros that Arrow's booleans refuse, which a fixed
+    shape cannot take),
+    ``var`` (0 to 4 values: empty arrays included) and ``grid`` (a ragged 2-D array per row:
+    its first axis 0 to 2 long, its second 0 to 3), each with some null rows."""
+    if arrow == pa.float16():
+        import numpy as np
+
+        def cast(v: list[Any]) -> Any:
+            return pa.array(np.asarray(v, dtype=np.float16), type=arrow)
+    else:
+
+        def cast(v: list[Any]) -> Any:
+            return pa.array(v, type=arrow)
+
+    def rows_of(make: Any, null_every: int | None) -> list[Any]:
+        return [None if null_every and i % null_every == 3 else make(i) for i in range(rows)]
+
+    def fixed(i: int) -> Any:
+        if width is not None:
+            return cast(_values(pool, width, i)).to_pylist()
+        return [cast(_values(pool, 3, i + j)).to_pylist() for j in range(2)]
+
+    def var(i: int) -> Any:
+        return cast(_values(pool, i % 5, i)).to_pylist()
+
+    def grid(i: int) -> Any:
+        return [cast(_values(pool, i % 4, i + j)).to_pylist() for j in range(i % 3)]
+
+    fixed_type = pa.list_(arrow, width) if width is not None else pa.list_(pa.list_(arrow))
+    return pa.table(
+        {
+            "id": pa.array(range(rows), pa.int64()),
+            "fixed": pa.array(
+                rows_of(fixed, 7 if width and arrow != pa.bool_() else None), fixed_type
+            ),
+            "var": pa.array(rows_of(var, 5), pa.list_(arrow)),
+            "grid": pa.array(rows_of(grid, 6), pa.list_(pa.list_(arrow))),
+        }
+    )
+
+
+@pytest.mark.parametrize(("dtype", "arrow", "pool"), ARRAY_DTYPES, ids=lambda v: str(v)[:8])
+def test_ndarray_columns_of_every_dtype_read_as_the_python_reader(
+    classic_spark: Any, tmp_path: Path, dtype: str, arrow: pa.DataType, pool: list[Any]
+) -> None:
+    """Fixed (1-D and 2-D) and variable (1-D with empty arrays, ragged 2-D) ndarray
+    columns with null masks, uncompressed and zstd, in shards of several partitions: the JVM
+    scan's rows are the Python reader's, for whole rows, a column alone, a filter and a
+    count."""
+    from spark_dl_core import write_mds
+
+    spark = classic_spark
+    for compression, width in ((None, 4), ("zstd", None)):
+        table = _array_table(arrow, pool, 400, width)
+        shape = "4" if width else "2,3"
+        path = str(tmp_path / f"{dtype}-{compression}-{width}")
+        spec = {
+            "nulls": "mask",
+            "compression": compression,
+            "shard_size": 4096,
+            "columns": {"fixed": f"ndarray:{dtype}:{shape}"},
+        }
+        write_mds(table, path, spec)
+        assert len(list(Path(path).glob("*.mds*"))) > 3
+
+        def load(p: str = path, **options: str) -> Any:
+            return spark.read.format("mds").options(**options).load(p)
+
+        jvm, python = _both(spark, load)
+        assert jvm == python and len(jvm) == 400
+        assert sum(r.var is None for r in jvm) == 80 and any(r.var == [] for r in jvm)
+        assert any(r.grid and r.grid[0] == [] for r in jvm)  # an axis of length 0 below
+        for cols in (["var"], ["grid", "id"], ["fixed"]):
+            jvm, python = _both(spark, lambda c=cols: load().select(*c))
+            assert jvm == python
+        jvm, python = _both(spark, lambda: load(shards_per_partition="2").where("size(var) > 2"))
+        assert jvm == python and len(jvm) == 80  # lengths 3 and 4, less the nulls (3)
+        nulls = [(table.column("fixed").null_count,)]
+        assert _both(spark, lambda: load().where("fixed IS NULL").groupBy().count()) == (
+            nulls,
+            nulls,
+        )
+
+
+def test_spark_arrays_read_as_the_python_reader(classic_spark: Any, tmp_path: Path) -> None:
+    """Spark's own array columns, written by ``format("mds")``: equal-length arrays stored as
+    variable ``ndarray:float`` with one recorded shape (the Python reader's dense form),
+    ragged ones, nested ``array<array<double>>``, ``array<boolean>``, and the same columns
+    written with ``nulls='mask'``; a fixed ``columns=`` shape too."""
+    spark = classic_spark
+    frame = spark.sql(
+        "SELECT id, CAST(id % 10 AS int) AS label,"
+        " transform(sequence(0, 7), i -> CAST(id + i AS float)) AS features,"
+        " filter(transform(sequence(0, 2), i -> id * i), (v, i) -> i < id % 4) AS tokens,"
+        " array(array(id / 2, 1.5D), array(-0.0D, id)) AS grid,"
+        " array(id % 2 = 0, true) AS flags FROM range(3000)"
+    ).repartition(3)
+    writes = {
+        "plain": {},
+        "fixed": {"columns": '{"features": "ndarray:float32:8"}', "compression": "zstd"},
+    }
+    for name, options in writes.items():
+        frame.write.format("mds").options(shard_size="20000", **options).save(str(tmp_path / name))
+    masked = frame.selectExpr(
+        "id", "IF(id % 9 = 0, NULL, features) AS features", "IF(id % 4 = 1, NULL, tokens) AS tokens"
+    )
+    masked.write.format("mds").option("nulls", "mask").save(str(tmp_path / "masked"))
+    meta = (tmp_path / "plain" / "spark_dl.json").read_text()
+    assert '"ndarray:float32"' in meta and '"ndarray:int64"' in meta
+    for name in (*writes, "masked"):
+        path = str(tmp_path / name)
+        jvm, python = _both(spark, lambda p=path: spark.read.format("mds").load(p))
+        assert jvm == python and len(jvm) == 3000
+        jvm, python = _both(
+            spark,
+            lambda p=path: (
+                spark.read.format("mds")
+                .load(p)
+                .where("id % 3 = 0")
+                .selectExpr("sum(features[0])", "count(*)", "sum(size(tokens))")
+            ),
+        )
+        assert jvm == python
+    df = spark.read.format("mds").load(str(tmp_path / "plain"))
+    assert "MdsJvmScan" in _plan(df)
+    rows = df.where("id = 7 OR id = 8").orderBy("id").collect()
+    assert rows[0].tokens == [0, 7, 14] and rows[1].tokens == []
+    assert rows[0].grid == [[3.5, 1.5], [-0.0, 7.0]] and rows[0].flags == [False, True]
+    assert rows[0].features[7] == 14.0
+
+
+def test_token_documents_written_through_write_time_ops_read_on_the_jvm_scan(
+    classic_spark: Any, tmp_path: Path
+) -> None:
+    """Token documents (``list<uint16>`` stored as ``ndarray:uint16``, as the tokenize op
+    writes them) of a dataset whose spec records write-time ops: those ops shaped the
+    shards and a read does not run them, so the JVM scan reads it; a read-time op keeps
+    the Python reader, which applies it."""
+    from spark_dl_core import write_mds
+
+    docs = [[*range(i % 9), 65535] for i in range(500)]
+    table = pa.table({"text": pa.array(docs, pa.list_(pa.uint16())), "n": range(500)})
+    written = {"op": "rename", "mapping": {"text": "tokens"}}
+    write_mds(table, str(tmp_path / "w"), {"transforms": [written], "shard_size": 2048})
+    load = lambda: classic_spark.read.format("mds").load(str(tmp_path / "w"))  # noqa: E731
+    jvm, python = _both(classic_spark, load)
+    assert jvm == python and sorted(r.tokens for r in jvm) == sorted(docs)
+    read_op = {"op": "cast", "column": "n", "to": "int32", "at": "read"}
+    write_mds(table, str(tmp_path / "r"), {"transforms": [read_op]})
+    df = classic_spark.read.format("mds").load(str(tmp_path / "r"))
+    assert "MdsJvmScan" not in _plan(df)
+    assert dict(df.dtypes)["n"] == "int"
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (bytes([1 << 2 | 3]), "an ndarray shape header is truncated"),  # 8-byte dims
+        (bytes([1 << 2, 5]), r"ndarray values do not match their shape \(5,\)"),
+        (bytes([2 << 2, 1, 3]), "recorded as 1-D arrays but holds arrays of other rank"),
+    ],
+    ids=["truncated", "shape", "rank"],
+)
+def test_damaged_ndarray_values_fail_naming_the_file_as_the_python_reader(
+    classic_spark: Any, tmp_path: Path, damage: bytes, message: str
+) -> None:
+    """A variable ndarray value whose header lies (the file's size kept): both readers fail
+    naming the shard file and the column, in the same words."""
+    import struct
+
+    from spark_dl_core import write_mds
+
+    table = pa.table({"x": pa.array([[1, 2], [3, 4, 5, 6], [7]], pa.list_(pa.int8()))})
+    write_mds(table, str(tmp_path / "d"))
+    shard = next((tmp_path / "d").glob("*.mds"))
+    data = bytearray(shard.read_bytes())
+    # sample 1: [its value's size] [header: 1 axis, 1-byte dims] [dim 4] [4 int8 values]
+    value = struct.unpack_from("<I", data, 4 + 4)[0] + 4
+    assert data[value : value + 6] == bytes([1 << 2, 4, 3, 4, 5, 6])
+    data[value : value + len(damage)] = damage
+    shard.write_bytes(bytes(data))
+    for enabled in ("true", "false"):
+        classic_spark.conf.set(ENABLED, enabled)
+        try:
+            df = classic_spark.read.format("mds").option("verify_hashes", "false")
+            df = df.load(str(tmp_path / "d"))
+            assert ("MdsJvmScan" in _plan(df)) == (enabled == "true")
+            with pytest.raises(Exception, match=rf"{shard.name}'?: column 'x'.*{message}"):
+                df.collect()
+        finally:
+            classic_spark.conf.unset(ENABLED)
 
 
 def test_broken_shards_fail_naming_the_file(classic_spark: Any, tmp_path: Path) -> None:
