@@ -317,8 +317,10 @@ def test_stats_and_trace(fixed_path: str, tmp_path: Path) -> None:
     assert 0 <= stats["data_starved_pct"] < 100
     assert set(stats["workers"]) == {"worker 0", "worker 1"}
     for times in stats["workers"].values():
-        assert set(times) == {"read", "decompress", "decode", "transform"}
-        assert times["read"] > 0 and times["decode"] > 0
+        # seconds per stage, and the distinct shards the worker loaded
+        assert set(times) == {"read", "decompress", "decode", "transform", "shards_touched"}
+        assert times["read"] > 0 and times["decode"] > 0 and times["shards_touched"] >= 1
+    assert stats["shards_touched"] == sum(t["shards_touched"] for t in stats["workers"].values())
     events = json.loads(trace.read_text())["traceEvents"]
     assert {e["name"] for e in events} >= {"load shard", "decode"}
     assert all(e["ph"] == "X" and e["dur"] >= 0 for e in events)

@@ -146,16 +146,25 @@ def test_elastic_resume_across_world_sizes_with_streams(tmp_path: object) -> Non
     )
     ds = open_dataset(path)
     assert ds.num_shards >= 8
-    full = np.concatenate([b["id"] for b in ds.iter_batches(50, shuffle=True, seed=4)])
+    full = np.concatenate([b["id"] for b in ds.iter_batches(50, shuffle=True, seed=4, streams=64)])
     assert np.array_equal(np.sort(full), np.arange(5000))
     steps = 7
-    state = LoaderState(ds.fingerprint, 4, 0, True, 4, 50, False, steps * 4 * 50).to_dict()
+    state = LoaderState(
+        ds.fingerprint, 4, 0, True, 4, 50, False, steps * 4 * 50, streams=64
+    ).to_dict()
     rest = [
         np.concatenate(
             [
                 b["id"]
                 for b in ds.iter_batches(
-                    50, shuffle=True, seed=4, rank=r, world_size=2, state=state, even_batches=False
+                    50,
+                    shuffle=True,
+                    seed=4,
+                    rank=r,
+                    world_size=2,
+                    state=state,
+                    even_batches=False,
+                    streams=64,
                 )
             ]
         )
@@ -165,6 +174,6 @@ def test_elastic_resume_across_world_sizes_with_streams(tmp_path: object) -> Non
     first_step = np.concatenate([rest[0][:50], rest[1][:50]])
     assert np.array_equal(first_step, full[steps * 200 : steps * 200 + 100])
     with pytest.raises(SpecError, match="batch_size=50"):
-        list(ds.iter_batches(64, shuffle=True, seed=4, state=state))
+        list(ds.iter_batches(64, shuffle=True, seed=4, streams=64, state=state))
     with pytest.raises(SpecError, match=r"streams=64.*streams=8"):
         list(ds.iter_batches(50, shuffle=True, seed=4, streams=8, state=state))

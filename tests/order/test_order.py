@@ -262,9 +262,9 @@ def test_loaders_read_the_lazy_order(fixed_ds: str, workers: int) -> None:
     torch = pytest.importorskip("torch")
     ds = open_dataset(fixed_ds)
     sizes = np.diff(ds.shard_offsets)
-    # the default order draws batches from streams: test_locality derives it from the
-    # streams' own orders, each derived from its windows as _reference_order is
-    ref = global_order(sizes, ds.fingerprint, 5, 2, True, 4, streams=64, batch_size=64)
+    # the default order (one stream) derived from its windows; test_locality derives the
+    # order of several streams from each stream's own order
+    ref = _reference_order(sizes, ds.fingerprint, 5, 2, 4)
     labels = np.arange(len(ds))  # label == global sample id in this dataset
     for world in (1, 3):
         for rank in range(world):
@@ -323,18 +323,17 @@ def test_state_of_another_order_version_is_refused(fixed_ds: str) -> None:
 
 
 def test_a_version_2_state_resumes_only_with_one_stream(fixed_ds: str) -> None:
-    """Order version 2 had no streams: its order is version 3's with ``streams=1``, so its
-    state resumes there exactly, and a loader with streams is refused naming the setting."""
+    """Order version 2 had no streams: its order is version 3's with ``streams=1`` (the
+    default), so its state resumes there exactly, and a loader with streams is refused
+    naming the setting."""
     ds = open_dataset(fixed_ds)
     v3 = LoaderState(ds.fingerprint, 2, 0, True, 4, 100, False, 700).to_dict()
     v2 = {k: v for k, v in v3.items() if k != "streams"} | {"version": 2}
     with pytest.raises(SpecError, match=r"streams=1 .*before order version 3.*pass streams=1"):
-        list(ds.iter_batches(100, shuffle=True, seed=2, state=v2))
-    full = np.concatenate(
-        [b["label"] for b in ds.iter_batches(100, shuffle=True, seed=2, streams=1)]
-    )
+        list(ds.iter_batches(100, shuffle=True, seed=2, streams=64, state=v2))
+    full = np.concatenate([b["label"] for b in ds.iter_batches(100, shuffle=True, seed=2)])
     tail = np.concatenate(
-        [b["label"] for b in ds.iter_batches(100, shuffle=True, seed=2, streams=1, state=v2)]
+        [b["label"] for b in ds.iter_batches(100, shuffle=True, seed=2, state=v2)]
     )
     assert np.array_equal(tail, full[700:])
     assert np.array_equal(full, global_order(ds.shards.samples, ds.fingerprint, 2, 0, True, 4))

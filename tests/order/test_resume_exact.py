@@ -101,9 +101,9 @@ RUNNERS = {"torch": (_torch_start, _torch_resume), "tf": (_tf_start, _tf_resume)
 WORLDS = [(2, 5, 2), (1, 8, 4), (3, 3, 2)]
 
 
-def _epoch_ids(ds: Dataset, epoch: int, batch: int, streams: int = 64) -> list[int]:
-    """The epoch's global order, as one rank reads it at batch size ``batch`` (a streamed
-    order, the default, draws each batch from its stream, so it depends on the batch size)."""
+def _epoch_ids(ds: Dataset, epoch: int, batch: int, streams: int = 1) -> list[int]:
+    """The epoch's global order, as one rank reads it at batch size ``batch`` (an order of
+    several streams draws each batch from its stream, so it depends on the batch size)."""
     order = ds.sample_order(batch_size=batch, shuffle=True, seed=7, epoch=epoch, streams=streams)
     return np.concatenate(list(order)).tolist()
 

@@ -32,8 +32,15 @@ def test_catalog_tables_using_mds(classic_spark: Any, tmp_path: Any) -> None:
     """``CREATE TABLE t USING mds LOCATION`` used to fail on Spark's own ``owner`` option,
     and every read of a catalog table said the source "needs a path" (Spark passes its
     readers no options): now both forms read the dataset, and a table declared with a
-    column list (whose location Spark drops) is refused saying what works instead."""
-    spark = classic_spark
+    column list (whose location Spark drops) is refused saying what works instead.
+
+    On Spark's own session catalog: Delta's ``DeltaCatalog`` (the shared session's, as
+    ``with_delta`` sets) resolves a non-Delta provider through Spark's V1 lookup, which
+    knows no Python data source ("mds is not a valid Spark SQL Data Source"; docs/spark.md).
+    """
+    spark = classic_spark.newSession()  # same SparkContext, its own catalog setting
+    spark.conf.set("spark.sql.catalog.spark_catalog", "builtin")
+    spark_dl.register(spark)
     path = str(tmp_path / "ds")
     spark.range(40).selectExpr("id", "CAST(id AS string) AS s").write.format("mds").save(path)
     try:

@@ -47,7 +47,13 @@ def test_ranks_download_their_share_and_stats_say_so(s3: Any, tmp_path: Path) ->
         )
         assert ds.num_shards >= 32
         loader = ds.to_torch(
-            batch_size=50, shuffle=True, seed=3, rank=rank, world_size=world, even_batches=False
+            batch_size=50,
+            shuffle=True,
+            seed=3,
+            rank=rank,
+            world_size=world,
+            even_batches=False,
+            streams=64,
         )
         for epoch in range(2):
             loader.sampler.set_epoch(epoch)

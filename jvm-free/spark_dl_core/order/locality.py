@@ -32,7 +32,11 @@ import numpy as np
 from ..errors import SpecError
 from .dataset_order import DENSE_WORLD, GlobalOrder, _rng
 
-DEFAULT_STREAMS = 64
+# One stream (the version 2 order) unless a run asks for more: a rank reading P streams holds
+# each one's current window, so one rank alone holds P x shuffle_window shards at once, which
+# breaks the loader's memory bound (peak RSS flat in dataset size) for P > 1. Clusters set
+# streams=64 (any world size dividing 64 reads 1/W of the shards).
+DEFAULT_STREAMS = 1
 
 
 def stream_lengths(total: int, streams: int, batch_size: int) -> np.ndarray:
