@@ -52,6 +52,19 @@ def endpoint_options(host: str, port: int) -> dict[str, object]:
     return {"client_kwargs": {"endpoint_url": f"http://{host}:{port}", "region_name": REGION}}
 
 
+@contextmanager
+def s3_bucket(bucket: str = "bucket") -> Iterator[tuple[object, dict[str, object]]]:
+    """A moto server with ``bucket`` made, in the test credentials: yields an s3fs
+    filesystem on it and the storage options that reach it."""
+    with moto_server() as (host, port), aws_test_env():
+        import s3fs
+
+        options = endpoint_options(host, port)
+        fs = s3fs.S3FileSystem(**options)
+        fs.call_s3("create_bucket", Bucket=bucket)
+        yield fs, options
+
+
 class ShapedLink:
     """A TCP proxy on loopback that behaves like a network link: every byte is delivered
     ``rtt_s / 2`` late in each direction, and each connection carries at most

@@ -15,7 +15,7 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 pytest.importorskip("torch")
 
-from s3_helpers import aws_test_env, endpoint_options, moto_server
+from s3_helpers import s3_bucket
 
 from spark_dl_core import DatasetSpec, open_dataset, write_mds
 
@@ -24,13 +24,8 @@ N = 8000
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    with moto_server() as (host, port), aws_test_env():
-        import s3fs
-
-        options = endpoint_options(host, port)
-        fs = s3fs.S3FileSystem(**options)
-        fs.call_s3("create_bucket", Bucket="bucket")
-        yield fs, options
+    with s3_bucket() as made:
+        yield made
 
 
 def test_ranks_download_their_share_and_stats_say_so(s3: Any, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-from s3_helpers import aws_test_env, endpoint_options, moto_server
+from s3_helpers import s3_bucket
 
 from spark_dl_core import DatasetSpec, open_dataset, write_mds
 from spark_dl_core.store.cache import ShardCache
@@ -24,13 +24,8 @@ N = 3000
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A moto S3 server on 127.0.0.1, credentials in the usual environment variables."""
-    with moto_server() as (host, port), aws_test_env():
-        import s3fs
-
-        options = endpoint_options(host, port)
-        fs = s3fs.S3FileSystem(**options)
-        fs.call_s3("create_bucket", Bucket="bucket")
-        yield fs, options
+    with s3_bucket() as made:
+        yield made
 
 
 def _table() -> pa.Table:
