@@ -6,7 +6,7 @@ as it is for a table read a second time), with a hand-written log of one add act
 file (``numRecords`` in its stats), then times ``open_delta(...)``,
 ``.dataset(cache=False)`` and the first shuffled batch, each in a fresh process: ``cold``
 the first open on the machine (no plan cache: every footer read), ``warm`` the second (the
-footers' row-group metadata from the per-machine plan cache, sources/delta_footers). The
+footers' row-group metadata from the per-machine plan cache, tables/parquet/footers). The
 caches live under the bench's own temporary directory (``TMPDIR``). ``--table DIR`` reuses
 (or builds once into) ``DIR``: an A/B against another checkout runs this script with that
 checkout's ``PYTHONPATH``.
@@ -75,7 +75,7 @@ def build(root: Path, files: int, rows: int) -> Path:
 
 
 def measure(table: Path) -> dict[str, float]:
-    from spark_dl_core.sources.delta import open_delta
+    from spark_dl_core.tables.delta.snapshot import open_delta
 
     out = {}
     started, cpu = time.perf_counter(), time.process_time()

@@ -344,7 +344,7 @@ def delta_snapshot(path: str, target: str, version: int | None = None) -> str:
     """A digest of what a reader of the table at ``version`` gets: the exported rows
     (``delta-export``: ``to_arrow``, the rows ``write_mds`` writes) or the batches read in
     place (``delta-inplace``: shuffled, no converted-row-group cache)."""
-    from spark_dl_core.sources.delta import open_delta
+    from spark_dl_core.tables.delta.snapshot import open_delta
 
     snap = open_delta(path, version=version)
     if target == "delta-export":
@@ -773,7 +773,7 @@ def _renamed(a: Any, b: Any) -> bool:
 
 def _sound_inline(a: Any, b: Any) -> bool:
     """``b`` is ``a`` with another inline text that the reader's checks accept."""
-    from spark_dl_core.sources.delta_dv import vector_problem
+    from spark_dl_core.tables.delta.deletion_vectors import vector_problem
 
     if not isinstance(a, dict) or not isinstance(b, dict) or b.get("storageType") != "i":
         return False

@@ -41,14 +41,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
-from spark_dl_core.sources.delta import (
+from spark_dl_core.tables.delta.columns import names_agree
+from spark_dl_core.tables.delta.snapshot import (
     DeltaSnapshot,
     DeltaSnapshotError,
     Timestamp,
     UnsupportedDeltaFeatureError,
     open_delta,
 )
-from spark_dl_core.sources.delta_columns import names_agree
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession

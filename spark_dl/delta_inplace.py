@@ -1,7 +1,7 @@
 """A ``read_delta`` DataFrame trained from in place: no Spark job, no MDS copy.
 
 ``df.dl.to_torch(..., in_place=True)`` reads the pinned Delta version itself (the core's
-:class:`~spark_dl_core.sources.delta_inplace.DeltaDataset`, row groups as shards) when
+:class:`~spark_dl_core.tables.delta.in_place.DeltaDataset`, row groups as shards) when
 ``df`` is nothing but that pinned read, optionally with a column selection: its plan is the
 read's plan under a ``select`` of plain columns, which Spark's semantic hash tells on classic
 and Connect sessions alike. Anything else (a filter, a computed column, a join, a union, a
@@ -15,7 +15,7 @@ import contextlib
 from typing import Any
 
 from spark_dl_core.errors import SpecError
-from spark_dl_core.sources.delta import DeltaSnapshot, open_delta
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshot, open_delta
 
 from .delta import PinnedRead, pinned_reads
 

@@ -34,10 +34,12 @@ RANKS = {
     "maintenance": 8,
     "writer": 9,
     "sources": 10,
-    "loaders": 11,
-    "media": 11,
-    "card": 12,
-    "__init__": 13,
+    "tables": 11,
+    "mixture": 12,
+    "loaders": 13,
+    "media": 13,
+    "card": 14,
+    "__init__": 15,
 }
 
 

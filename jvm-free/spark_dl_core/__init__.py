@@ -17,17 +17,17 @@ from .errors import (
 from .loaders.loading import install as _install_loading
 from .loaders.settings import LoaderSettings, PackSpec
 from .maintenance import VacuumReport, vacuum
+from .mixture.dataset import Mixture
+from .mixture.open import mix, open_mixture
+from .mixture.spec import MixtureSpec, Source
 from .sources.dataset import Dataset, open_dataset
-from .sources.delta_carry import install as _install_delta_carry
-from .sources.delta_follow import install as _install_follow
-from .sources.delta_inplace import install as _install_in_place
-from .sources.delta_since import install as _install_since
-from .sources.follow_carry import install as _install_follow_carry
-from .sources.mixture import Mixture
-from .sources.mixture_open import mix, open_mixture
-from .sources.mixture_spec import MixtureSpec, Source
 from .spec import DatasetSpec, parse_size
 from .store.indexing import write_compact_index
+from .tables.delta.carry import install as _install_delta_carry
+from .tables.delta.follow import install as _install_follow
+from .tables.delta.follow_carry import install as _install_follow_carry
+from .tables.delta.in_place import install as _install_in_place
+from .tables.delta.since import install as _install_since
 from .writer import ShardWriter, WriteResult, write_mds
 
 _install_loading()  # Dataset.iter_batches / to_torch / to_tf / sample_order / to_arrow
@@ -40,8 +40,8 @@ _install_follow_carry()  # followed datasets' loaders carry a run on to another 
 
 
 def open_delta(path: str, *, version: int | str | None = None, **kwargs: Any) -> Any:
-    """A Delta table snapshot as Arrow, with no JVM (see :mod:`spark_dl_core.sources.delta`)."""
-    from .sources.delta import open_delta as _open_delta
+    """A Delta table snapshot as Arrow, with no JVM (see :mod:`.tables.delta.snapshot`)."""
+    from .tables.delta.snapshot import open_delta as _open_delta
 
     return _open_delta(path, version=version, **kwargs)
 

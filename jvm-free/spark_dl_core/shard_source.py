@@ -2,7 +2,7 @@
 hold every kind of source to.
 
 Three kinds implement it: an MDS dataset (:class:`~spark_dl_core.sources.dataset.Dataset`),
-a mixture of sources (:class:`~spark_dl_core.sources.mixture.Mixture`), and a Delta snapshot
+a mixture of sources (:class:`~spark_dl_core.mixture.dataset.Mixture`), and a Delta snapshot
 read in place. A source is a sequence of samples cut into shards: ``shard_offsets[i]`` is the
 first global sample index of shard ``i``; the order shuffles shards and samples within them
 by ``fingerprint``; the reader loads a shard (:meth:`ShardSource.load_shard`) and decodes

@@ -22,7 +22,7 @@ from delta_helpers import add_deletion_vector  # noqa: E402
 from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from spark_dl_core import DatasetSpec, open_dataset  # noqa: E402
-from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta  # noqa: E402
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError, open_delta  # noqa: E402
 
 # --------------------------------------------------------------------------- table builders
 
@@ -282,7 +282,7 @@ def test_unknown_column_mapping_mode_refused_clearly(tmp_path: Path) -> None:
     write_deltalake(table, _data(range(2)), configuration={"delta.columnMapping.mode": "name"})
     log = Path(table, "_delta_log", f"{0:020}.json")
     log.write_text(log.read_text().replace('Mapping.mode":"name"', 'Mapping.mode":"bogus"'))
-    from spark_dl_core.sources.delta import UnsupportedDeltaFeatureError
+    from spark_dl_core.tables.delta.snapshot import UnsupportedDeltaFeatureError
 
     # a typed error (what read_delta's delta-spark path lets through), not a message match
     with pytest.raises(UnsupportedDeltaFeatureError, match="column mapping mode 'bogus'"):
@@ -567,7 +567,7 @@ def test_opening_a_snapshot_in_place_imports_no_pandas(tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     write_deltalake(path, pa.table({"id": [1, 2, 3], "x": [[1.0, 2.0]] * 3}))
     code = (
-        "import sys; from spark_dl_core.sources.delta import open_delta; "
+        "import sys; from spark_dl_core.tables.delta.snapshot import open_delta; "
         "ds = open_delta(sys.argv[1]).dataset(cache=False); assert len(ds) == 3; "
         "print('pandas' in sys.modules)"
     )

@@ -18,7 +18,7 @@ from delta_helpers import fuzz_bench
 from deltalake import write_deltalake
 
 from spark_dl_core import SpecError
-from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError, open_delta
 
 fuzz = fuzz_bench()
 

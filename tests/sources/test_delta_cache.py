@@ -1,5 +1,5 @@
 """One conversion of a row group per machine: a process that needs a row group another
-process is converting reads what that one caches (sources/delta_cache.RowGroupCache.claim)."""
+process is converting reads what that one caches (tables/parquet/cache.RowGroupCache.claim)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import pytest
 deltalake = pytest.importorskip("deltalake")
 from deltalake import WriterProperties, write_deltalake  # noqa: E402
 
-from spark_dl_core.sources import delta_inplace  # noqa: E402
-from spark_dl_core.sources.delta import open_delta  # noqa: E402
-from spark_dl_core.sources.delta_cache import RowGroupCache  # noqa: E402
+from spark_dl_core.tables.delta import in_place as delta_inplace  # noqa: E402
+from spark_dl_core.tables.delta.snapshot import open_delta  # noqa: E402
+from spark_dl_core.tables.parquet.cache import RowGroupCache  # noqa: E402
 
 
 def _table(tmp_path: Path) -> str:
@@ -72,7 +72,8 @@ def test_a_cached_row_group_is_hashed_once_per_machine(
 ) -> None:
     """Every pass's fresh process (a DataLoader worker, the next epoch's loader) hashed
     every cached row group again; a file that passed once is trusted until it changes."""
-    from spark_dl_core.sources import delta_cache, shard_loading
+    from spark_dl_core.sources import shard_loading
+    from spark_dl_core.tables.parquet import cache as delta_cache
 
     hashed: list[int] = []
     digest = delta_cache.digest
@@ -149,7 +150,7 @@ def test_a_disk_that_refuses_the_file_costs_only_the_cache(tmp_path: Path) -> No
 import resource, signal
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
-from spark_dl_core.sources.delta import open_delta
+from spark_dl_core.tables.delta.snapshot import open_delta
 ds = open_delta({path!r}).dataset(cache_dir={cache!r})
 data = ds.load_shard(1)
 print(data.raw.nbytes, ds.to_arrow().column("id").to_pylist() == list(range(600)))

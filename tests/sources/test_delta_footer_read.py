@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyarrow.fs import LocalFileSystem
 
-from spark_dl_core.sources.parquet_footer import read_footer, read_local_footer
+from spark_dl_core.tables.parquet.footer import read_footer, read_local_footer
 
 
 def _outcome(read: Any, path: str) -> tuple[str, Any]:

@@ -22,8 +22,8 @@ from delta_helpers import add_deletion_vector  # noqa: E402
 from deltalake import WriterProperties, write_deltalake  # noqa: E402
 
 from spark_dl_core import SpecError, mix  # noqa: E402
-from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta  # noqa: E402
-from spark_dl_core.sources.mixture_spec import Source  # noqa: E402
+from spark_dl_core.mixture.spec import Source  # noqa: E402
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError, open_delta  # noqa: E402
 
 ROWS_PER_APPEND = 400
 APPENDS = 3
@@ -106,7 +106,7 @@ def test_same_order_fresh_process_and_any_world_size(table: dict[str, Any]) -> N
     snap = open_delta(table["path"])
     mine = _ids(snap.iter_batches(50, shuffle=True, seed=11))
     code = (
-        "import json,sys; from spark_dl_core.sources.delta import open_delta; "
+        "import json,sys; from spark_dl_core.tables.delta.snapshot import open_delta; "
         "s=open_delta(sys.argv[1]); print(json.dumps([s.fingerprint, "
         "[int(i) for b in s.iter_batches(50, shuffle=True, seed=11) for i in b['id']]]))"
     )
@@ -374,12 +374,12 @@ def test_image_ops_equal_the_export(tmp_path: Path) -> None:
     assert np.asarray(crops[0]).shape == (16, 16, 3)
 
 
-# -- the machine-local cache of converted row groups (sources/delta_cache.py)
+# -- the machine-local cache of converted row groups (tables/parquet/cache.py)
 
 
 def _converted(run: Any) -> int:
     """Row groups this process converted while running ``run()``."""
-    from spark_dl_core.sources import delta_inplace
+    from spark_dl_core.tables.delta import in_place as delta_inplace
 
     before = delta_inplace.conversions
     run()
@@ -423,8 +423,8 @@ def test_another_process_reads_the_cache(table: dict[str, Any], tmp_path: Path) 
     mine = open_delta(table["path"]).dataset(cache_dir=cache)
     batches = list(mine.iter_batches(50, shuffle=True, seed=11))
     code = (
-        "import json,sys; from spark_dl_core.sources import delta_inplace as d; "
-        "from spark_dl_core.sources.delta import open_delta; "
+        "import json,sys; from spark_dl_core.tables.delta import in_place as d; "
+        "from spark_dl_core.tables.delta.snapshot import open_delta; "
         "s=open_delta(sys.argv[1]).dataset(cache_dir=sys.argv[2]); "
         "b=[{'id':[int(i) for i in x['id']],'emb':x['emb'].tolist(),"
         "'tok':[list(map(int,t)) for t in x['tok']]} "

@@ -1,5 +1,5 @@
-"""Opening a local snapshot skips per-file work (sources/delta, delta_log): the table URI
-is decoded once for all relative paths, and files are stat'ed with ``os.stat``, not a
+"""Opening a local snapshot skips per-file work (tables/delta/snapshot, tables/delta/log): the
+table URI is decoded once for all relative paths, and files are stat'ed with ``os.stat``, not a
 pyarrow listing. Each shortcut gives what the general path gives: the same locations,
 sizes, modification times and errors. A real table written by deltalake."""
 
@@ -14,8 +14,8 @@ import pytest
 deltalake = pytest.importorskip("deltalake")
 from deltalake import write_deltalake  # noqa: E402
 
-from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta  # noqa: E402
-from spark_dl_core.sources.delta_log import log_location, log_locations, log_uri  # noqa: E402
+from spark_dl_core.tables.delta.log import log_location, log_locations, log_uri  # noqa: E402
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError, open_delta  # noqa: E402
 
 BASES = [
     "file:///tmp/t",

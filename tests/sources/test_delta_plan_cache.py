@@ -1,5 +1,5 @@
 """Opening a snapshot in place reads each data file's footer once per machine: the plan's
-row-group metadata is cached (sources/delta_footers), so a second open, or a later version
+row-group metadata is cached (tables/parquet/footers), so a second open, or a later version
 keeping most files, reads one file instead of every footer, with the same plan. Real tables
 written by deltalake, a real deletion vector."""
 
@@ -16,8 +16,8 @@ deltalake = pytest.importorskip("deltalake")
 from delta_helpers import add_deletion_vector  # noqa: E402
 from deltalake import WriterProperties, write_deltalake  # noqa: E402
 
-from spark_dl_core.sources import delta_plan  # noqa: E402
-from spark_dl_core.sources.delta import DeltaSnapshotError, open_delta  # noqa: E402
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError, open_delta  # noqa: E402
+from spark_dl_core.tables.parquet import plan as delta_plan  # noqa: E402
 
 
 def _data(start: int, n: int) -> pa.Table:
@@ -131,9 +131,9 @@ def test_footers_of_one_layout_are_parsed_once_and_scanned_alike(tmp_path: Path)
     footers sharing their bytes but the row groups are now scanned, with pyarrow's numbers."""
     from pyarrow.fs import LocalFileSystem
 
-    from spark_dl_core.sources.delta_footers import Summaries, summarize
-    from spark_dl_core.sources.footer_scan import split_top
-    from spark_dl_core.sources.parquet_footer import leaf_levels, parse_footer, read_footer
+    from spark_dl_core.tables.parquet.footer import leaf_levels, parse_footer, read_footer
+    from spark_dl_core.tables.parquet.footer_scan import split_top
+    from spark_dl_core.tables.parquet.footers import Summaries, summarize
 
     path = str(tmp_path / "t")
     for k in range(12):  # one footer layout, row groups and statistics of every kind

@@ -111,8 +111,8 @@ def test_remote_reads_go_through_the_shard_cache(tmp_path: Path) -> None:
 
 
 def test_mixture_indexes_its_sources_one_after_another(tmp_path: Path) -> None:
-    from spark_dl_core.sources.mixture_open import mix
-    from spark_dl_core.sources.mixture_spec import Source
+    from spark_dl_core.mixture.open import mix
+    from spark_dl_core.mixture.spec import Source
 
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     write_mds(pa.table({"x": np.arange(10)}), a)

@@ -22,7 +22,7 @@ pytest.importorskip("deltalake")
 pytest.importorskip("delta")
 
 from spark_dl_core import open_dataset
-from spark_dl_core.sources.delta import (
+from spark_dl_core.tables.delta.snapshot import (
     DeltaSnapshotError,
     UnsupportedDeltaFeatureError,
     open_delta,

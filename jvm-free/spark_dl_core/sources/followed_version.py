@@ -33,7 +33,7 @@ class FollowedVersion:
         self.version, self._virtual = held.version, held.virtual
         return ShardTable.from_infos(held.shards), held.meta, held.index_text
 
-    # sources.follow_carry, installed when the package is imported (it builds on Dataset)
+    # tables.delta.follow_carry, installed when the package is imported (it builds on Dataset)
     carrier: ClassVar[Any] = None
 
     def position_record(self, epoch: int, consumed: int) -> dict[str, Any] | None:

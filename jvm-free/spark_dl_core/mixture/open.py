@@ -13,11 +13,11 @@ from pydantic import ValidationError
 
 from ..errors import MixtureError
 from ..order import BATCHING
-from .dataset import Dataset, open_dataset
-from .delta import DeltaSnapshot, open_delta
-from .delta_inplace import DeltaDataset
-from .mixture import Mixture
-from .mixture_spec import (
+from ..sources.dataset import Dataset, open_dataset
+from ..tables.delta.in_place import DeltaDataset
+from ..tables.delta.snapshot import DeltaSnapshot, open_delta
+from .dataset import Mixture
+from .spec import (
     MIXTURE_VERSION,
     InPlaceDelta,
     MixtureSpec,

@@ -18,11 +18,11 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
-from .delta import install_extension
-from .delta_log import DeltaSnapshotError, file_key, first_line, log_location, log_uri
+from .log import DeltaSnapshotError, file_key, first_line, log_location, log_uri
+from .snapshot import install_extension
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .delta import DeltaSnapshot
+    from .snapshot import DeltaSnapshot
 
 OLD, NEW, MIXED = "old", "new", "mixed"
 # Commits that never add a row that was not live before, even when they mark dataChange.

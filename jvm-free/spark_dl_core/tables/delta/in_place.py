@@ -28,26 +28,26 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ShardError, SparkDLError, SpecError
-from ..format.compact import ShardTable
-from ..format.index import FileInfo, ShardInfo
-from ..format.shard import ShardData
-from ..meta import ColumnPlan, plan_columns, stored_layout
-from ..ops.transforms import apply_transforms
-from ..spec import MAX_SHARD_SIZE, DatasetSpec
-from ..store.cache import default_cache_dir
-from .dataset import Dataset, _list_depth
-from .delta import DeltaSnapshot, install_in_place
-from .delta_cache import Reservation, RowGroupCache
-from .delta_filter import kept_digest
-from .delta_log import DeltaSnapshotError, first_line
-from .delta_plan import DeltaPlanning, _mask, _RowGroup
-from .delta_remote import RemoteFiles, default_span_dir, is_remote_table
-from .parquet_footer import read_group
+from ...errors import ShardError, SparkDLError, SpecError
+from ...format.compact import ShardTable
+from ...format.index import FileInfo, ShardInfo
+from ...format.shard import ShardData
+from ...meta import ColumnPlan, plan_columns, stored_layout
+from ...ops.transforms import apply_transforms
+from ...sources.dataset import Dataset, _list_depth
+from ...spec import MAX_SHARD_SIZE, DatasetSpec
+from ...store.cache import default_cache_dir
+from ..parquet.cache import Reservation, RowGroupCache
+from ..parquet.filter import kept_digest
+from ..parquet.footer import read_group
+from ..parquet.plan import DeltaPlanning, _mask, _RowGroup
+from ..parquet.remote import RemoteFiles, default_span_dir, is_remote_table
+from .log import DeltaSnapshotError, first_line
+from .snapshot import DeltaSnapshot, install_in_place
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..store.storage import Store
-    from ..writer import ShardWriter
+    from ...store.storage import Store
+    from ...writer import ShardWriter
 
 INPLACE_VERSION = 1
 CONVERTED_FORMAT = 1  # bump when a converted row group's bytes change for the same inputs
@@ -99,12 +99,12 @@ class DeltaDataset(DeltaPlanning, Dataset):
         self.snapshot = snapshot
         self.user_spec = spec if isinstance(spec, DatasetSpec) else DatasetSpec(**(spec or {}))
         self.path = f"{snapshot.table_uri}@v{snapshot.version}"
-        if snapshot.since is not None:  # the rows new since a version (sources/delta_since)
+        if snapshot.since is not None:  # the rows new since a version (tables/delta/since)
             self.path = f"{snapshot.table_uri}@v{snapshot.since}..v{snapshot.version}"
         self.shown = self.path
         self.cache_dir = None
         self.span_dir = span_dir
-        self.plan_dir: str | None = None  # the footers' cache (sources/delta_footers)
+        self.plan_dir: str | None = None  # the footers' cache (tables/parquet/footers)
         if plan_cache:
             where = plan_cache if isinstance(plan_cache, str) else None
             self.plan_dir = where or default_cache_dir(f"{snapshot.table_uri}#plan")
@@ -303,9 +303,9 @@ class DeltaDataset(DeltaPlanning, Dataset):
             forms[plan.name] = ("dense", (width,)) if width else ("jagged", None)
         return forms
 
-    # -- a run carried on to another version (sources/delta_carry.py)
+    # -- a run carried on to another version (tables/delta/carry.py)
 
-    # sources.delta_carry, installed when the package is imported (it builds on this module)
+    # tables.delta.follow_carry, installed when the package is imported (it builds on this module)
     carrier: ClassVar[Any] = None
 
     def position_record(self, epoch: int, consumed: int) -> dict[str, Any] | None:
@@ -465,7 +465,7 @@ class DeltaDataset(DeltaPlanning, Dataset):
     def _convert(self, shard: int, disk: RowGroupCache | None = None, key: str = "") -> ShardData:
         """Row group ``shard`` as a shard, and cached under ``key`` in ``disk`` when given
         (alike rows are laid straight into the cache file's memory map)."""
-        from ..writer import ShardWriter
+        from ...writer import ShardWriter
 
         global conversions
         conversions += 1

@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ShardError
-from ..store.cache import ShardCache
-from ..store.cached_store import cache_for
-from ..store.storage import Store, is_remote
-from .parquet_footer import read_group
+from ...errors import ShardError
+from ...store.cache import ShardCache
+from ...store.cached_store import cache_for
+from ...store.storage import Store, is_remote
+from .footer import read_group
 
 FOOTER_TAIL = 64 << 10  # one GET usually holds a file's whole footer
 FOOTER_THREADS = 32
@@ -96,7 +96,7 @@ def remote_filesystem(uri: str, storage_options: Mapping[str, Any] | None) -> tu
 def check_remote_files(snap: Any, asked: str) -> None:
     """Every data file of ``snap`` present with its logged size: one recursive listing of
     the table (a LIST per 1000 objects), not one request per file."""
-    from .delta_log import DeltaSnapshotError, file_key, first_line
+    from ..delta.log import DeltaSnapshotError, file_key, first_line
 
     if not snap.files:
         return
@@ -238,7 +238,7 @@ class RemoteFiles:
     through a span cache in ``directory`` (one per machine and table)."""
 
     def __init__(self, snap: Any, relative: list[str], directory: str, columns: list[str]) -> None:
-        from .delta_log import file_key
+        from ..delta.log import file_key
 
         self.snap = snap
         self.relative = relative
@@ -402,7 +402,7 @@ def is_remote_table(snap: Any) -> bool:
 
 def default_span_dir(table_uri: str) -> str:
     """``<tmp>/spark-dl-cache/<hash of the table URI and "#spans">``: one per machine."""
-    from ..store.cache import default_cache_dir
+    from ...store.cache import default_cache_dir
 
     return default_cache_dir(f"{table_uri}#spans")
 

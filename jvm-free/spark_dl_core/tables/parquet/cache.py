@@ -43,9 +43,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..format.hashing import STORED_HASH, as_buffer, digest
-from ..store.cache import DEFAULT_LIMIT
-from . import shard_loading
+from ...format.hashing import STORED_HASH, as_buffer, digest
+from ...sources import shard_loading
+from ...store.cache import DEFAULT_LIMIT
 
 _MAGIC = b"SDLRG01\0"
 _TRAILER = struct.Struct("<8sQ16s")  # magic, payload bytes, xxh3_64 hex of the payload

@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_serializer, m
 
 from ..errors import MixtureError
 from ..order import BATCHING, proportional_counts
-from .dataset import Dataset
-from .delta import DeltaSnapshot
+from ..sources.dataset import Dataset
+from ..tables.delta.snapshot import DeltaSnapshot
 
 MIXTURE_VERSION = 1
 _COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmbgt]?)\s*$", re.IGNORECASE)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..format.hashing import STORED_HASH, digest
+from ...format.hashing import STORED_HASH, digest
 from .footer_scan import Groups, Layout, layout_of, scan
 
 _MAGIC = b"SDLPLAN1"

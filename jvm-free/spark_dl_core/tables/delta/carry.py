@@ -15,12 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..order.state import epoch_total
-from .delta import open_delta
-from .delta_inplace import DeltaDataset
-from .delta_log import DeltaSnapshotError, file_key
-from .delta_row_ids import table_row_ids
-from .row_carry import (
+from ...order.state import epoch_total
+from ...sources.row_carry import (
     CarriedRows,
     RowCarry,
     RowIdentity,
@@ -31,9 +27,13 @@ from .row_carry import (
     check_carry,
     own_carry,
 )
+from .in_place import DeltaDataset
+from .log import DeltaSnapshotError, file_key
+from .row_ids import table_row_ids
+from .snapshot import open_delta
 
 if TYPE_CHECKING:
-    from ..order.state import LoaderState
+    from ...order.state import LoaderState
 
 
 def row_layout(ds: DeltaDataset) -> RowLayout:

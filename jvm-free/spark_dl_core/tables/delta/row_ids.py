@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .delta import DeltaSnapshot, table_filesystem
-from .delta_log import file_key, import_deltalake, log_location, log_uri
+from .log import file_key, import_deltalake, log_location, log_uri
+from .snapshot import DeltaSnapshot, table_filesystem
 
 ENABLED = "delta.enableRowTracking"
 SUSPENDED = "delta.rowTrackingSuspended"

@@ -35,10 +35,10 @@ from ..order import (
     schedule_parts,
 )
 from ..order.state import LoaderState
+from ..sources.dataset import Dataset
 from .carry import Carry, carried_parts, carry_from, differences, served_at
-from .dataset import Dataset
-from .mixture_columns import Form, MixedLayout, common_columns, mixed_forms, shared_read_spec
-from .mixture_spec import MIXTURE_VERSION, MixtureSpec, epoch_counts, schedule_stages
+from .columns import Form, MixedLayout, common_columns, mixed_forms, shared_read_spec
+from .spec import MIXTURE_VERSION, MixtureSpec, epoch_counts, schedule_stages
 
 
 class Mixture(Dataset):
@@ -190,7 +190,7 @@ class Mixture(Dataset):
         key = (column, int(seed), bool(shuffle))
         found = self._placed_copies.get(key)
         if found is None:
-            from .token_stages import place_token_stages
+            from ..sources.token_stages import place_token_stages
 
             starts = place_token_stages(self, column, int(seed), bool(shuffle), verify)
             found = copy.copy(self)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .parquet_footer import _BINARY, _I32, _I64, _LIST, _STRUCT, _Broken, _skip, _varint
+from .footer import _BINARY, _I32, _I64, _LIST, _STRUCT, _Broken, _skip, _varint
 
 _LIMIT = 1_000_000  # list sizes beyond this: pyarrow's Thrift limits decide (its path)
 _MODERN = (b"parquet-cpp-arrow version ", b"parquet-rs version ")

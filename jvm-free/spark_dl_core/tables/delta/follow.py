@@ -35,17 +35,17 @@ from typing import Any
 
 import numpy as np
 
-from ..commit import abort_write, commit_dataset, new_prefix, spec_for, written_schema
-from ..errors import FollowError
-from ..format.compact import COMPACT_FILE
-from ..format.compression import parse_compression
-from ..format.encodings import merge_shapes
-from ..format.index import INDEX_FILE, META_FILE, PREVIOUS_META_FILE, FileInfo, ShardInfo
-from ..format.index import index_text as _index_text
-from ..meta import ColumnPlan, ShardRecords, build_meta, plan_columns, plans_from_meta, read_meta
-from ..spec import DatasetSpec, planned_spec
-from ..store.storage import Store
-from ..versions import (
+from ...commit import abort_write, commit_dataset, new_prefix, spec_for, written_schema
+from ...errors import FollowError
+from ...format.compact import COMPACT_FILE
+from ...format.compression import parse_compression
+from ...format.encodings import merge_shapes
+from ...format.index import INDEX_FILE, META_FILE, PREVIOUS_META_FILE, FileInfo, ShardInfo
+from ...format.index import index_text as _index_text
+from ...meta import ColumnPlan, ShardRecords, build_meta, plan_columns, plans_from_meta, read_meta
+from ...spec import DatasetSpec, planned_spec
+from ...store.storage import Store
+from ...versions import (
     Piece,
     assembled_hash,
     held_versions,
@@ -53,9 +53,9 @@ from ..versions import (
     sample_spans,
     write_version,
 )
-from ..writer import ShardWriter, WriteResult
-from .delta import DeltaSnapshot, install_extension, open_delta
-from .delta_log import commit_history, file_key
+from ...writer import ShardWriter, WriteResult
+from .log import commit_history, file_key
+from .snapshot import DeltaSnapshot, install_extension, open_delta
 
 Ranges = list[list[int]]  # sorted, disjoint [start, stop) runs of row numbers
 

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .delta_cache import RowGroupCache
-from .delta_errors import past_the_end
-from .delta_log import DeltaSnapshotError, file_key, first_line
-from .parquet_footer import read_group
+from ..delta.errors import past_the_end
+from ..delta.log import DeltaSnapshotError, file_key, first_line
+from .cache import RowGroupCache
+from .footer import read_group
 
 MASK_FORMAT = 1  # bump when a cached mask's meaning changes for the same inputs
 _ROW = "__spark_dl_filter_row__"  # the row index column a mask is read back from
@@ -95,7 +95,7 @@ class FileMasks:
     def __init__(self, ds: Any, footers: list[Any], directory: str | None) -> None:
         self.ds = ds
         self.snap: Any = ds.snapshot
-        self.footers = footers  # each file's FileFooter (sources/delta_footers)
+        self.footers = footers  # each file's FileFooter (tables/parquet/footers)
         self.refs = filter_columns(self.snap)
         self.ref_schema = pa.schema([self.snap.output_schema.field(n) for n in self.refs])
         self.stored = [n for n in self.refs if n not in self.snap.partition_columns]

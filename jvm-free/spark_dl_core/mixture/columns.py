@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import ColumnNotFoundError, MixtureError
 from ..format.shard import Layout
 from ..meta import ColumnPlan
-from .dataset import Dataset
+from ..sources.dataset import Dataset
 
 Form = tuple[str, tuple[int, ...] | None]
 

@@ -19,13 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import FollowError
-from ..order.state import epoch_total
-from ..versions import held_versions, read_version
-from .dataset import Dataset
-from .delta_row_ids import table_row_ids
-from .followed_version import FollowedVersion
-from .row_carry import (
+from ...errors import FollowError
+from ...order.state import epoch_total
+from ...sources.dataset import Dataset
+from ...sources.followed_version import FollowedVersion
+from ...sources.row_carry import (
     CarriedRows,
     RowCarry,
     RowIdentity,
@@ -36,9 +34,11 @@ from .row_carry import (
     check_carry,
     own_carry,
 )
+from ...versions import held_versions, read_version
+from .row_ids import table_row_ids
 
 if TYPE_CHECKING:
-    from ..order.state import LoaderState
+    from ...order.state import LoaderState
 
 
 def _deleted_rows(ranges: list[list[int]]) -> np.ndarray:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import SparkDLError
+from ...errors import SparkDLError
 
 F = TypeVar("F", bound=Callable[..., Any])
 _PASS_THROUGH = (SparkDLError, KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)
@@ -29,7 +29,7 @@ def typed_errors(open_delta: F) -> F:
 
     @functools.wraps(open_delta)
     def opened(path: Any, **kwargs: Any) -> Any:
-        from .delta_log import as_expression
+        from .log import as_expression
 
         as_expression(kwargs.get("filter"))  # a wrong argument stays the caller's TypeError
         try:
@@ -43,7 +43,7 @@ def typed_errors(open_delta: F) -> F:
 
 
 def _log_error(path: Any, kwargs: dict[str, Any], exc: BaseException) -> SparkDLError:
-    from .delta_log import DeltaSnapshotError, first_line
+    from .log import DeltaSnapshotError, first_line
 
     uri = os.fspath(path)
     asked = None

@@ -19,28 +19,28 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from .dataset import _list_depth
-from .delta_errors import past_the_end
-from .delta_filter import FileMasks
-from .delta_footers import FileFooter, PlanCache, Summaries, footer_key, summarize
-from .delta_log import DeltaSnapshotError, file_key
-from .parquet_footer import (
+from ...sources.dataset import _list_depth
+from ..delta.errors import past_the_end
+from ..delta.log import DeltaSnapshotError, file_key
+from .filter import FileMasks
+from .footer import (
     footer_problem,
     leaf_levels,
     parse_footer,
     read_footer,
     read_local_footer,
 )
+from .footers import FileFooter, PlanCache, Summaries, footer_key, summarize
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..meta import ColumnPlan
-    from .delta import DeltaSnapshot
-    from .delta_remote import RemoteFiles
+    from ...meta import ColumnPlan
+    from ..delta.snapshot import DeltaSnapshot
+    from .remote import RemoteFiles
 
 _FOOTER_CHUNK = 256  # footers read per thread task at open (a task per file cost more)
 # Data files whose Parquet footer this process read to plan (not found in the plan cache).
 footers_read = 0
-# Of those, footers parsed by pyarrow (the others' row groups scanned: sources/footer_scan).
+# Of those, footers parsed by pyarrow (the others' row groups scanned: tables/parquet/footer_scan).
 footers_parsed = 0
 
 

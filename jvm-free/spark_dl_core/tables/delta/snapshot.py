@@ -27,14 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ..errors import DatasetError, SpecError
-from ..meta import column_names
-from ..versions import version_number
-from .delta_columns import ColumnMapping, FileColumns, file_columns, mapping_of
-from .delta_dv import damaged_inline
-from .delta_errors import culprit_text, empty_commit, past_the_end, typed_errors
-from .delta_filter import filter_columns
-from .delta_log import (
+from ...errors import DatasetError, SpecError
+from ...meta import column_names
+from ...versions import version_number
+from ..parquet.filter import filter_columns
+from ..parquet.footer import check_head
+from .columns import ColumnMapping, FileColumns, file_columns, mapping_of
+from .deletion_vectors import damaged_inline
+from .errors import culprit_text, empty_commit, past_the_end, typed_errors
+from .log import (
     DeltaSnapshotError,
     Timestamp,
     UnsupportedDeltaFeatureError,
@@ -49,12 +50,11 @@ from .delta_log import (
     utc_ms,
     version_range,
 )
-from .parquet_footer import check_head
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..spec import DatasetSpec
-    from ..writer import WriteResult
-    from .dataset import Dataset
+    from ...sources.dataset import Dataset
+    from ...spec import DatasetSpec
+    from ...writer import WriteResult
 
 # Reader features this module reads correctly. Others (v2Checkpoint handled by deltalake
 # itself is fine, but unknown row-level features are not) are refused.
@@ -120,14 +120,14 @@ class DeltaSnapshot:
     filter: Any = None
     storage_options: dict[str, str] | None = None
     available: tuple[int, int] | None = None
-    since: int | None = None  # only the rows not live at this version (sources/delta_since)
+    since: int | None = None  # only the rows not live at this version (tables/delta/since)
     column_mapping: ColumnMapping | None = None  # physical columns -> logical (name/id mode)
     table_id: str | None = None  # the log's metaData id (another table: another id)
     _partition_values: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     _keep: dict[str, Any] = field(default_factory=dict, repr=False)
     _sizes: dict[str, int] = field(default_factory=dict, repr=False)
     # local data files' modification times (ns) as listed at open: part of their identity in
-    # the per-machine footer cache (sources/delta_footers)
+    # the per-machine footer cache (tables/parquet/footers)
     _mtimes: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     _inplace: Any = field(default=None, repr=False, compare=False)
 
@@ -227,7 +227,7 @@ class DeltaSnapshot:
     def _file_batches(self, boundaries: bool) -> Iterator[pa.RecordBatch]:
         import pyarrow.parquet as pq
 
-        from ..writer import source_boundary
+        from ...writer import source_boundary
 
         filesystem, prefix = self._filesystem()
         out_schema = self.output_schema
@@ -358,9 +358,9 @@ class DeltaSnapshot:
         """Write this snapshot as an MDS dataset whose spark_dl.json names table and version.
 
         ``mode="update"`` makes ``out_path`` follow the table: only the files added since the
-        version it holds are converted (see :mod:`spark_dl_core.sources.delta_follow`).
+        version it holds are converted (see :mod:`spark_dl_core.tables.delta.follow`).
         """
-        from ..writer import write_mds
+        from ...writer import write_mds
 
         if str(mode).strip().lower() == "update":
             update = _extension("update")  # sources.delta_follow.update_mds
@@ -386,8 +386,8 @@ class DeltaSnapshot:
 
         Reuse is keyed by lineage and spec: a pinned export is written once.
         """
-        from ..spec import DatasetSpec as _Spec
-        from .dataset import open_dataset
+        from ...sources.dataset import open_dataset
+        from ...spec import DatasetSpec as _Spec
 
         spec_obj = spec if isinstance(spec, _Spec) else _Spec(**(spec or {}))
         try:
@@ -399,17 +399,17 @@ class DeltaSnapshot:
         self.write_mds(out_path, spec_obj, mode="overwrite")  # a stale export is replaced
         return open_dataset(out_path, **open_kwargs)
 
-    # -- read in place (sources/delta_inplace.py): the snapshot as a dataset, no export
+    # -- read in place (tables/delta/in_place.py): the snapshot as a dataset, no export
 
     def dataset(self, spec: DatasetSpec | dict[str, Any] | None = None, **options: Any) -> Dataset:
         """This snapshot as a dataset read in place: shards are its files' row groups.
 
         ``spec`` sets the encodings and transforms, as an export's would; ``options`` are
-        :class:`~spark_dl_core.sources.delta_inplace.DeltaDataset`'s. The default one is
+        :class:`~spark_dl_core.tables.delta.in_place.DeltaDataset`'s. The default one is
         built once and serves ``len(snap)``, ``snap[i]``, ``snap.to_torch(...)``…
         """
         if _IN_PLACE is None:  # pragma: no cover - the package installs it on import
-            raise RuntimeError("spark_dl_core.sources.delta_inplace was not installed")
+            raise RuntimeError("spark_dl_core.tables.delta.in_place was not installed")
         if spec is None and not options:
             if self._inplace is None:
                 self._inplace = _IN_PLACE(self)
@@ -466,7 +466,7 @@ def table_filesystem(table_uri: str, storage_options: dict[str, str] | None) -> 
 
     if "://" not in table_uri or table_uri.startswith("file://"):
         return pafs.LocalFileSystem(), ""
-    from .delta_remote import remote_filesystem  # the table's endpoint and credentials
+    from ..parquet.remote import remote_filesystem  # the table's endpoint and credentials
 
     return remote_filesystem(table_uri, storage_options)
 
@@ -479,7 +479,7 @@ def _log_filesystem(base: str, storage_options: dict[str, str] | None) -> tuple[
 
     if "://" not in base or base.startswith("file://"):
         return pafs.LocalFileSystem(), base.removeprefix("file://")
-    from .delta_remote import remote_filesystem
+    from ..parquet.remote import remote_filesystem
 
     filesystem, prefix = remote_filesystem(base, storage_options)
     return filesystem, base.removeprefix(prefix)
@@ -577,7 +577,7 @@ def open_delta(
     # Every deletion vector the log names is applied, the table's reader features aside: a
     # log that adds files with deletion vectors but does not list the feature still deletes
     # those rows for delta-rs's own scan, and serving them would be wrong data.
-    # delta-rs aborts on some damaged inline vectors (sources/delta_dv): checked first
+    # delta-rs aborts on some damaged inline vectors (tables/delta/deletion_vectors): checked first
     damaged = damaged_inline(*_log_filesystem(base, storage_options), pinned)
     if damaged:
         raise DeltaSnapshotError(uri, damaged, asked=asked, available=available)
@@ -702,7 +702,7 @@ def _check_features(table: Any, uri: str, asked: str, available: tuple[int, int]
 
 def _check_files_exist(snap: DeltaSnapshot, asked: str) -> None:
     """Fail at open, not mid-export, when a vacuum removed files this snapshot needs."""
-    from .delta_remote import check_remote_files, is_remote_table
+    from ..parquet.remote import check_remote_files, is_remote_table
 
     if is_remote_table(snap):  # one listing, sizes checked too
         return check_remote_files(snap, asked)

@@ -11,8 +11,8 @@ from urllib.parse import unquote
 
 import pyarrow.compute as pc
 
-from ..errors import DatasetError, SpecError, optional_import
-from ..store.storage import uri_location
+from ...errors import DatasetError, SpecError, optional_import
+from ...store.storage import uri_location
 
 Timestamp = _dt.datetime | str | int | float
 

@@ -1,0 +1,1 @@
+"""Tables read in place: a table format's snapshot (Delta) over its Parquet data files."""
