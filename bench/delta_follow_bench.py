@@ -26,7 +26,7 @@ from deltalake import write_deltalake
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from spark_dl_core import open_dataset
-from spark_dl_core.tables.delta.snapshot import open_delta
+from spark_dl_core.tables.delta.table import open_delta
 from tests.delta_helpers import delete_by_dv
 
 

@@ -52,7 +52,7 @@ from deltalake import write_deltalake
 
 from spark_dl_core import open_dataset
 from spark_dl_core.order import shuffle_quality
-from spark_dl_core.tables.delta.snapshot import open_delta
+from spark_dl_core.tables.delta.table import open_delta
 
 # torch.from_numpy of Arrow's read-only buffers (the scan's ids): the tensors are only read
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")

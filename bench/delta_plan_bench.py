@@ -75,7 +75,7 @@ def build(root: Path, files: int, rows: int) -> Path:
 
 
 def measure(table: Path) -> dict[str, float]:
-    from spark_dl_core.tables.delta.snapshot import open_delta
+    from spark_dl_core.tables.delta.table import open_delta
 
     out = {}
     started, cpu = time.perf_counter(), time.process_time()

@@ -344,7 +344,7 @@ def delta_snapshot(path: str, target: str, version: int | None = None) -> str:
     """A digest of what a reader of the table at ``version`` gets: the exported rows
     (``delta-export``: ``to_arrow``, the rows ``write_mds`` writes) or the batches read in
     place (``delta-inplace``: shuffled, no converted-row-group cache)."""
-    from spark_dl_core.tables.delta.snapshot import open_delta
+    from spark_dl_core.tables.delta.table import open_delta
 
     snap = open_delta(path, version=version)
     if target == "delta-export":

@@ -169,7 +169,7 @@ def _delta_epoch(
     uri: str, options: dict[str, str] | None, caches: str, epoch: int
 ) -> dict[str, Any]:
     """Open the table in place and read one shuffled epoch (caches under ``caches``)."""
-    from spark_dl_core.tables.delta.snapshot import open_delta
+    from spark_dl_core.tables.delta.table import open_delta
 
     started = time.perf_counter()
     snap = open_delta(uri, storage_options=options)
@@ -211,7 +211,7 @@ def delta_main(args: argparse.Namespace) -> None:
         _write_delta(uri, _delta_options(moto), args.mb, args.dim, args.files)
         s3fs.S3FileSystem(**_options(moto)).get("bench/delta", f"{tmp}/local", recursive=True)
         shaped = _delta_options(link)
-        from spark_dl_core.tables.delta.snapshot import open_delta
+        from spark_dl_core.tables.delta.table import open_delta
 
         files = open_delta(uri, storage_options=shaped).files
         paths = [f.split("://", 1)[1] for f in files]

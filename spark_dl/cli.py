@@ -79,7 +79,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         spec = type(spec).model_validate({**spec.canonical(), "nulls": args.nulls})
     columns = args.columns.split(",") if args.columns else None
     if args.format == "delta":
-        from spark_dl_core.tables.delta.snapshot import open_delta
+        from spark_dl_core.tables.delta.table import open_delta
 
         _check_delta_log(args.table)
         snapshot = open_delta(

@@ -47,8 +47,8 @@ from spark_dl_core.tables.delta.snapshot import (
     DeltaSnapshotError,
     Timestamp,
     UnsupportedDeltaFeatureError,
-    open_delta,
 )
+from spark_dl_core.tables.delta.table import open_delta
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession

@@ -15,7 +15,8 @@ import contextlib
 from typing import Any
 
 from spark_dl_core.errors import SpecError
-from spark_dl_core.tables.delta.snapshot import DeltaSnapshot, open_delta
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshot
+from spark_dl_core.tables.delta.table import open_delta
 
 from .delta import PinnedRead, pinned_reads
 

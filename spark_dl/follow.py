@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from spark_dl_core.errors import FollowError, SpecError
-from spark_dl_core.tables.delta.snapshot import DeltaSnapshot, open_delta
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshot
+from spark_dl_core.tables.delta.table import open_delta
 from spark_dl_core.writer import WriteResult
 
 from .delta import pinned_reads

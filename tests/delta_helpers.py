@@ -125,7 +125,7 @@ def delete_by_dv(table: str, ids: list[int]) -> None:
 
     import pyarrow.parquet as pq
 
-    from spark_dl_core.tables.delta.snapshot import open_delta
+    from spark_dl_core.tables.delta.table import open_delta
 
     before = {os.path.basename(k): v for k, v in open_delta(table).deleted_rows().items()}
     deleted: dict[str, list[int]] = {}

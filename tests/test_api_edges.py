@@ -38,7 +38,7 @@ def test_openers_and_loader_factories_take_one_positional_argument() -> None:
     import spark_dl
     from spark_dl.accessor import DLAccessor
     from spark_dl_core.tables.delta.snapshot import DeltaSnapshot
-    from spark_dl_core.tables.delta.snapshot import open_delta as core_open_delta
+    from spark_dl_core.tables.delta.table import open_delta as core_open_delta
 
     expected = {
         spark_dl_core.open_dataset: ["path"],

@@ -1,7 +1,5 @@
 """spark-dl-core: Mosaic-compatible MDS datasets and reproducible loaders, without a JVM."""
 
-from typing import Any
-
 from ._version import __version__
 from .card import install as _install_card
 from .errors import (
@@ -23,27 +21,13 @@ from .mixture.spec import MixtureSpec, Source
 from .sources.dataset import Dataset, open_dataset
 from .spec import DatasetSpec, parse_size
 from .store.indexing import write_compact_index
-from .tables.delta.carry import install as _install_delta_carry
-from .tables.delta.follow import install as _install_follow
 from .tables.delta.follow_carry import install as _install_follow_carry
-from .tables.delta.in_place import install as _install_in_place
-from .tables.delta.since import install as _install_since
+from .tables.delta.table import open_delta
 from .writer import ShardWriter, WriteResult, write_mds
 
 _install_loading()  # Dataset.iter_batches / to_torch / to_tf / sample_order / to_arrow
 _install_card()  # Dataset._repr_html_: the dataset card in notebooks
-_install_in_place()  # DeltaSnapshot.dataset(): the snapshot read in place
-_install_since()  # open_delta(since=): the rows new since a version
-_install_follow()  # DeltaSnapshot.write_mds(mode='update'): a dataset following the table
-_install_delta_carry()  # in-place Delta loaders carry a run on to another version
 _install_follow_carry()  # followed datasets' loaders carry a run on to another version
-
-
-def open_delta(path: str, *, version: int | str | None = None, **kwargs: Any) -> Any:
-    """A Delta table snapshot as Arrow, with no JVM (see :mod:`.tables.delta.snapshot`)."""
-    from .tables.delta.snapshot import open_delta as _open_delta
-
-    return _open_delta(path, version=version, **kwargs)
 
 
 __all__ = [

@@ -24,7 +24,7 @@ from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from spark_dl_core import open_dataset  # noqa: E402
 from spark_dl_core.errors import RowsDroppedWarning  # noqa: E402
-from spark_dl_core.tables.delta.snapshot import open_delta  # noqa: E402
+from spark_dl_core.tables.delta.table import open_delta  # noqa: E402
 from tests.sources.row_tracking import (  # noqa: E402
     enable_row_tracking,
     live_adds,

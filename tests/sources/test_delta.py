@@ -22,7 +22,8 @@ from delta_helpers import add_deletion_vector  # noqa: E402
 from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from spark_dl_core import DatasetSpec, open_dataset  # noqa: E402
-from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError, open_delta  # noqa: E402
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError  # noqa: E402
+from spark_dl_core.tables.delta.table import open_delta  # noqa: E402
 
 # --------------------------------------------------------------------------- table builders
 
@@ -567,7 +568,7 @@ def test_opening_a_snapshot_in_place_imports_no_pandas(tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     write_deltalake(path, pa.table({"id": [1, 2, 3], "x": [[1.0, 2.0]] * 3}))
     code = (
-        "import sys; from spark_dl_core.tables.delta.snapshot import open_delta; "
+        "import sys; from spark_dl_core.tables.delta.table import open_delta; "
         "ds = open_delta(sys.argv[1]).dataset(cache=False); assert len(ds) == 3; "
         "print('pandas' in sys.modules)"
     )

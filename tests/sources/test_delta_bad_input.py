@@ -18,7 +18,8 @@ from delta_helpers import fuzz_bench
 from deltalake import write_deltalake
 
 from spark_dl_core import SpecError
-from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError, open_delta
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError
+from spark_dl_core.tables.delta.table import open_delta
 
 fuzz = fuzz_bench()
 

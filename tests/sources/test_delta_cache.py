@@ -18,7 +18,7 @@ deltalake = pytest.importorskip("deltalake")
 from deltalake import WriterProperties, write_deltalake  # noqa: E402
 
 from spark_dl_core.tables.delta import in_place as delta_inplace  # noqa: E402
-from spark_dl_core.tables.delta.snapshot import open_delta  # noqa: E402
+from spark_dl_core.tables.delta.table import open_delta  # noqa: E402
 from spark_dl_core.tables.parquet.cache import RowGroupCache  # noqa: E402
 
 
@@ -150,7 +150,7 @@ def test_a_disk_that_refuses_the_file_costs_only_the_cache(tmp_path: Path) -> No
 import resource, signal
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
-from spark_dl_core.tables.delta.snapshot import open_delta
+from spark_dl_core.tables.delta.table import open_delta
 ds = open_delta({path!r}).dataset(cache_dir={cache!r})
 data = ds.load_shard(1)
 print(data.raw.nbytes, ds.to_arrow().column("id").to_pylist() == list(range(600)))

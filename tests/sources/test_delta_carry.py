@@ -20,7 +20,8 @@ from spark_dl_core import SpecError  # noqa: E402
 from spark_dl_core.errors import RowsDroppedWarning  # noqa: E402
 from spark_dl_core.order import LoaderState  # noqa: E402
 from spark_dl_core.tables.delta.carry import VersionCarryError  # noqa: E402
-from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError, open_delta  # noqa: E402
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError  # noqa: E402
+from spark_dl_core.tables.delta.table import open_delta  # noqa: E402
 
 
 def _ids(a: int, b: int) -> pa.Table:

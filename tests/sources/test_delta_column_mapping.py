@@ -25,7 +25,8 @@ import pytest
 deltalake = pytest.importorskip("deltalake")
 from deltalake import DeltaTable, QueryBuilder, write_deltalake  # noqa: E402
 
-from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError, open_delta  # noqa: E402
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError  # noqa: E402
+from spark_dl_core.tables.delta.table import open_delta  # noqa: E402
 
 MODES = ["name", "id"]
 

@@ -18,7 +18,7 @@ from deltalake import DeltaTable, write_deltalake  # noqa: E402
 from spark_dl_core import open_dataset  # noqa: E402
 from spark_dl_core.errors import FollowError, SpecError  # noqa: E402
 from spark_dl_core.maintenance import vacuum  # noqa: E402
-from spark_dl_core.tables.delta.snapshot import open_delta  # noqa: E402
+from spark_dl_core.tables.delta.table import open_delta  # noqa: E402
 from spark_dl_core.versions import held_versions  # noqa: E402
 
 SPEC = {"shard_size": 4096, "nulls": "mask"}  # several shards per file; a column added

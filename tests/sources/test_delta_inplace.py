@@ -23,7 +23,8 @@ from deltalake import WriterProperties, write_deltalake  # noqa: E402
 
 from spark_dl_core import SpecError, mix  # noqa: E402
 from spark_dl_core.mixture.spec import Source  # noqa: E402
-from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError, open_delta  # noqa: E402
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError  # noqa: E402
+from spark_dl_core.tables.delta.table import open_delta  # noqa: E402
 
 ROWS_PER_APPEND = 400
 APPENDS = 3
@@ -106,7 +107,7 @@ def test_same_order_fresh_process_and_any_world_size(table: dict[str, Any]) -> N
     snap = open_delta(table["path"])
     mine = _ids(snap.iter_batches(50, shuffle=True, seed=11))
     code = (
-        "import json,sys; from spark_dl_core.tables.delta.snapshot import open_delta; "
+        "import json,sys; from spark_dl_core.tables.delta.table import open_delta; "
         "s=open_delta(sys.argv[1]); print(json.dumps([s.fingerprint, "
         "[int(i) for b in s.iter_batches(50, shuffle=True, seed=11) for i in b['id']]]))"
     )
@@ -424,7 +425,7 @@ def test_another_process_reads_the_cache(table: dict[str, Any], tmp_path: Path) 
     batches = list(mine.iter_batches(50, shuffle=True, seed=11))
     code = (
         "import json,sys; from spark_dl_core.tables.delta import in_place as d; "
-        "from spark_dl_core.tables.delta.snapshot import open_delta; "
+        "from spark_dl_core.tables.delta.table import open_delta; "
         "s=open_delta(sys.argv[1]).dataset(cache_dir=sys.argv[2]); "
         "b=[{'id':[int(i) for i in x['id']],'emb':x['emb'].tolist(),"
         "'tok':[list(map(int,t)) for t in x['tok']]} "

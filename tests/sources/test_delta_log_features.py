@@ -24,7 +24,7 @@ import pytest
 deltalake = pytest.importorskip("deltalake")
 from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
-from spark_dl_core.tables.delta.snapshot import open_delta  # noqa: E402
+from spark_dl_core.tables.delta.table import open_delta  # noqa: E402
 
 UTC = dt.timezone.utc
 # (deltalake 1.6.6 cannot write a double partition whose text is long, nor a negative

@@ -15,7 +15,8 @@ deltalake = pytest.importorskip("deltalake")
 from deltalake import write_deltalake  # noqa: E402
 
 from spark_dl_core.tables.delta.log import log_location, log_locations, log_uri  # noqa: E402
-from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError, open_delta  # noqa: E402
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError  # noqa: E402
+from spark_dl_core.tables.delta.table import open_delta  # noqa: E402
 
 BASES = [
     "file:///tmp/t",

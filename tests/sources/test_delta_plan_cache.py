@@ -16,7 +16,8 @@ deltalake = pytest.importorskip("deltalake")
 from delta_helpers import add_deletion_vector  # noqa: E402
 from deltalake import WriterProperties, write_deltalake  # noqa: E402
 
-from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError, open_delta  # noqa: E402
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError  # noqa: E402
+from spark_dl_core.tables.delta.table import open_delta  # noqa: E402
 from spark_dl_core.tables.parquet import plan as delta_plan  # noqa: E402
 
 

@@ -18,7 +18,8 @@ from delta_helpers import fuzz_bench, live_adds
 from deltalake import WriterProperties, write_deltalake
 from s3_helpers import aws_test_env, delta_options, endpoint_options, moto_process
 
-from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError, open_delta
+from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError
+from spark_dl_core.tables.delta.table import open_delta
 from spark_dl_core.tables.parquet.remote import fsspec_options
 
 FILES, PER, WIDTH = 3, 400, 256

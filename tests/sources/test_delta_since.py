@@ -16,7 +16,7 @@ from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from spark_dl_core import Source, mix, open_dataset  # noqa: E402
 from spark_dl_core.tables.delta.since import SinceError  # noqa: E402
-from spark_dl_core.tables.delta.snapshot import open_delta  # noqa: E402
+from spark_dl_core.tables.delta.table import open_delta  # noqa: E402
 
 
 def _ids(a: int, b: int) -> pa.Table:

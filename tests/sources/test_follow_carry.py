@@ -22,7 +22,7 @@ from spark_dl_core import SpecError, open_dataset  # noqa: E402
 from spark_dl_core.errors import FollowError  # noqa: E402
 from spark_dl_core.maintenance import vacuum  # noqa: E402
 from spark_dl_core.tables.delta.carry import VersionCarryError  # noqa: E402
-from spark_dl_core.tables.delta.snapshot import open_delta  # noqa: E402
+from spark_dl_core.tables.delta.table import open_delta  # noqa: E402
 from tests.sources.test_delta_follow import DV_TABLE, SPEC, _rows  # noqa: E402
 
 DELETED = [*range(5, 20), 100, 303, 307, 450]  # rows of both of M's files

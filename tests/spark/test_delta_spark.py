@@ -25,8 +25,8 @@ from spark_dl_core import open_dataset
 from spark_dl_core.tables.delta.snapshot import (
     DeltaSnapshotError,
     UnsupportedDeltaFeatureError,
-    open_delta,
 )
+from spark_dl_core.tables.delta.table import open_delta
 
 pytestmark = pytest.mark.spark
 

@@ -17,7 +17,7 @@ from deltalake import write_deltalake
 
 from spark_dl_core import SpecError, open_dataset
 from spark_dl_core.errors import FollowError
-from spark_dl_core.tables.delta.snapshot import open_delta
+from spark_dl_core.tables.delta.table import open_delta
 from spark_dl_core.versions import held_versions
 from tests.sources.test_delta_follow import (
     DV_TABLE,

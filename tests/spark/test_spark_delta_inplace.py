@@ -14,7 +14,7 @@ pytest.importorskip("deltalake")
 pytest.importorskip("torch")
 from deltalake import write_deltalake
 
-from spark_dl_core.tables.delta.snapshot import open_delta
+from spark_dl_core.tables.delta.table import open_delta
 
 pytestmark = pytest.mark.spark
 

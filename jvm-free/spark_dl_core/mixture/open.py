@@ -15,7 +15,8 @@ from ..errors import MixtureError
 from ..order import BATCHING
 from ..sources.dataset import Dataset, open_dataset
 from ..tables.delta.in_place import DeltaDataset
-from ..tables.delta.snapshot import DeltaSnapshot, open_delta
+from ..tables.delta.snapshot import DeltaSnapshot
+from ..tables.delta.table import open_delta
 from .dataset import Mixture
 from .spec import (
     MIXTURE_VERSION,

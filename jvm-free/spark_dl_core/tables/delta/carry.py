@@ -10,7 +10,6 @@ files, deletions, columns and spec), and carries the run on (:func:`carry_on`).
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,7 +29,6 @@ from ...sources.row_carry import (
 from .in_place import DeltaDataset
 from .log import DeltaSnapshotError, file_key
 from .row_ids import table_row_ids
-from .snapshot import open_delta
 
 if TYPE_CHECKING:
     from ...order.state import LoaderState
@@ -108,14 +106,7 @@ def _reopen(plain: DeltaDataset, rec: dict[str, Any], fingerprint: str) -> Any:
     version = rec.get("version")
     here = f"table {snap.table_uri!r} version {snap.version}"
     try:
-        old_snap = open_delta(
-            snap.table_uri,
-            version=version,
-            storage_options=snap.storage_options,
-            columns=snap.projection,
-            filter=snap.filter,
-            since=rec.get("since"),
-        )
+        old_snap = snap.reopen(version, since=rec.get("since"))
         old = old_snap.dataset(plain.user_spec, forms=plain._asked_forms or None, cache=False)
         if rec.get("carry") is not None:
             old = carried(old, CarriedDelta, RowCarry.from_dict(rec["carry"]))
@@ -161,9 +152,3 @@ class CarriedDelta(CarriedRows, DeltaDataset):
             dict(zip(old_names, (file_key(uri) for uri in old.snapshot.files))),
             added,
         )
-
-
-def install() -> None:
-    """Make :class:`DeltaDataset` carry runs on through this module (the package calls this
-    when imported: that class's module cannot import this one, which builds on it)."""
-    DeltaDataset.carrier = sys.modules[__name__]

@@ -55,7 +55,7 @@ from ...versions import (
 )
 from ...writer import ShardWriter, WriteResult
 from .log import commit_history, file_key
-from .snapshot import DeltaSnapshot, install_extension, open_delta
+from .snapshot import DeltaSnapshot
 
 Ranges = list[list[int]]  # sorted, disjoint [start, stop) runs of row numbers
 
@@ -414,12 +414,7 @@ def _adopt(store: Store, snap: DeltaSnapshot, committed: Any) -> _Held:
     if old_version > snap.version:
         raise _error(store, snap, held_stub, "the update would move backwards")
     try:
-        old = open_delta(
-            snap.table_uri,
-            version=old_version,
-            columns=source.get("columns"),
-            storage_options=snap.storage_options,
-        )
+        old = snap.reopen(old_version, columns=source.get("columns"), filter=None)
     except Exception as exc:
         raise _error(
             store, snap, held_stub, f"version {old_version} cannot be read: {exc}"
@@ -576,9 +571,3 @@ def _settle_root(store: Store) -> None:
     spec = DatasetSpec(**latest.meta["spec"])
     plans = plans_from_meta(latest.meta)
     commit_dataset(store, spec, plans, records, latest.meta.get("source"), current=current)
-
-
-def install() -> None:
-    """Make :func:`update_mds` what ``DeltaSnapshot.write_mds(mode="update")`` calls (the
-    package calls this when imported: the snapshot module cannot import this one)."""
-    install_extension("update", update_mds)

@@ -23,7 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -43,7 +43,7 @@ from ..parquet.footer import read_group
 from ..parquet.plan import DeltaPlanning, _mask, _RowGroup
 from ..parquet.remote import RemoteFiles, default_span_dir, is_remote_table
 from .log import DeltaSnapshotError, first_line
-from .snapshot import DeltaSnapshot, install_in_place
+from .snapshot import DeltaSnapshot
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...store.storage import Store
@@ -305,8 +305,12 @@ class DeltaDataset(DeltaPlanning, Dataset):
 
     # -- a run carried on to another version (tables/delta/carry.py)
 
-    # tables.delta.follow_carry, installed when the package is imported (it builds on this module)
-    carrier: ClassVar[Any] = None
+    @property
+    def carrier(self) -> Any:
+        """How a run carries on across versions (:mod:`.carry`, which builds on this
+        module), as the face that opened the snapshot handed it (None: built by hand)."""
+        kind = self.snapshot.kind
+        return None if kind is None else kind.carrier
 
     def position_record(self, epoch: int, consumed: int) -> dict[str, Any] | None:
         if self.carrier is None:
@@ -315,7 +319,7 @@ class DeltaDataset(DeltaPlanning, Dataset):
 
     @property
     def carry_on(self) -> Callable[[Any, bool], tuple[Any, int, int]] | None:
-        """A state of another version of the table carries on (None: not installed, the
+        """A state of another version of the table carries on (None: no carrier, the
         loader compares fingerprints as for any dataset)."""
         if self.carrier is None:
             return None
@@ -646,9 +650,3 @@ def _one_width(counts: list[tuple[int, int]]) -> int | None:
             return None
         width = k
     return width
-
-
-def install() -> None:
-    """Make :class:`DeltaDataset` what ``DeltaSnapshot.dataset()`` builds (the package calls
-    it when imported, as it installs Dataset's loading methods)."""
-    install_in_place(DeltaDataset)

@@ -19,7 +19,6 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from .log import DeltaSnapshotError, file_key, first_line, log_location, log_uri
-from .snapshot import install_extension
 
 if TYPE_CHECKING:  # pragma: no cover
     from .snapshot import DeltaSnapshot
@@ -174,9 +173,3 @@ def _label(
             available=snapshot.available,
         )
     return label
-
-
-def install() -> None:
-    """Make :func:`new_since` what ``open_delta(since=)`` calls (the package calls this when
-    imported: the snapshot module cannot import this one, which builds on it)."""
-    install_extension("since", new_since)

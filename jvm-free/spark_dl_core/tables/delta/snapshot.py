@@ -18,7 +18,7 @@ have their files' physical columns mapped back to the logical schema by
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
@@ -69,35 +69,20 @@ SUPPORTED_READER_FEATURES = frozenset(
     }
 )
 
-# The in-place dataset class, installed by sources.delta_inplace (built on this module) when
-# the package is imported, as the loading methods are installed into Dataset: this room
-# reaches no module above it.
-_IN_PLACE: Any = None
 
+@dataclass(frozen=True)
+class DeltaKind:
+    """What a snapshot hands on to the modules built on it, given by the face that opens it
+    (:mod:`.table`), so that this module names none of them: the dataset read in place
+    (:mod:`.in_place`), a dataset following the table (:mod:`.follow`), the rows new since a
+    version (:mod:`.since`), runs carried on across versions (:mod:`.carry`), and how to
+    open another version of the same table (``open_delta``)."""
 
-# What ``open_delta(since=)`` and ``write_mds(mode="update")`` call, installed the same way by
-# sources.delta_since and sources.delta_follow (both build on this module).
-_EXTENSIONS: dict[str, Any] = {}
-
-
-def install_extension(name: str, implementation: Any) -> None:
-    """Make ``implementation`` what this module calls for ``name`` (``"since"``: the rows new
-    since a version; ``"update"``: a dataset that follows the table)."""
-    _EXTENSIONS[name] = implementation
-
-
-def _extension(name: str) -> Any:
-    found = _EXTENSIONS.get(name)
-    if found is None:  # only when a module was imported without its package
-        raise RuntimeError(f"import spark_dl_core first: its Delta {name!r} support installs then")
-    return found
-
-
-def install_in_place(dataset_class: Any) -> None:
-    """Make ``dataset_class(snapshot, spec=None, **options)`` what :meth:`DeltaSnapshot.dataset`
-    builds."""
-    global _IN_PLACE
-    _IN_PLACE = dataset_class
+    in_place: Callable[..., Dataset]  # (snapshot, spec=None, **options)
+    update: Callable[..., WriteResult]  # (snapshot, out_path, spec, storage_options=)
+    since: Callable[..., DeltaSnapshot]  # (snapshot, since, deltalake)
+    reopen: Callable[..., DeltaSnapshot]  # open_delta's signature
+    carrier: Any  # record / carry_on / row_layout of a run over a version read in place
 
 
 @dataclass
@@ -130,6 +115,8 @@ class DeltaSnapshot:
     # the per-machine footer cache (tables/parquet/footers)
     _mtimes: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     _inplace: Any = field(default=None, repr=False, compare=False)
+    # what the modules built on this one give (None only for a snapshot built by hand)
+    kind: DeltaKind | None = field(default=None, repr=False, compare=False)
 
     # -- facts
 
@@ -363,8 +350,7 @@ class DeltaSnapshot:
         from ...writer import write_mds
 
         if str(mode).strip().lower() == "update":
-            update = _extension("update")  # sources.delta_follow.update_mds
-            return update(self, out_path, spec, storage_options=storage_options)
+            return self._kind.update(self, out_path, spec, storage_options=storage_options)
 
         return write_mds(
             self.export_batches(),  # carries the schema: a filter matching nothing writes 0 rows
@@ -408,13 +394,33 @@ class DeltaSnapshot:
         :class:`~spark_dl_core.tables.delta.in_place.DeltaDataset`'s. The default one is
         built once and serves ``len(snap)``, ``snap[i]``, ``snap.to_torch(...)``…
         """
-        if _IN_PLACE is None:  # pragma: no cover - the package installs it on import
-            raise RuntimeError("spark_dl_core.tables.delta.in_place was not installed")
+        in_place = self._kind.in_place
         if spec is None and not options:
             if self._inplace is None:
-                self._inplace = _IN_PLACE(self)
+                self._inplace = in_place(self)
             return self._inplace
-        return _IN_PLACE(self, spec, **options)
+        return in_place(self, spec, **options)
+
+    @property
+    def _kind(self) -> DeltaKind:
+        if self.kind is None:
+            raise RuntimeError(
+                f"Delta snapshot of {self.table_uri!r} version {self.version} was built by "
+                "hand: open it with spark_dl_core.open_delta to read or follow it"
+            )
+        return self.kind
+
+    def reopen(self, version: int | None, since: int | None = None, **changes: Any) -> Any:
+        """Another version of this table, opened as this one was (storage options, columns,
+        filter), for a run carried on or a dataset following the table; ``changes``
+        override those arguments."""
+        asked: dict[str, Any] = {
+            "storage_options": self.storage_options,
+            "columns": self.projection,
+            "filter": self.filter,
+            "since": since,
+        }
+        return self._kind.reopen(self.table_uri, version=version, **{**asked, **changes})
 
     def __bool__(self) -> bool:
         return True  # a snapshot is a value, even with 0 rows (and len() reads footers)
@@ -486,9 +492,10 @@ def _log_filesystem(base: str, storage_options: dict[str, str] | None) -> tuple[
 
 
 @typed_errors
-def open_delta(
+def open_snapshot(
     path: str | os.PathLike[str],
     *,
+    kind: DeltaKind,
     version: int | str | None = None,
     timestamp: Timestamp | None = None,
     storage_options: dict[str, str] | None = None,
@@ -496,16 +503,8 @@ def open_delta(
     filter: Any = None,
     since: int | str | None = None,
 ) -> DeltaSnapshot:
-    """Pin a Delta table at ``version`` (or the last commit at or before ``timestamp``).
-
-    ``since=M``: only the rows live at that version that were not live at version ``M``
-    (see :mod:`.delta_since`), an ordinary snapshot whose lineage names ``since``.
-
-    ``None`` for both pins the latest version *now*: the returned snapshot keeps reading
-    that version after new commits land. Raises :class:`DeltaSnapshotError` naming the table,
-    the asked version and the versions available when the snapshot cannot be read.
-    ``version`` may be digits in a string (``"3"``, as Spark's ``versionAsOf`` takes it).
-    """
+    """:func:`~.table.open_delta`'s work, the snapshot handed ``kind`` (what the modules
+    built on this one give it)."""
     deltalake = import_deltalake()
     uri = os.fspath(path)
     version = version_number(version, f"open_delta({uri!r})")
@@ -619,12 +618,13 @@ def open_delta(
         _partition_values=part_values,
         _keep=keep,
         _sizes=sizes,
+        kind=kind,
     )
     snap.output_schema  # noqa: B018 - validate columns now, not at first read
     if snap.filter is not None:  # a column it names that is not read: refused now, typed
         filter_columns(snap)
     if since is not None:
-        snap = _extension("since")(snap, since, deltalake)  # sources.delta_since.new_since
+        snap = kind.since(snap, since, deltalake)
     _check_files_exist(snap, asked)
     return snap
 
