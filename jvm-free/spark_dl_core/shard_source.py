@@ -11,6 +11,7 @@ rows by ``layout``. Nothing here imports another room, so any room may type agai
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -26,9 +27,8 @@ Batch = dict[str, Any]
 
 
 class ShardSource(Protocol):
-    """A source of shards (see the module docstring). Optional: ``make_order(seed, epoch,
-    shuffle, window, batch_size)`` and ``order_uses_batch_size``, for a source whose order is
-    not one dataset's (a mixture merges its sources' orders)."""
+    """A source of shards (see the module docstring). The optional parts, with a plain
+    dataset's answers, are :class:`SourceCapabilities`' (every kind derives from it)."""
 
     @property
     def path(self) -> str:
@@ -115,3 +115,100 @@ class ShardSource(Protocol):
     def release_shards(self, shards: list[int]) -> None: ...
 
     def download_stats(self) -> dict[str, float] | None: ...
+
+    # -- the optional parts (:class:`SourceCapabilities` gives each a plain dataset's answer)
+
+    @property
+    def orders_itself(self) -> bool: ...
+
+    @property
+    def order_uses_batch_size(self) -> bool: ...
+
+    def make_order(
+        self, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int
+    ) -> Any: ...
+
+    @property
+    def carry_on(self) -> Callable[[Any, bool], tuple[Any, int, int]] | None: ...
+
+    def position_record(self, epoch: int, consumed: int) -> dict[str, Any] | None: ...
+
+    def row_layout(self) -> Any: ...
+
+    def carry_report(self) -> dict[str, Any] | None: ...
+
+    def epoch_total(self, epoch: int) -> int: ...
+
+    def epoch_start(self, epoch: int) -> int: ...
+
+    def at_tokens(
+        self, column: str, seed: int, shuffle: bool, verify: bool | None = None
+    ) -> Any: ...
+
+    def count_sources(self, ids: np.ndarray) -> np.ndarray | None: ...
+
+    def source_report(self, counts: np.ndarray, epoch: int, consumed: int) -> dict[str, Any]: ...
+
+
+class SourceCapabilities:
+    """The optional parts of :class:`ShardSource`, each with a plain dataset's answer. Every
+    kind of source derives from this (through the MDS ``Dataset``) and overrides what it does
+    otherwise, so the order, the loaders and resume read these directly: nothing probes a
+    source for what it can do."""
+
+    # The source makes its own order (:meth:`make_order`: a mixture merging its sources',
+    # a run carried on finishing the old version's epoch) instead of one dataset's shuffle.
+    orders_itself: bool = False
+    # That order depends on the batch size (a stratified or per-source mixture).
+    order_uses_batch_size: bool = False
+
+    def make_order(self, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} has no order of its own")
+
+    @property
+    def carry_on(self) -> Callable[[Any, bool], tuple[Any, int, int]] | None:
+        """What takes a loader state saved over another version of this source:
+        ``carry_on(state, strict) -> (source to read, epoch, consumed)``. None: a state must
+        be this very source's (its fingerprint)."""
+        return None
+
+    def position_record(self, epoch: int, consumed: int) -> dict[str, Any] | None:
+        """What a loader state records of a position besides (epoch, consumed): a
+        mixture's stream positions, a table version. None: nothing."""
+        return None
+
+    def row_layout(self) -> Any:
+        """Each sample's (data file, row), for a run carried on across versions (a
+        ``RowLayout``); None for a source whose samples are not rows of data files."""
+        return None
+
+    def carry_report(self) -> dict[str, Any] | None:
+        """What a run carried on did with the old epoch's rows (a loader's
+        ``stats()["carry"]``); None when no run was carried on."""
+        return None
+
+    def epoch_total(self, epoch: int) -> int:
+        """Samples in ``epoch``: all of them, unless epochs differ in size (the epoch in
+        which a run carried on to another version)."""
+        return len(self)  # type: ignore[arg-type]
+
+    def epoch_start(self, epoch: int) -> int:
+        """The position a pass of ``epoch`` from its start begins at (0, unless the
+        epoch's first positions were another version's samples)."""
+        return 0
+
+    def at_tokens(self, column: str, seed: int, shuffle: bool, verify: bool | None = None) -> Any:
+        """This source as a packed loader reading ``column`` with ``seed`` and ``shuffle``
+        sees it: itself, unless its schedule's boundaries are in tokens (a mixture places
+        them at documents)."""
+        return self
+
+    def count_sources(self, ids: np.ndarray) -> np.ndarray | None:
+        """Per source of a mixture, how many of global sample ``ids`` it gives (what
+        ``loader.stats()`` shows); None for one dataset, which has no sources."""
+        return None
+
+    def source_report(self, counts: np.ndarray, epoch: int, consumed: int) -> dict[str, Any]:
+        """``loader.stats()``'s view of a mixture at a position: per-source ``counts`` by
+        name and the stage; nothing for one dataset."""
+        return {}

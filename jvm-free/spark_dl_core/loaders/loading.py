@@ -20,10 +20,11 @@ import pyarrow as pa
 
 from ..meta import column_names
 from ..ops.arrow import arrow_schema, batch_to_arrow
-from ..order import DEFAULT_STREAMS, EpochPlan, LoaderState
+from ..order import DEFAULT_STREAMS, EpochPlan
 from ..sources.dataset import Batch, Dataset, install_loading
 from .frameworks import adapter
 from .packing import iter_packed
+from .position import resumed
 from .reader import BatchReader
 from .settings import (
     PAD_MASK,
@@ -79,17 +80,8 @@ def iter_batches(
     check_pad_mask(chosen, ds.layout.names)
     epoch = chosen.epoch
     if state is not None:
-        loaded = LoaderState.from_dict(state)
-        resumed, epoch, consumed = loaded.resume(
-            ds,
-            strict,
-            seed=chosen.seed,
-            shuffle=chosen.shuffle,
-            shuffle_window=chosen.shuffle_window,
-            batch_size=chosen.batch_size,
-            streams=chosen.streams,
-        )
-        ds = resumed  # type: ignore[assignment]  # a dataset's carried-on variant is one
+        _, carried, epoch, consumed = resumed(ds, chosen, state, strict)
+        ds = carried  # type: ignore[assignment]  # a dataset's carried-on variant is one
     elif consumed or start_batch:
         warnings.warn(
             "iter_batches(consumed=, start_batch=) is deprecated: pass state= "

@@ -47,8 +47,9 @@ import numpy as np
 
 from ..errors import PackError
 from ..format.buffers import copy_pieces
-from ..order import GlobalOrder, LoaderState, position_record
+from ..order import GlobalOrder
 from ..order.dataset_order import _order_of
+from .position import resumed, saved_state
 from .settings import LoaderSettings, PackSpec
 
 if TYPE_CHECKING:
@@ -693,10 +694,9 @@ def state_rows(state: dict[str, Any] | None, pack: PackSpec) -> int:
 def packed_source(dataset: ShardSource, settings: LoaderSettings) -> ShardSource:
     """The dataset a packed loader reads: a mixture whose schedule boundaries are in tokens
     has them placed at documents for this loader's column, seed and shuffle (cached)."""
-    place = getattr(dataset, "at_tokens", None)
-    if place is None or settings.pack is None:
+    if settings.pack is None:
         return dataset
-    placed: ShardSource = place(
+    placed: ShardSource = dataset.at_tokens(
         settings.pack.column, settings.seed, settings.shuffle, settings.verify_hashes
     )
     return placed
@@ -748,16 +748,8 @@ def resume_position(
     dataset = packed_source(dataset, settings)
     if state is None:
         return dataset, settings.epoch, 0
-    loaded = LoaderState.from_dict(state)
     pack = check_pack(dataset, settings.pack)
-    dataset, _, _ = loaded.resume(
-        dataset,
-        strict,
-        seed=settings.seed,
-        shuffle=settings.shuffle,
-        shuffle_window=settings.shuffle_window,
-        pack=pack_key(pack),
-    )
+    loaded, dataset, _, _ = resumed(dataset, settings, state, strict, pack=pack_key(pack))
     return dataset, loaded.epoch, state_rows(state, pack)
 
 
@@ -782,15 +774,4 @@ def packed_state(
     """The loader state of a packed position (``consumed`` 0, rows in ``pack``)."""
     dataset = packed_source(dataset, settings)
     pack = check_pack(dataset, settings.pack)
-    return LoaderState(
-        fingerprint=dataset.fingerprint,
-        seed=settings.seed,
-        epoch=epoch,
-        shuffle=settings.shuffle,
-        shuffle_window=settings.shuffle_window,
-        batch_size=settings.batch_size,
-        drop_last=settings.drop_last,
-        consumed=0,
-        pack=pack_state(pack, rows),
-        source=position_record(dataset, epoch, 0) if rows == 0 else None,
-    ).to_dict()
+    return saved_state(dataset, settings, epoch, 0, pack=pack_state(pack, rows))

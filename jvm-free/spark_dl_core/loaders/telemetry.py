@@ -68,10 +68,7 @@ class SourceTally:
         self.counts: np.ndarray | None = None
 
     def report(self, steps: int) -> dict[str, Any]:
-        count = getattr(self.dataset, "count_sources", None)
-        report = getattr(self.dataset, "source_report", None)
-        if count is None or report is None:
-            return {}
+        count, report = self.dataset.count_sources, self.dataset.source_report
         steps = min(steps, len(self.plan))
         for k in range(self.counted, steps, self.CHUNK):
             got = count(self.plan.joined(range(k, min(k + self.CHUNK, steps))))
@@ -110,13 +107,13 @@ class PassStats:
         # How local this rank's reads are (``EpochPlan.locality``), for the pass's plan.
         self.locality: dict[str, Any] | None = None
         # A run carried on to another version: what became of its epoch's rows left then.
-        self.carry: Callable[[], dict[str, Any]] | None = None
+        self.carry: Callable[[], dict[str, Any] | None] | None = None
 
     def follow(self, dataset: ShardSource, plan: EpochPlan) -> PassStats:
         """Report a mixture's per-source counts and stage for this pass's ``plan``."""
         self.tally = SourceTally(dataset, plan, self.epoch)
         self.locality = plan.locality()
-        self.carry = getattr(dataset, "carry_report", None)
+        self.carry = dataset.carry_report
         return self
 
     def delivered(self, samples: int, waited: float, now: float) -> None:
@@ -129,6 +126,7 @@ class PassStats:
     def as_dict(self) -> dict[str, Any]:
         end = self.finished if self.finished is not None else time.perf_counter()
         wall = max(end - self.started, 1e-9)
+        carried = self.carry() if self.carry is not None else None
         return {
             "epoch": self.epoch,
             "samples": self.samples,
@@ -143,7 +141,7 @@ class PassStats:
             **self._shards(),
             **({"locality": dict(self.locality)} if self.locality is not None else {}),
             **(self.tally.report(self.batches) if self.tally is not None else {}),
-            **({"carry": self.carry()} if self.carry is not None else {}),
+            **({"carry": carried} if carried is not None else {}),
         }
 
     def _downloads(self) -> dict[str, float]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
@@ -142,8 +143,10 @@ class Mixture(Dataset):
             content["carry"] = self.carry.to_dict()
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
+    orders_itself = True  # its sources' orders merged (order/mixture_order)
+
     @property
-    def order_uses_batch_size(self) -> bool:
+    def order_uses_batch_size(self) -> bool:  # type: ignore[override]
         return self.mixture.batching != "random"
 
     def make_order(
@@ -259,7 +262,12 @@ class Mixture(Dataset):
         out.__dict__.pop("fingerprint", None)
         return out
 
-    def carry_on(self, state: LoaderState, strict: bool) -> tuple[Mixture, int, int]:
+    @property
+    def carry_on(self) -> Callable[[LoaderState, bool], tuple[Mixture, int, int]]:
+        """A state saved over another mixture's fingerprint carries on (:meth:`carry_state`)."""
+        return self.carry_state
+
+    def carry_state(self, state: LoaderState, strict: bool) -> tuple[Mixture, int, int]:
         """(the mixture to read, epoch, consumed) for a state saved under another mixture's
         fingerprint: this mixture's own carried-on run resumes as it is; with ``strict``
         anything else is refused naming what differs; else the run carries on by the rule

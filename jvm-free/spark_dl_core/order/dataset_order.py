@@ -440,7 +440,7 @@ def streamed(dataset: ShardSource, shuffle: bool, streams: int) -> bool:
     """Whether ``dataset``'s order with these settings is drawn from streams
     (:mod:`~spark_dl_core.order.locality`): a shuffled plain source with ``streams > 1``;
     its order then depends on the batch size. A mixture makes its own order."""
-    return bool(shuffle) and int(streams) > 1 and getattr(dataset, "make_order", None) is None
+    return bool(shuffle) and int(streams) > 1 and not dataset.orders_itself
 
 
 def _order_of(
@@ -453,14 +453,14 @@ def _order_of(
     streams: int = 1,
 ) -> _Order:
     """The dataset's global order for these settings; the last two are kept per dataset, so
-    a loader and its resumed or re-planned passes share one O(shards) order. A mixture
-    (anything with ``make_order``) makes its own, which may depend on the batch size; a
-    shuffled plain source with ``streams > 1`` is read from streams of its shards."""
-    make = getattr(dataset, "make_order", None)
+    a loader and its resumed or re-planned passes share one O(shards) order. A source that
+    ``orders_itself`` (a mixture, a run carried on) makes its own, which may depend on the
+    batch size; a shuffled plain source with ``streams > 1`` is read from streams of its shards."""
+    own = dataset.orders_itself
     by_streams = streamed(dataset, shuffle, streams)
     if not by_streams:
         streams = 1
-        if make is None or not getattr(dataset, "order_uses_batch_size", False):
+        if not (own and dataset.order_uses_batch_size):
             batch_size = 0
     key = (
         dataset.fingerprint,
@@ -474,8 +474,10 @@ def _order_of(
     kept = _ORDERS.setdefault(dataset, {})
     order = kept.get(key)
     if order is None:
-        if make is not None:
-            order = make(int(seed), int(epoch), bool(shuffle), int(window), batch_size)
+        if own:
+            order = dataset.make_order(
+                int(seed), int(epoch), bool(shuffle), int(window), batch_size
+            )
         elif by_streams:
             from .locality import StreamedOrder
 

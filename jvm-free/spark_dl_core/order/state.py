@@ -100,7 +100,7 @@ class LoaderState:
         itself, or the variant of itself that continues the run (then the fingerprint is
         not compared), or raises. ``strict`` (the default) refuses any other fingerprint.
         """
-        carry_on = getattr(dataset, "carry_on", None)
+        carry_on = dataset.carry_on
         if carry_on is None or self.fingerprint == dataset.fingerprint:
             self.check(dataset, **settings)
             return (dataset, *self.position(epoch_total(dataset, self.epoch)))
@@ -134,9 +134,7 @@ class LoaderState:
                 f"streams={streams}: each gives another order, so the position would repeat "
                 f"or skip samples; pass streams={self.streams} to resume exactly"
             )
-        by_batch = getattr(dataset, "order_uses_batch_size", False) or streamed(
-            dataset, self.shuffle, self.streams
-        )
+        by_batch = dataset.order_uses_batch_size or streamed(dataset, self.shuffle, self.streams)
         for name, value in settings.items():
             if name == "batch_size" and not by_batch:
                 continue  # positions count samples: the batch size may change on resume
@@ -153,23 +151,20 @@ class LoaderState:
 def epoch_total(dataset: ShardSource, epoch: int) -> int:
     """Samples in ``epoch`` of ``dataset``: ``len(dataset)``, unless its epochs differ in
     size (a run carried on to another Delta version: the epoch of the switch)."""
-    total = getattr(dataset, "epoch_total", None)
-    return len(dataset) if total is None else int(total(epoch))
+    return int(dataset.epoch_total(epoch))
 
 
 def epoch_start(dataset: ShardSource, epoch: int) -> int:
     """The position a pass of ``epoch`` from its start begins at: 0, unless the dataset's
     epochs start elsewhere (a run carried on to another Delta version: the carried epoch
     begins at the switch, its earlier positions being the old version's samples)."""
-    start = getattr(dataset, "epoch_start", None)
-    return 0 if start is None else int(start(epoch))
+    return int(dataset.epoch_start(epoch))
 
 
 def position_record(dataset: ShardSource, epoch: int, consumed: int) -> dict[str, Any] | None:
     """What ``dataset`` records about a position in the states loaders save (None for a
     plain dataset; a mixture, each source's stream position)."""
-    record = getattr(dataset, "position_record", None)
-    return None if record is None else record(epoch, consumed)
+    return dataset.position_record(epoch, consumed)
 
 
 def resolve_window(window: int | None) -> int:

@@ -40,7 +40,7 @@ from ..meta import (
     read_meta,
     stored_layout,
 )
-from ..shard_source import Batch
+from ..shard_source import Batch, SourceCapabilities
 from ..store.cached_store import shard_store
 from ..store.indexing import index_fingerprint
 from ..store.storage import check_path
@@ -52,7 +52,7 @@ from .shard_loading import ShardLoading
 # column -> numpy array, or a Jagged batch (token sequences) inside the loaders
 
 
-class Dataset(RandomAccess, FollowedVersion, ShardLoading):
+class Dataset(RandomAccess, FollowedVersion, ShardLoading, SourceCapabilities):
     """An MDS dataset on storage: its shards, columns and fingerprint.
 
     Written by spark-dl or by Mosaic Streaming's MDSWriter. Use :func:`open_dataset`.
@@ -274,16 +274,6 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading):
 
     def derive(self, name: str, index: np.ndarray) -> np.ndarray:
         raise ColumnNotFoundError(f"{self.shown} has no derived column {name!r}")
-
-    def count_sources(self, ids: np.ndarray) -> np.ndarray | None:
-        """Per source of a mixture, how many of global sample ``ids`` it gives (what
-        ``loader.stats()`` shows); None for one dataset, which has no sources."""
-        return None
-
-    def source_report(self, counts: np.ndarray, epoch: int, consumed: int) -> dict[str, Any]:
-        """``loader.stats()``'s view of a mixture at a position: per-source ``counts`` by
-        name and the stage; nothing for one dataset."""
-        return {}
 
     def locate(self, sample: int) -> tuple[str, int]:
         """The shard file holding global sample ``sample`` and its index within it."""

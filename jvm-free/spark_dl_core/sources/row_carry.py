@@ -269,6 +269,8 @@ class CarriedRows:
     across files (:meth:`row_identity`); everything else is the plain dataset's: shards,
     samples, ``len`` (the new version's size, every later epoch's)."""
 
+    orders_itself = True  # the old version's epoch finished, then the new one's order
+
     carry: RowCarry
     plain: Any  # the same dataset, not carried
     _old: Any

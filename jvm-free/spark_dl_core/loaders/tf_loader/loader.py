@@ -41,6 +41,7 @@ from ...order import (
     resolve_window,
 )
 from ..frameworks import register_framework
+from ..position import resumed, saved_state
 from ..reader import BatchReader
 from ..settings import (
     PAD_MASK,
@@ -223,19 +224,9 @@ def make_tf_dataset(
             stacklevel=3,
         )
         state = resume if resume is not None else state
-    window = settings.shuffle_window
     epoch, consumed = settings.epoch, 0
     if state is not None:
-        loaded = LoaderState.from_dict(state)
-        dataset, epoch, consumed = loaded.resume(
-            dataset,
-            strict,
-            seed=settings.seed,
-            shuffle=settings.shuffle,
-            shuffle_window=window,
-            batch_size=settings.batch_size,
-            streams=settings.streams,
-        )
+        _, dataset, epoch, consumed = resumed(dataset, settings, state, strict)
 
     def plan_for(epoch: int, consumed: int) -> EpochPlan:
         return settings.epoch_plan(dataset, epoch, consumed, rank, world_size)
@@ -338,18 +329,7 @@ def make_tf_dataset(
         plan, pass_epoch = passes.current
         steps = check_steps(steps, len(plan))
         at_epoch, consumed = epoch_position(pass_epoch, plan.consumed_after(steps), plan.total)
-        return LoaderState(
-            fingerprint=dataset.fingerprint,
-            seed=settings.seed,
-            epoch=at_epoch,
-            shuffle=settings.shuffle,
-            shuffle_window=window,
-            batch_size=settings.batch_size,
-            drop_last=settings.drop_last,
-            consumed=consumed,
-            streams=settings.streams,
-            source=position_record(dataset, at_epoch, consumed),
-        ).to_dict()
+        return saved_state(dataset, settings, at_epoch, consumed)
 
     def stats() -> dict[str, Any]:
         """The latest pass as produced for tf.data: samples and batches, samples/s, time

@@ -20,12 +20,11 @@ from ...errors import SpecError, optional_import
 from ...ops.read import ReadOps
 from ...order import (
     EpochPlan,
-    LoaderState,
     epoch_position,
     epoch_start,
     plan_position,
-    position_record,
 )
+from ..position import resumed, saved_state
 from ..reader import BatchReader
 from ..settings import (
     PAD_MASK,
@@ -615,18 +614,7 @@ class TorchLoader:
             epoch, consumed = epoch_position(live.epoch, consumed, live.plan.total)
         else:
             epoch, consumed = self.epoch, self._consumed
-        return LoaderState(
-            fingerprint=self.dataset.fingerprint,
-            seed=self.seed,
-            epoch=epoch,
-            shuffle=self.shuffle,
-            shuffle_window=self.shuffle_window,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            consumed=consumed,
-            streams=self.settings.streams,
-            source=position_record(self.dataset, epoch, consumed),
-        ).to_dict()
+        return saved_state(self.dataset, self.settings, epoch, consumed)
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
         """Make ``state`` the saved position; raises if it is for another dataset or order.
@@ -637,16 +625,7 @@ class TorchLoader:
         sources or schedule changed) carries the run on if the dataset can honour it
         (docs/mixtures.md), else it raises naming why.
         """
-        loaded = LoaderState.from_dict(state)
-        dataset, epoch, consumed = loaded.resume(
-            self.dataset,
-            strict,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            shuffle_window=self.shuffle_window,
-            batch_size=self.batch_size,
-            streams=self.settings.streams,
-        )
+        _, dataset, epoch, consumed = resumed(self.dataset, self.settings, state, strict)
         if dataset is not self.dataset:  # carried on: workers must read the new order
             self.dataset, self._pool = dataset, None
         self._set_position(epoch, consumed)
