@@ -240,12 +240,12 @@ class Converter:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def to_torch(self, batch_size: int = 256, **kwargs: Any) -> Any:
+    def to_torch(self, batch_size: int | None = None, **kwargs: Any) -> Any:
         loader = self.dataset.to_torch(batch_size=batch_size, **kwargs)
         _hold(self.path, loader)  # a holder of its own: it shares this converter's dataset
         return loader
 
-    def to_tf(self, batch_size: int = 256, **kwargs: Any) -> Any:
+    def to_tf(self, batch_size: int | None = None, **kwargs: Any) -> Any:
         loader = self.dataset.to_tf(batch_size=batch_size, **kwargs)
         _hold(self.path, loader)
         return loader

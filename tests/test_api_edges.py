@@ -70,6 +70,26 @@ def test_loader_settings_after_batch_size_are_keywords(tmp_path: Path) -> None:
     assert [len(b["id"]) for b in ds.iter_batches(4, shuffle=True)] == [4, 4]
 
 
+def test_one_default_batch_size_and_no_silent_disagreement(tmp_path: Path) -> None:
+    """Every loading call takes LoaderSettings' default batch size; a batch size given beside
+    settings= that disagrees with them is refused, naming both, instead of one being lost."""
+    from spark_dl_core import LoaderSettings
+
+    path = tmp_path / "big"
+    write_mds(pa.table({"id": np.arange(600, dtype=np.int64)}), str(path))
+    ds = open_dataset(str(path))
+    default = LoaderSettings().batch_size
+    assert len(next(iter(ds.iter_batches()))["id"]) == default
+    assert len(ds.sample_order()[0]) == default
+    assert len(next(iter(ds.to_torch()))["id"]) == default
+    given = LoaderSettings(batch_size=100)
+    assert len(next(iter(ds.iter_batches(settings=given)))["id"]) == 100
+    assert len(next(iter(ds.iter_batches(100, settings=given)))["id"]) == 100
+    for call in (ds.iter_batches, ds.sample_order, ds.to_torch, ds.to_tf):
+        with pytest.raises(SpecError, match=r"batch_size=512.*batch_size=100"):
+            call(512, settings=given)
+
+
 # ---------------------------------------------------------------- settings checked at build
 
 _BAD_READS = [

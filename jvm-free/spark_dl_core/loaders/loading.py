@@ -29,6 +29,7 @@ from .reader import BatchReader
 from .settings import (
     PAD_MASK,
     LoaderSettings,
+    batch_size_of,
     check_pad_mask,
     reader_extras,
     settings_from,
@@ -37,7 +38,7 @@ from .settings import (
 
 def iter_batches(
     ds: Dataset,
-    batch_size: int = 1024,
+    batch_size: int | None = None,
     *,
     shuffle: bool = False,
     seed: int = 0,
@@ -63,6 +64,7 @@ def iter_batches(
     Shards are loaded ahead by a thread within ``prefetch_bytes`` of decompressed data.
     ``transforms`` are read-time ops (image pipeline, normalize…), after the spec's own.
     """
+    batch_size = batch_size_of(batch_size, settings, "iter_batches")
     if settings is None:
         kwargs = dict(
             batch_size=batch_size,
@@ -116,7 +118,7 @@ def iter_batches(
 
 def sample_order(
     ds: Dataset,
-    batch_size: int = 1024,
+    batch_size: int | None = None,
     *,
     shuffle: bool = False,
     seed: int = 0,
@@ -136,6 +138,7 @@ def sample_order(
     ``even_batches`` (over several ranks) pads every rank to the same number of batches
     (``order.pad_mask(k)`` marks the repeats), as the loaders do by default.
     """
+    batch_size = batch_size_of(batch_size, settings, "sample_order")
     if settings is not None:
         rank = 0 if settings.rank is None else settings.rank
         world_size = 1 if settings.world_size is None else settings.world_size
@@ -191,7 +194,7 @@ def _stored_for(ds: Dataset, columns: list[str] | None) -> list[str] | None:
 def to_framework(
     framework: str,
     ds: Dataset,
-    batch_size: int,
+    batch_size: int | None,
     *,
     settings: LoaderSettings | None = None,
     state: dict[str, Any] | None = None,
@@ -210,6 +213,7 @@ def to_framework(
         extra["state"] = state
     elif state is not None:
         kwargs["state"] = state  # refused by the settings, naming the setting
+    batch_size = batch_size_of(batch_size, settings, f"to_{framework}")
     if settings is None:
         kwargs["batch_size"] = batch_size
     chosen = settings_from(settings, kwargs)

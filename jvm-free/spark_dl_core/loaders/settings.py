@@ -23,6 +23,9 @@ from .reader import DEFAULT_PREFETCH_BYTES, BatchReader
 if TYPE_CHECKING:
     from ..shard_source import ShardSource
 
+# Samples per batch when a loading call names none: iter_batches, sample_order, to_torch and
+# to_tf alike.
+DEFAULT_BATCH_SIZE = 256
 _IMAGES = ("bytes", "pil", "numpy")
 _DEVICES = (None, "cpu", "cuda")
 
@@ -87,7 +90,7 @@ class LoaderSettings:
     fixed-length token rows instead of samples (see :mod:`spark_dl_core.loaders.packing`).
     """
 
-    batch_size: int = 256
+    batch_size: int = DEFAULT_BATCH_SIZE
     shuffle: bool = False
     seed: int = 0
     epoch: int = 0
@@ -355,6 +358,19 @@ def check_steps(steps: Any, batches: int) -> int:
             f"an int from 0 to {batches} (its length)"
         )
     return value
+
+
+def batch_size_of(batch_size: int | None, settings: LoaderSettings | None, call: str) -> int:
+    """The batch size of a loading call given ``batch_size`` and/or ``settings``: a batch
+    size that disagrees with ``settings.batch_size`` is refused, not silently dropped."""
+    if settings is None:
+        return DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+    if batch_size is not None and batch_size != settings.batch_size:
+        raise SpecError(
+            f"{call}(batch_size={batch_size}, settings=...) disagrees with the settings' "
+            f"batch_size={settings.batch_size}: give the batch size once"
+        )
+    return settings.batch_size
 
 
 def settings_from(settings: LoaderSettings | None, kwargs: dict[str, Any]) -> LoaderSettings:

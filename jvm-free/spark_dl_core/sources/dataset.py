@@ -529,7 +529,7 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading, SourceCapabilities):
     # (orders, readers, loader settings, framework adapters) that installs itself when the
     # package is imported (install_loading); this room imports none of those.
 
-    def iter_batches(self, batch_size: int = 1024, **settings: Any) -> Iterator[Batch]:
+    def iter_batches(self, batch_size: int | None = None, **settings: Any) -> Iterator[Batch]:
         """Batches (dicts of numpy arrays) of one rank's share of one epoch.
 
         Keywords are :class:`~spark_dl_core.loaders.settings.LoaderSettings` fields
@@ -541,7 +541,7 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading, SourceCapabilities):
         """
         return _loading.iter_batches(self, batch_size, **settings)
 
-    def sample_order(self, batch_size: int = 1024, **settings: Any) -> Any:
+    def sample_order(self, batch_size: int | None = None, **settings: Any) -> Any:
         """One rank's batches of global sample indices for an epoch, lazily (an
         :class:`~spark_dl_core.order.EpochPlan`): the very order every loader reads.
         ``len(order)`` batches; ``order[k]`` is an int64 array, computed when asked
@@ -553,7 +553,7 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading, SourceCapabilities):
         """The whole dataset (or some columns) as an Arrow table with the recorded types."""
         return _loading.to_arrow(self, columns, batch_size=batch_size)
 
-    def to_torch(self, batch_size: int = 256, **settings: Any) -> Any:
+    def to_torch(self, batch_size: int | None = None, **settings: Any) -> Any:
         """A PyTorch loader over this dataset (see :mod:`spark_dl_core.loaders.torch_loader`).
 
         Keywords are :class:`~spark_dl_core.loaders.settings.LoaderSettings` fields, or
@@ -561,7 +561,7 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading, SourceCapabilities):
         """
         return _loading.to_framework("torch", self, batch_size, **settings)
 
-    def to_tf(self, batch_size: int = 256, **settings: Any) -> Any:
+    def to_tf(self, batch_size: int | None = None, **settings: Any) -> Any:
         """A ``tf.data.Dataset`` over this dataset (see
         :mod:`spark_dl_core.loaders.tf_loader.loader`); ``state=`` resumes from a loader state."""
         return _loading.to_framework("tf", self, batch_size, **settings)

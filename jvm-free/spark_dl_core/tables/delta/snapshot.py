@@ -438,18 +438,18 @@ class DeltaSnapshot:
         """The in-place dataset's fingerprint (see :attr:`DeltaDataset.fingerprint`)."""
         return self.dataset().fingerprint
 
-    def iter_batches(self, batch_size: int = 1024, **settings: Any) -> Iterator[Any]:
+    def iter_batches(self, batch_size: int | None = None, **settings: Any) -> Iterator[Any]:
         """Batches read in place, as :meth:`Dataset.iter_batches` (no export)."""
         return self.dataset().iter_batches(batch_size, **settings)
 
-    def sample_order(self, batch_size: int = 1024, **settings: Any) -> Any:
+    def sample_order(self, batch_size: int | None = None, **settings: Any) -> Any:
         return self.dataset().sample_order(batch_size, **settings)
 
-    def to_torch(self, batch_size: int = 256, **settings: Any) -> Any:
+    def to_torch(self, batch_size: int | None = None, **settings: Any) -> Any:
         """A PyTorch loader reading the snapshot in place (see :meth:`Dataset.to_torch`)."""
         return self.dataset().to_torch(batch_size, **settings)
 
-    def to_tf(self, batch_size: int = 256, **settings: Any) -> Any:
+    def to_tf(self, batch_size: int | None = None, **settings: Any) -> Any:
         """A ``tf.data.Dataset`` reading the snapshot in place (see :meth:`Dataset.to_tf`)."""
         return self.dataset().to_tf(batch_size, **settings)
 
