@@ -12,7 +12,7 @@ rows by ``layout``. Nothing here imports another room, so any room may type agai
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -147,7 +147,21 @@ class ShardSource(Protocol):
 
     def count_sources(self, ids: np.ndarray) -> np.ndarray | None: ...
 
+    def in_place_record(self) -> tuple[str, dict[str, Any]] | None: ...
+
     def source_report(self, counts: np.ndarray, epoch: int, consumed: int) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class TableSnapshot(Protocol):
+    """What a mixture's ``Source(...)`` may hold besides a dataset or a path: a pinned table
+    snapshot, which gives itself as a source read in place (its ``dataset()``)."""
+
+    @property
+    def shown(self) -> str:
+        """How messages and mixtures name it."""
+
+    def dataset(self, spec: Any = None, **options: Any) -> Any: ...
 
 
 class SourceCapabilities:
@@ -212,3 +226,9 @@ class SourceCapabilities:
         """``loader.stats()``'s view of a mixture at a position: per-source ``counts`` by
         name and the stage; nothing for one dataset."""
         return {}
+
+    def in_place_record(self) -> tuple[str, dict[str, Any]] | None:
+        """How a saved mixture opens this source again when it is a table read in place:
+        (the kind of table, the arguments its reopening takes; see ``tables/kinds``). None:
+        a dataset, which its path reopens."""
+        return None

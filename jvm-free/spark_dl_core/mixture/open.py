@@ -13,10 +13,9 @@ from pydantic import ValidationError
 
 from ..errors import MixtureError
 from ..order import BATCHING
+from ..shard_source import TableSnapshot
 from ..sources.dataset import Dataset, open_dataset
-from ..tables.delta.in_place import DeltaDataset
-from ..tables.delta.snapshot import DeltaSnapshot
-from ..tables.delta.table import open_delta
+from ..tables.kinds import REOPEN
 from .dataset import Mixture
 from .spec import (
     MIXTURE_VERSION,
@@ -33,16 +32,16 @@ def _open_source(
     source: Source, index: int, cache_dir: str | None, storage_options: dict[str, Any] | None
 ) -> Dataset:
     target = source.dataset
-    if isinstance(target, DeltaSnapshot):  # a pinned Delta version, read in place
-        return target.dataset()
     if isinstance(target, Dataset):
         if isinstance(target, Mixture):
             raise MixtureError(f"source {index}: a mixture cannot be a source of another")
         return target
+    if isinstance(target, TableSnapshot):  # a pinned table version, read in place
+        return target.dataset()
     if not isinstance(target, (str, os.PathLike)):
         raise MixtureError(
             f"source {index}: {type(target).__name__} is not a dataset path or an open "
-            "Dataset or Delta snapshot (DataFrames: use spark_dl.mix)"
+            "Dataset or table snapshot (DataFrames: use spark_dl.mix)"
         )
     try:
         return open_dataset(str(target), cache_dir=cache_dir, storage_options=storage_options)
@@ -53,41 +52,32 @@ def _open_source(
 
 
 def _in_place_record(dataset: Dataset) -> InPlaceDelta | None:
-    """What reopens a source read in place from a Delta table (None for a dataset, which
-    its path reopens)."""
-    if not isinstance(dataset, DeltaDataset):
+    """What reopens a source that is a table read in place (None for a dataset, which its
+    path reopens)."""
+    record = dataset.in_place_record()
+    if record is None:
         return None
-    snap = dataset.snapshot
-    return InPlaceDelta(
-        table=snap.table_uri,
-        version=snap.version,
-        since=snap.since,
-        projection=snap.projection,
-        filter=None if snap.filter is None else str(snap.filter),
-        spec=dataset.spec,
-    )
+    kind, arguments = record
+    if kind != "delta":  # the spec's one field for a table read in place (its JSON form)
+        raise MixtureError(
+            f"{dataset.shown}: a {kind} table read in place cannot be saved in a mixture spec"
+        )
+    return InPlaceDelta(**arguments)
 
 
 def _reopen_in_place(
     record: InPlaceDelta, index: int, label: str, storage_options: dict[str, Any] | None
 ) -> Dataset:
-    """A saved mixture's source read in place from a Delta table, opened again."""
+    """A saved mixture's source that is a table read in place, opened again."""
     if record.filter is not None:
         raise MixtureError(
-            f"source {index} ({label}): a Delta table read in place with filter="
+            f"source {index} ({label}): a table read in place with filter="
             f"{record.filter} cannot be reopened from a saved mixture (a filter expression "
             "has no JSON form); export the filtered snapshot (snap.write_mds(path)) and mix "
             "the export, or build the mixture again with mix()"
         )
     try:
-        snap = open_delta(
-            record.table,
-            version=record.version,
-            since=record.since,
-            columns=record.projection,
-            storage_options=storage_options,
-        )
-        return snap.dataset(record.spec)
+        return REOPEN["delta"](record.model_dump(), storage_options)
     except Exception as exc:
         raise MixtureError(f"source {index} ({label}) cannot be opened: {exc}") from exc
 

@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_serializer, m
 
 from ..errors import MixtureError
 from ..order import BATCHING, proportional_counts
+from ..shard_source import TableSnapshot
 from ..sources.dataset import Dataset
-from ..tables.delta.snapshot import DeltaSnapshot
 
 MIXTURE_VERSION = 1
 _COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmbgt]?)\s*$", re.IGNORECASE)
@@ -90,10 +90,8 @@ class Source:
             return self.dataset.shown
         if isinstance(self.dataset, (str, os.PathLike)):
             return str(self.dataset)
-        if isinstance(self.dataset, DeltaSnapshot):
-            since = self.dataset.since
-            at = f"v{since}..v" if since is not None else "v"  # rows new since a version
-            return f"{self.dataset.table_uri}@{at}{self.dataset.version}"
+        if isinstance(self.dataset, TableSnapshot):  # a table version read in place
+            return str(self.dataset.shown)
         return f"source {index}"
 
 

@@ -206,6 +206,19 @@ class DeltaDataset(DeltaPlanning, Dataset):
         """The snapshot's lineage, as an export of it records in ``spark_dl.json``."""
         return self.snapshot.lineage()
 
+    def in_place_record(self) -> tuple[str, dict[str, Any]]:
+        """What reopens this read from a saved mixture (``tables/kinds``): ``open_delta``'s
+        arguments and the read's spec; a filter as its text only."""
+        snap = self.snapshot
+        return "delta", {
+            "table": snap.table_uri,
+            "version": snap.version,
+            "since": snap.since,
+            "projection": snap.projection,
+            "filter": None if snap.filter is None else str(snap.filter),
+            "spec": self.spec,
+        }
+
     @cached_property
     def fingerprint(self) -> str:
         """A pure function of the snapshot's content and the read's spec: each data file's

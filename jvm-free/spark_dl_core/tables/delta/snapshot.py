@@ -121,6 +121,13 @@ class DeltaSnapshot:
     # -- facts
 
     @property
+    def shown(self) -> str:
+        """The snapshot as messages and mixtures name it: ``TABLE@vN`` (``TABLE@vM..vN``
+        for the rows new since version M)."""
+        at = f"v{self.since}..v" if self.since is not None else "v"
+        return f"{self.table_uri}@{at}{self.version}"
+
+    @property
     def has_deletion_vectors(self) -> bool:
         """True when some file of this snapshot has deleted rows recorded in a deletion vector."""
         return bool(self._keep)

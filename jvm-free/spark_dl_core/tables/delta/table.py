@@ -56,3 +56,16 @@ DELTA = DeltaKind(
     reopen=open_delta,
     carrier=carry,
 )
+
+
+def reopen_in_place(record: dict[str, Any], storage_options: dict[str, Any] | None) -> Any:
+    """A Delta snapshot read in place, opened again from what its dataset's
+    ``in_place_record()`` recorded (a saved mixture's source)."""
+    snap = open_delta(
+        record["table"],
+        version=record["version"],
+        since=record.get("since"),
+        columns=record.get("projection"),
+        storage_options=storage_options,
+    )
+    return snap.dataset(record.get("spec") or {})
