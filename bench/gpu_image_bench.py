@@ -130,7 +130,8 @@ def nvjpeg_limit(path: Path) -> dict[str, float]:
 def stage_rates(path: Path) -> dict[str, dict[str, float]]:
     """The main process's share of the device path on preloaded bytes: nvjpeg decode, then
     the crops one image at a time or batched (no workers, no I/O)."""
-    from spark_dl_core.media.images import ImagePipeline, decode_with_nvjpeg
+    from spark_dl_core.media.image_device import decode_with_nvjpeg
+    from spark_dl_core.media.images import ImagePipeline
     from spark_dl_core.ops.transforms import parse_transforms
 
     ops = parse_transforms(OPS)

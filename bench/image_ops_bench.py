@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as functional
 
-from spark_dl_core.media import images
+from spark_dl_core.media import image_decode, images
 from spark_dl_core.media.images import ImagePipeline, augment_key
 from spark_dl_core.ops.transforms import parse_transforms
 
@@ -50,7 +50,7 @@ _EXTENSION = images._jpeg
 def _set(region: bool, resampler: str) -> None:
     if region and _EXTENSION is None:
         raise SystemExit("the C extension spark_dl_core._jpeg is not built")
-    images._jpeg = _EXTENSION if region else None
+    images._jpeg = image_decode._jpeg = _EXTENSION if region else None
     images._torch_resize = functional.interpolate if resampler == "torch" else None
 
 

@@ -224,7 +224,8 @@ def test_batched_crops_agree_with_the_per_image_resampler(size: int) -> None:
     """One ``grid_sample`` for the batch approximates the per-image antialiased resize: the
     same boxes and flips, values a fraction of a level apart on average (measured on photo-
     like 375-500 px JPEGs: mean 0.2-0.4, upscales exact)."""
-    from spark_dl_core.media.images import ImagePipeline, decode_on_host
+    from spark_dl_core.media.image_device import decode_on_host
+    from spark_dl_core.media.images import ImagePipeline
     from spark_dl_core.ops.transforms import parse_transforms
 
     raws = [_image(60 + 7 * i, 50 + 5 * (i % 6), i, "JPEG") for i in range(12)]

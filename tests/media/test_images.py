@@ -17,6 +17,7 @@ from PIL import Image
 
 from spark_dl_core import DatasetSpec, open_dataset, write_mds
 from spark_dl_core.errors import SpecError
+from spark_dl_core.media import image_decode
 from spark_dl_core.media import images as image_module
 from spark_dl_core.media.images import ImageError, ImagePipeline, decode_image, plan_boxes
 from spark_dl_core.ops.transforms import RandomResizedCrop, parse_transforms
@@ -199,10 +200,10 @@ def test_same_crops_on_any_worker_count_world_size_and_resume(written: Path) -> 
 
 def test_each_sample_is_decoded_once(written: Path) -> None:
     ds = open_dataset(written)
-    before = image_module.decode_count()
+    before = image_decode.decode_count()
     seen = sum(len(b["id"]) for b in ds.to_torch(batch_size=10, transforms=TRAIN))
     assert seen == N
-    assert image_module.decode_count() - before == N
+    assert image_decode.decode_count() - before == N
 
 
 def test_reduced_scale_decode_when_the_target_is_smaller() -> None:
@@ -611,6 +612,8 @@ def test_jpegs_with_harmless_libjpeg_warnings_decode_on_every_path(
         from spark_dl_core.media import image_codec
 
         monkeypatch.setattr(image_module, "_jpeg", None)
+
+        monkeypatch.setattr(image_decode, "_jpeg", None)
         monkeypatch.setattr(image_codec, "jpeg_ext", None)
     raws = _warning_jpegs()
     want = np.asarray(Image.open(io.BytesIO(raws["clean"])).convert("RGB"))
@@ -635,6 +638,8 @@ def test_corrupt_jpegs_still_fail_on_every_path(
         from spark_dl_core.media import image_codec
 
         monkeypatch.setattr(image_module, "_jpeg", None)
+
+        monkeypatch.setattr(image_decode, "_jpeg", None)
         monkeypatch.setattr(image_codec, "jpeg_ext", None)
     raw = _warning_jpegs()["junk before EOI"]
     scan = _segment_end(raw, 0xDA)

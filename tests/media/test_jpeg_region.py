@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from spark_dl_core.media import image_decode
 from spark_dl_core.media import images as image_module
 from spark_dl_core.media.images import ImageError, ImagePipeline, pixel_box, region_scale
 from spark_dl_core.ops.transforms import parse_transforms
@@ -205,9 +206,9 @@ def test_pipeline_region_path_equals_full_decode_then_crop(mode: str) -> None:
     a full decode at the same DCT scale, the box rounded to pixels, cropped and resampled."""
     raws = [_jpeg_bytes(seed=i, h=240 + 16 * i, w=320 - 8 * i) for i in range(12)]
     pipeline = ImagePipeline("image", mode=mode, geometry=parse_transforms(GEOMETRY))
-    before = image_module.decode_count()
+    before = image_decode.decode_count()
     plan, out = _run(pipeline, raws)
-    assert image_module.decode_count() - before == len(raws)
+    assert image_decode.decode_count() - before == len(raws)
     assert out.shape == (12, 48, 48, 1 if mode == "L" else 3)
     scales = set()
     for i, raw in enumerate(raws):
@@ -229,6 +230,7 @@ def test_pipeline_agrees_with_the_whole_image_path(monkeypatch: pytest.MonkeyPat
     pipeline = ImagePipeline("image", geometry=parse_transforms(GEOMETRY))
     _, new = _run(pipeline, raws)
     monkeypatch.setattr(image_module, "_jpeg", None)
+    monkeypatch.setattr(image_decode, "_jpeg", None)
     monkeypatch.setattr(image_module, "_torch_resize", None)
     _, old = _run(pipeline, raws)
     diff = np.abs(new.astype(int) - old.astype(int))

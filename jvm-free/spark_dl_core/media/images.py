@@ -27,16 +27,14 @@ See docs/images.md for the decoders' measured speed.
 from __future__ import annotations
 
 import importlib.util
-import io
 import math
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import DatasetError, SpecError
+from ..errors import SpecError
 from ..format.buffers import ImageList
 from ..ops.read import alloc_typed
 from ..ops.registry import register_op
@@ -51,137 +49,15 @@ from .image_codec import JPEG_MAGIC as _JPEG
 from .image_codec import image_size
 from .image_codec import jpeg_ext as _jpeg
 from .image_codec import pil as _pil
-from .image_codec import simplejpeg as _simplejpeg
+from .image_decode import ImageError, count_decodes, decode_image, region_scale, scaled_size
+from .image_device import _batchable, crop_batch, device_decoder, gpu_decoder_available
 from .image_plans import Plan as Plan
 from .image_plans import fixes_size, pixel_box, plan_boxes, plan_exact, run_steps
-
-_decodes = 0  # images decoded by this process (tests count decodes per sample)
-
-
-def decode_count() -> int:
-    """How many images this process has decoded (for tests and diagnostics)."""
-    return _decodes
 
 
 def new_bytes(shape: tuple[int, ...]) -> np.ndarray:
     """A fresh uint8 array: the allocator outside DataLoader workers."""
     return np.empty(shape, np.uint8)
-
-
-class ImageError(DatasetError):
-    """An image that does not decode, named by column, shard and sample index."""
-
-    def __init__(self, message: str) -> None:  # one argument: DataLoader re-raises it intact
-        super().__init__(message)
-
-
-# --------------------------------------------------------------------------- decoding
-
-
-def _four_channel(raw: bytes) -> bool:
-    """A CMYK or YCCK JPEG: PIL decodes those (Adobe's inverted CMYK to RGB as PIL
-    converts it); libjpeg-based decoders convert them another way, a level or two off."""
-    try:
-        if _jpeg is not None:
-            return int(_jpeg.header(raw)[2]) == 4
-        return str(_simplejpeg.decode_jpeg_header(raw)[2]) in ("CMYK", "YCCK")
-    except Exception:  # not a readable header: the decoder says what is wrong
-        return False
-
-
-def decode_image(
-    raw: bytes,
-    mode: str,
-    at_least: tuple[int, int] | None = None,
-    into: np.ndarray | None = None,
-) -> np.ndarray:
-    """Pixels ``[H, W, C]`` (uint8). ``at_least=(h, w)`` allows a reduced DCT scale that
-    keeps the image at least that large (JPEG only; others decode at full size)."""
-    global _decodes
-    _decodes += 1
-    if raw[:2] == _JPEG and not _four_channel(raw):
-        pixels = _decode_jpeg(raw, mode, at_least, into)
-        if pixels is not None:
-            return pixels
-    min_h, min_w = at_least or (0, 0)
-    image = _pil().open(io.BytesIO(raw))
-    if at_least is not None and image.format == "JPEG":
-        image.draft(mode, (max(1, int(min_w)), max(1, int(min_h))))
-    image = image.convert(mode)
-    pixels = np.asarray(image)
-    return pixels[:, :, None] if pixels.ndim == 2 else pixels
-
-
-# libjpeg's texts of the warnings that leave wrong pixels behind (truncated or corrupt
-# entropy data): the errors csrc/jpeg_region.c raises. Every other warning (junk bytes
-# before a marker, odd JFIF revisions, ...) is harmless, and PIL decodes through it.
-_HARMFUL_WARNINGS = (
-    "Corrupt JPEG data: premature end of data segment",
-    "Corrupt JPEG data: bad Huffman code",
-    "Corrupt JPEG data: bad arithmetic code",
-    "Premature end of JPEG file",
-    "instead of RST",
-)
-
-
-def _decode_jpeg(
-    raw: bytes, mode: str, at_least: tuple[int, int] | None, into: np.ndarray | None
-) -> np.ndarray | None:
-    """A JPEG's pixels, warnings treated as the crop path and PIL treat them (only those
-    that mean wrong pixels are errors), so a file decodes on every path or on none.
-    simplejpeg first (fast, but it refuses any warning); a file it refuses goes to the
-    extension's full decode, else (not built) to PIL (None)."""
-    if _simplejpeg is not None:
-        try:
-            pixels = _simplejpeg.decode_jpeg(
-                raw,
-                colorspace="RGB" if mode == "RGB" else "GRAY",
-                min_height=int(at_least[0]) if at_least else 0,
-                min_width=int(at_least[1]) if at_least else 0,
-                buffer=into,
-            )
-        except ValueError as exc:
-            if _jpeg is None and any(text in str(exc) for text in _HARMFUL_WARNINGS):
-                raise
-        else:
-            pixels = np.asarray(pixels)
-            return pixels if pixels.ndim == 3 else pixels[:, :, None]
-    if _jpeg is None:
-        return None
-    scale = 8
-    if at_least is not None:  # the smallest DCT scale keeping the image that large
-        height, width, _ = _jpeg.header(raw)
-        scale = next(
-            s
-            for s in _SCALES
-            if s == 8 or (_scaled(height, s) >= at_least[0] and _scaled(width, s) >= at_least[1])
-        )
-    channels = 3 if mode == "RGB" else 1
-    buffer, _, _, cols, rows = _jpeg.decode(raw, scale, gray=channels == 1, out=into)
-    return np.frombuffer(buffer, np.uint8, rows * cols * channels).reshape(rows, cols, channels)
-
-
-# JPEG DCT scales (eighths) a region is decoded at. libjpeg-turbo also has 3/8, 5/8, 6/8
-# and 7/8, but measured here 5/8..7/8 decode slower than 8/8 and 3/8 no faster than 4/8.
-_SCALES = (1, 2, 4, 8)
-
-
-def _scaled(n: int, scale: int) -> int:
-    """libjpeg's output size of ``n`` pixels at ``scale``/8 (rounded up)."""
-    return -(-n * scale // 8)
-
-
-def region_scale(
-    box: tuple[float, float, float, float], source: tuple[int, int], out: tuple[int, int]
-) -> int:
-    """The smallest DCT scale (eighths) keeping ``box`` (source pixels) at least ``out``."""
-    (full_h, full_w), (oh, ow) = source, out
-    bw, bh = box[2] - box[0], box[3] - box[1]
-    for scale in _SCALES:
-        sw, sh = _scaled(full_w, scale), _scaled(full_h, scale)
-        if bw * sw / full_w >= ow and bh * sh / full_h >= oh:
-            return scale
-    return 8
 
 
 _torch_resize: Any = False  # False: not looked up yet; None: torch is not installed
@@ -283,7 +159,7 @@ def _region_resample(
     assert _jpeg is not None
     scale = region_scale(box, source, out)
     full_h, full_w = source
-    sh, sw = _scaled(full_h, scale), _scaled(full_w, scale)
+    sh, sw = scaled_size(full_h, scale), scaled_size(full_w, scale)
     sx, sy = sw / full_w, sh / full_h
     scaled = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
     left, top, right, bottom = pixel_box(scaled, sh, sw)
@@ -386,7 +262,6 @@ class ImagePipeline:
         ``alloc(shape)`` makes the uint8 output (DataLoader workers allocate shared memory,
         so a decoded batch crosses to the main process without another copy).
         """
-        global _decodes
         n = len(raws)
         if not self.geometry and not plan.flips.any():
             return self._decode_only(raws, plan, where, alloc)
@@ -422,7 +297,7 @@ class ImagePipeline:
                 except ValueError as exc:  # e.g. CMYK: the whole-image path may still read it
                     region_error = str(exc)
                 else:
-                    _decodes += 1
+                    count_decodes(1)
                     if batch is None:
                         images.append(pixels if whole is None else whole)
                     continue
@@ -531,9 +406,8 @@ class ImagePipeline:
         The decode comes from :func:`device_decoder` (on CUDA: torchvision's batched
         ``decode_jpeg``); everything after it is :meth:`transform_tensors`.
         """
-        global _decodes
         decoded = device_decoder(device)(raws, self.mode, device)
-        _decodes += len(decoded)
+        count_decodes(len(decoded))
         return self.transform_tensors(decoded, plan)
 
     def transform_tensors(self, images: list[Any], plan: Plan, batched: bool = True) -> Any:
@@ -641,164 +515,6 @@ def finish_batch(
         np.subtract(batch[..., k], means[k], out=plane, dtype=np.float32)
         np.divide(plane, stds[k], out=plane, dtype=np.float32)
     return out
-
-
-def _batchable(plan: Plan, n: int) -> bool:
-    """Whether every crop of the batch has one output size and no padding."""
-    if plan.steps is not None or n < 2 or plan.out is None:
-        return False
-    return all(plan.region(i) is None for i in range(n))
-
-
-_SUPERSAMPLE = 4  # most sub-samples per output pixel and axis (downscales beyond 4x alias)
-
-
-def crop_batch(images: list[Any], plan: Plan) -> Any:
-    """All crops of a batch, resized to ``plan.out`` and flipped, in one ``grid_sample``.
-
-    The device path's fast form of the per-image crop and antialiased resize: the images
-    share one zero-padded canvas; each output pixel averages ``k x k`` bilinear samples spread
-    over its footprint in the source (``k`` the batch's largest downscale, at most
-    :data:`_SUPERSAMPLE`), which approximates the antialiased bilinear filter closely (see
-    tests/media/test_device_path.py for the measured difference). Boxes are the CPU path's
-    whole-pixel boxes (:func:`pixel_box`). Returns ``[B, C, H, W]`` uint8.
-    """
-    import torch
-    import torch.nn.functional as functional
-
-    n = len(images)
-    device = images[0].device
-    assert plan.out is not None
-    oh, ow = plan.out
-    heights = [int(image.shape[-2]) for image in images]
-    widths = [int(image.shape[-1]) for image in images]
-    canvas = torch.zeros(
-        (n, int(images[0].shape[0]), max(heights), max(widths)), dtype=torch.float32, device=device
-    )
-    for i, image in enumerate(images):
-        canvas[i, :, : heights[i], : widths[i]] = image
-    boxes = np.array(
-        [pixel_box(tuple(plan.boxes[i]), heights[i], widths[i]) for i in range(n)], np.float64
-    )  # left, top, right, bottom
-    scale_x = (boxes[:, 2] - boxes[:, 0]) / ow
-    scale_y = (boxes[:, 3] - boxes[:, 1]) / oh
-    k = int(min(max(math.ceil(float(max(scale_x.max(), scale_y.max()))), 1), _SUPERSAMPLE))
-    # Sample positions in source pixel-edge coordinates: output pixel j's footprint is
-    # [left + j * scale, left + (j + 1) * scale), sampled at k evenly spaced points.
-    steps = (np.arange(ow * k) + 0.5) / k
-    # Clipped to the box's outer pixel centres: the crop's border, as when cropping first.
-    xs = boxes[:, :1] + steps[None, :] * scale_x[:, None]  # (n, ow*k)
-    xs = np.clip(xs, boxes[:, :1] + 0.5, boxes[:, 2:3] - 0.5)
-    steps = (np.arange(oh * k) + 0.5) / k
-    ys = boxes[:, 1:2] + steps[None, :] * scale_y[:, None]  # (n, oh*k)
-    ys = np.clip(ys, boxes[:, 1:2] + 0.5, boxes[:, 3:4] - 0.5)
-    width, height = canvas.shape[-1], canvas.shape[-2]
-    gx = torch.as_tensor(xs / width * 2 - 1, dtype=torch.float32, device=device)
-    gy = torch.as_tensor(ys / height * 2 - 1, dtype=torch.float32, device=device)
-    grid = torch.stack(
-        [gx[:, None, :].expand(n, oh * k, ow * k), gy[:, :, None].expand(n, oh * k, ow * k)], -1
-    )
-    sampled = functional.grid_sample(
-        canvas, grid, mode="bilinear", padding_mode="border", align_corners=False
-    )
-    if k > 1:
-        sampled = functional.avg_pool2d(sampled, k)
-    out = sampled.round_().clamp_(0, 255).to(torch.uint8)
-    flips = torch.as_tensor(plan.flips[:n], device=device)
-    if bool(plan.flips[:n].any()):
-        out = torch.where(flips[:, None, None, None], out.flip(-1), out)
-    return out
-
-
-DeviceDecode = Callable[[list[Any], str, str], list[Any]]
-
-
-def _torchvision_decoder() -> Any:
-    try:
-        from torchvision.io import decode_jpeg
-    except Exception as exc:  # ImportError, or a build that does not match torch
-        raise ImportError(f"GPU image decode needs torchvision's decode_jpeg: {exc}") from None
-    return decode_jpeg
-
-
-def gpu_decoder_available() -> bool:
-    try:
-        _torchvision_decoder()
-    except ImportError:
-        return False
-    return True
-
-
-def _as_bytes(raw: Any) -> bytes:
-    """An image's bytes from ``bytes``, a numpy array or a CPU torch tensor."""
-    if isinstance(raw, (bytes, bytearray, memoryview)):
-        return bytes(raw)
-    numpy = getattr(raw, "numpy", None)  # a torch tensor
-    return (numpy() if numpy is not None else np.asarray(raw)).tobytes()
-
-
-def _as_uint8_tensor(raw: Any) -> Any:
-    """A 1-D uint8 CPU tensor over an image's bytes (no copy where it already is one)."""
-    import torch
-
-    if isinstance(raw, torch.Tensor):
-        return raw
-    if isinstance(raw, np.ndarray):
-        return torch.from_numpy(raw if raw.flags.writeable else raw.copy())
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-
-
-def decode_on_host(raws: list[Any], mode: str, device: str) -> list[Any]:
-    """Each image decoded on the CPU (the workers' decoder) as a ``[C, H, W]`` uint8 tensor
-    on ``device``: what the device path does with images its decoder cannot read."""
-    import torch
-
-    out = []
-    for raw in raws:
-        pixels = decode_image(_as_bytes(raw), mode)
-        if not pixels.flags.writeable:  # PIL's buffer: torch wants memory it may write
-            pixels = pixels.copy()
-        out.append(torch.from_numpy(pixels).permute(2, 0, 1).to(device))
-    return out
-
-
-def decode_with_nvjpeg(raws: list[Any], mode: str, device: str) -> list[Any]:
-    """JPEGs decoded in one batched ``torchvision.io.decode_jpeg`` call on ``device``; other
-    formats (PNG…), and a batch that call refuses, decode on the host and move there."""
-    from torchvision.io import ImageReadMode
-
-    decode_jpeg = _torchvision_decoder()
-    jpegs = [i for i, raw in enumerate(raws) if _as_bytes(raw[:2]) == _JPEG]
-    out: list[Any] = [None] * len(raws)
-    if jpegs:
-        data = [_as_uint8_tensor(raws[i]) for i in jpegs]
-        read_mode = ImageReadMode.RGB if mode == "RGB" else ImageReadMode.GRAY
-        try:
-            decoded = decode_jpeg(data, mode=read_mode, device=device)
-        except RuntimeError:  # e.g. a CMYK or damaged JPEG: the host decoder names it
-            decoded = decode_on_host([raws[i] for i in jpegs], mode, device)
-        for i, image in zip(jpegs, decoded):
-            out[i] = image
-    others = [i for i in range(len(raws)) if out[i] is None]
-    for i, image in zip(others, decode_on_host([raws[i] for i in others], mode, device)):
-        out[i] = image
-    return out
-
-
-# Batch decoders by torch device type. CUDA decodes with nvjpeg; "cpu" decodes with the
-# workers' decoder, so tests run every line of the device path but the nvjpeg call.
-DEVICE_DECODERS: dict[str, DeviceDecode] = {"cuda": decode_with_nvjpeg, "cpu": decode_on_host}
-
-
-def device_decoder(device: str) -> DeviceDecode:
-    """The batch decoder for a torch device such as ``cuda:1``."""
-    kind = str(device).split(":")[0]
-    if kind not in DEVICE_DECODERS:
-        raise SpecError(
-            f"device={device!r}: images decode on {sorted(DEVICE_DECODERS)} devices; "
-            "leave device unset to decode on the CPU in the DataLoader workers"
-        )
-    return DEVICE_DECODERS[kind]
 
 
 register_op("image_decode", ImagePipeline.from_op)
