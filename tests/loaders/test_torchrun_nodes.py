@@ -3,8 +3,8 @@ c10d rendezvous on loopback), each node with its own temp dir and machine cache,
 model with DDP over gloo from a real S3-compatible server reached through a byte-counting
 link, from an MDS dataset and from a Delta table read in place (issue 42): every row is served
 once per epoch, each step's rows are the one-rank order's batches, the cluster pulls about one
-copy of the data, not one per node, and a run stopped mid-epoch resumes exactly on one node of
-two ranks."""
+copy of the data, not one per node, and the position saved mid-epoch resumes exactly on one node
+of two ranks."""
 
 from __future__ import annotations
 
@@ -53,9 +53,8 @@ for step, batch in enumerate(loader):
     loss.backward()
     opt.step()
     ids.append(batch["id"].tolist())
-    if step + 1 == int(stop):
+    if step + 1 == int(stop):  # the position then, for a run resumed elsewhere
         state = loader.state_dict()
-        break
 env = {{k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK")}}
 report = {{"ids": ids, "env": env, "state": state}}
 json.dump(report, open(os.path.join(out_dir, f"out-{{os.environ['RANK']}}.json"), "w"))
@@ -153,7 +152,8 @@ def test_two_torchrun_nodes_train_on_their_share_and_resume_on_one(
 ) -> None:
     url, direct, counted, link = (*store[kind], store["link"])
     before = link.down_bytes
-    reports = _launch(tmp_path, "whole", 2, 2, [kind, url, json.dumps(counted), "-", "0"])
+    args = [kind, url, json.dumps(counted), "-", str(STOP)]
+    reports = _launch(tmp_path, "whole", 2, 2, args)
     pulled = (link.down_bytes - before) / store["sizes"][kind]
     print(f"{kind}: 2 nodes x 2 ranks pulled {pulled:.2f}x the data in one epoch")
     assert [r["env"]["RANK"] for r in reports] == ["0", "1", "2", "3"]
@@ -168,14 +168,14 @@ def test_two_torchrun_nodes_train_on_their_share_and_resume_on_one(
             assert np.array_equal(report["ids"][k], want), f"step {k} rank {rank}"
     assert pulled < 1.3, f"{pulled:.2f}x of the data for 2 nodes: each read the whole"
 
-    # stopped after STOP steps on 2 nodes x 2 ranks, resumed on 1 node x 2 ranks
-    first = _launch(tmp_path, "first", 2, 2, [kind, url, json.dumps(counted), "-", str(STOP)])
-    states = {json.dumps(r["state"], sort_keys=True) for r in first}
+    # the position after STOP steps on 2 nodes x 2 ranks, resumed on 1 node x 2 ranks
+    states = {json.dumps(r["state"], sort_keys=True) for r in reports}
     assert len(states) == 1, "ranks saved different positions"
     state_file = tmp_path / "state.json"
     state_file.write_text(states.pop())
     rest = _launch(tmp_path, "rest", 1, 2, [kind, url, json.dumps(counted), str(state_file), "0"])
-    served = [np.concatenate(r["ids"]) for r in first + rest]
+    first = [np.concatenate(r["ids"][:STOP]) for r in reports]
+    served = first + [np.concatenate(r["ids"]) for r in rest]
     assert np.array_equal(np.sort(np.concatenate(served)), np.arange(ROWS))
     for k in range(len(rest[0]["ids"])):  # the rest, in the order at world size 2
         for rank, report in enumerate(rest):
