@@ -34,12 +34,15 @@ RANKS = {
     "maintenance": 8,
     "writer": 9,
     "sources": 10,
-    "tables": 11,
-    "mixture": 12,
-    "loaders": 13,
-    "media": 13,
-    "card": 14,
-    "__init__": 15,
+    "tables.parquet": 11,  # Parquet read in place, typed on TableFiles: names no format
+    "tables.delta": 12,
+    "tables.iceberg": 12,
+    "tables": 13,  # tables/kinds: the one place above the formats that names them
+    "mixture": 14,
+    "loaders": 15,
+    "media": 15,
+    "card": 16,
+    "__init__": 17,
 }
 
 

@@ -20,8 +20,8 @@ from delta_helpers import delete_by_dv  # noqa: E402
 from deltalake import WriterProperties, write_deltalake  # noqa: E402
 
 from spark_dl_core import SpecError  # noqa: E402
+from spark_dl_core.tables.delta.log import DeltaFilterError  # noqa: E402
 from spark_dl_core.tables.delta.table import open_delta  # noqa: E402
-from spark_dl_core.tables.parquet.filter import DeltaFilterError  # noqa: E402
 
 GROUP = 70  # rows per row group: every file holds several
 # a stored column and the partition column: some row groups keep nothing

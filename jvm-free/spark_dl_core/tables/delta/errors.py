@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ...errors import SparkDLError
+from ..parquet.table_files import past_the_end as past_the_end
 
 F = TypeVar("F", bound=Callable[..., Any])
 _PASS_THROUGH = (SparkDLError, KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)
@@ -55,14 +56,6 @@ def _log_error(path: Any, kwargs: dict[str, Any], exc: BaseException) -> SparkDL
         uri,
         f"its log cannot be read{culprit_text(uri)}: {type(exc).__name__}: {first_line(exc)}",
         asked=asked,
-    )
-
-
-def past_the_end(rows: int) -> str:
-    """Why a data file of ``rows`` rows cannot be read with a vector deleting past them."""
-    return (
-        f"has {rows} rows, and its deletion vector deletes rows past them: the vector "
-        "or the file is not the one the log wrote"
     )
 
 

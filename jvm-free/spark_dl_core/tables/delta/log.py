@@ -11,13 +11,16 @@ from urllib.parse import unquote
 
 import pyarrow.compute as pc
 
-from ...errors import DatasetError, SpecError, optional_import
+from ...errors import SpecError, optional_import
 from ...store.storage import uri_location
+from ..parquet.table_files import TableError
+from ..parquet.table_files import file_key as file_key  # the log's vocabulary, shared
+from ..parquet.table_files import first_line as first_line
 
 Timestamp = _dt.datetime | str | int | float
 
 
-class DeltaSnapshotError(DatasetError):
+class DeltaSnapshotError(TableError):
     """A Delta snapshot that cannot be read: names the table, the version asked, what exists."""
 
     def __init__(
@@ -38,6 +41,15 @@ class DeltaSnapshotError(DatasetError):
         self.table = table
         self.asked = asked
         self.available = available
+
+
+class DeltaFilterError(DeltaSnapshotError):
+    """A ``filter=`` that cannot be evaluated on the snapshot's columns: names the table,
+    version and the column (``column``) or why."""
+
+    def __init__(self, snap: Any, message: str, column: str | None = None) -> None:
+        super().__init__(snap.table_uri, message, asked=f"version {snap.version}")
+        self.column = column
 
 
 class UnsupportedDeltaFeatureError(DeltaSnapshotError):
@@ -90,14 +102,6 @@ def version_range(history: list[tuple[int, int]]) -> tuple[int, int] | None:
     return (history[0][0], history[-1][0]) if history else None
 
 
-def file_key(uri: str) -> str:
-    """A data file's identity: its decoded location (see :func:`log_location`), local files as
-    plain paths. Never unquotes: a location is decoded once, when it leaves the log."""
-    if uri.startswith("file://"):
-        return uri[len("file://") :]
-    return uri
-
-
 def log_location(uri: str) -> str:
     """A URI from the Delta log (``add.path`` joined to the table URI, a deletion vector's
     file path) as a location (:func:`~spark_dl_core.store.storage.uri_location`): the log
@@ -120,13 +124,6 @@ def log_locations(base: str, paths: list[str]) -> list[str]:
         else:
             out.append(head + unquote(p) if "%" in p else head + p)
     return out
-
-
-def first_line(exc: BaseException) -> str:
-    """delta-rs appends the Rust error's debug form (``Error: Os { code: 2, … }``) on a
-    second line of its messages; the first line says it for a user."""
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 def as_expression(filter: Any) -> Any:

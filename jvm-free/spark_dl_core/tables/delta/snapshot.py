@@ -36,6 +36,7 @@ from .columns import ColumnMapping, FileColumns, file_columns, mapping_of
 from .deletion_vectors import damaged_inline
 from .errors import culprit_text, empty_commit, past_the_end, typed_errors
 from .log import (
+    DeltaFilterError,
     DeltaSnapshotError,
     Timestamp,
     UnsupportedDeltaFeatureError,
@@ -279,6 +280,17 @@ class DeltaSnapshot:
             yield from pf.iter_batches(columns=columns, batch_size=65536)
         except (pa.ArrowException, OSError) as exc:
             raise self._file_error(uri, f"cannot be read: {first_line(exc)}") from None
+
+    def table_error(self, message: str) -> DeltaSnapshotError:
+        """An error naming the table, this version and the versions available (for the
+        Parquet layer reading it in place: :class:`~..parquet.table_files.TableFiles`)."""
+        return DeltaSnapshotError(
+            self.table_uri, message, asked=f"version {self.version}", available=self.available
+        )
+
+    def filter_error(self, message: str, column: str | None = None) -> DeltaFilterError:
+        """A ``filter=`` this snapshot cannot evaluate (naming ``column``)."""
+        return DeltaFilterError(self, message, column=column)
 
     def _file_error(self, uri: str, message: str) -> DeltaSnapshotError:
         return DeltaSnapshotError(
@@ -712,7 +724,13 @@ def _check_files_exist(snap: DeltaSnapshot, asked: str) -> None:
     from ..parquet.remote import check_remote_files, is_remote_table
 
     if is_remote_table(snap):  # one listing, sizes checked too
-        return check_remote_files(snap, asked)
+        return check_remote_files(
+            snap,
+            lambda why: DeltaSnapshotError(
+                snap.table_uri, why, asked=asked, available=snap.available
+            ),
+            "the Delta log",
+        )
     filesystem, prefix = snap._filesystem()
     from pyarrow import fs as pafs
 

@@ -1,5 +1,5 @@
-"""A ``filter=`` on a Delta snapshot: the columns it names, checked at open, and, for a read in
-place, each data file's keep-mask (deletion vector and filter together).
+"""A ``filter=`` on a table snapshot (Delta, Iceberg): the columns it names, checked at open,
+and, for a read in place, each data file's keep-mask (deletes and filter together).
 
 Why masks: an in-place dataset's ``len()`` and shard sizes must be known at open, so the
 filter is evaluated once per row group over only the columns it references (partition
@@ -25,23 +25,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..delta.errors import past_the_end
-from ..delta.log import DeltaSnapshotError, file_key, first_line
 from .cache import RowGroupCache
 from .footer import read_group
+from .table_files import TableError, file_key, first_line, past_the_end
 
 MASK_FORMAT = 1  # bump when a cached mask's meaning changes for the same inputs
 _ROW = "__spark_dl_filter_row__"  # the row index column a mask is read back from
 _MISSING = re.compile(r"No match for FieldRef\.\w*\(([^)]*)\)")
-
-
-class DeltaFilterError(DeltaSnapshotError):
-    """A ``filter=`` that cannot be evaluated on the snapshot's columns: names the table,
-    version and the column (``column``) or why."""
-
-    def __init__(self, snap: Any, message: str, column: str | None = None) -> None:
-        super().__init__(snap.table_uri, message, asked=f"version {snap.version}")
-        self.column = column
 
 
 def _binds(expr: Any, schema: pa.Schema) -> Exception | None:
@@ -55,7 +45,8 @@ def _binds(expr: Any, schema: pa.Schema) -> Exception | None:
 
 def filter_columns(snap: Any) -> list[str]:
     """The output columns ``snap.filter`` references, in schema order; a filter naming a
-    column the snapshot does not read, or not a boolean, is a :class:`DeltaFilterError`."""
+    column the snapshot does not read, or not a boolean, is the snapshot's
+    :meth:`~.table_files.TableFiles.filter_error` (Delta's ``DeltaFilterError``)."""
     schema = snap.output_schema
     error = _binds(snap.filter, schema)
     if error is not None:
@@ -64,17 +55,17 @@ def filter_columns(snap: Any) -> list[str]:
     return [n for i, n in enumerate(names) if _binds(snap.filter, schema.remove(i)) is not None]
 
 
-def _refused(snap: Any, error: Exception) -> DeltaFilterError:
+def _refused(snap: Any, error: Exception) -> Exception:
     found = _MISSING.search(str(error))
     if found is None:
         why = f"cannot be applied: {first_line(error)}"
-        return DeltaFilterError(snap, f"filter {snap.filter} {why}")
+        return snap.filter_error(f"filter {snap.filter} {why}")
     name = found.group(1)
     if name in snap.schema.names:
         why = f"names column {name!r}, which columns= {snap.projection} leaves out: add it there"
     else:
         why = f"names column {name!r}, which the table does not have; it has {snap.schema.names}"
-    return DeltaFilterError(snap, f"filter {snap.filter} {why}", column=name)
+    return snap.filter_error(f"filter {snap.filter} {why}", column=name)
 
 
 def filter_digest(expr: Any) -> str:
@@ -164,8 +155,8 @@ class FileMasks:
         try:
             kept = indexed.filter(self.snap.filter).column(_ROW).to_numpy()
         except (pa.ArrowException, TypeError) as exc:
-            raise DeltaFilterError(
-                self.snap, f"data file {uri}: filter {self.snap.filter} fails: {first_line(exc)}"
+            raise self.snap.filter_error(
+                f"data file {uri}: filter {self.snap.filter} fails: {first_line(exc)}"
             ) from None
         out = np.zeros(table.num_rows, dtype=bool)
         out[kept] = True
@@ -183,7 +174,7 @@ def read_columns(ds: Any, pf: Any, file: int, group: int, names: list[str]) -> p
             return table.select([n for n in names if n in table.column_names])
         columns = snap.file_columns(pf.schema_arrow, names, snap.files[file])
         return columns.logical(read_group(pf, group, columns.read))
-    except DeltaSnapshotError:
+    except TableError:
         raise
     except Exception as exc:
         raise ds._file_error(file, group, exc) from None

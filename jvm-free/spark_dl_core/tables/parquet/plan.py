@@ -1,10 +1,10 @@
-"""Planning a Delta snapshot read in place: its shards, the non-empty row groups of its data
+"""Planning a table snapshot read in place: its shards, the non-empty row groups of its data
 files (rows that deletion vectors or a filter drop left out), from the files' Parquet footers.
 
 A footer comes from the plan cache (:mod:`.delta_footers`) or is read: a local table's in one
 loop, a remote table's on threads in chunks of files. Each is checked before Python parses it
 (:mod:`.parquet_footer`), and the first that cannot be read is a typed error naming its file.
-:class:`DeltaPlanning` is the part of :class:`~.delta_inplace.DeltaDataset` that does this.
+:class:`RowGroupPlanning` is the part of :class:`~.in_place.InPlaceDataset` that does this.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import numpy as np
 import pyarrow as pa
 
 from ...sources.dataset import _list_depth
-from ..delta.errors import past_the_end
-from ..delta.log import DeltaSnapshotError, file_key
 from .filter import FileMasks
 from .footer import (
     footer_problem,
@@ -31,11 +29,12 @@ from .footer import (
     read_local_footer,
 )
 from .footers import FileFooter, PlanCache, Summaries, footer_key, summarize
+from .table_files import TableError, file_key, past_the_end
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...meta import ColumnPlan
-    from ..delta.snapshot import DeltaSnapshot
     from .remote import RemoteFiles
+    from .table_files import TableFiles
 
 _FOOTER_CHUNK = 256  # footers read per thread task at open (a task per file cost more)
 # Data files whose Parquet footer this process read to plan (not found in the plan cache).
@@ -57,11 +56,11 @@ class _RowGroup:
     stored_bytes: int  # compressed size
 
 
-class DeltaPlanning:
-    """The row groups a :class:`~.delta_inplace.DeltaDataset` serves, from the footers."""
+class RowGroupPlanning:
+    """The row groups an :class:`~.in_place.InPlaceDataset` serves, from the footers."""
 
     if TYPE_CHECKING:  # what the dataset holds, and the parts of it planning uses
-        snapshot: DeltaSnapshot
+        snapshot: TableFiles
         plan_dir: str | None
         converted_dir: str | None
         _plans: list[ColumnPlan]
@@ -205,7 +204,7 @@ class DeltaPlanning:
             if why:
                 raise self._file_error(file, None, f"has a damaged Parquet footer: {why}")
             return summaries.learn(footer, meta, levels) if footer else summarize(meta, levels)
-        except DeltaSnapshotError:
+        except TableError:
             raise
         except Exception as exc:
             raise self._file_error(file, None, exc) from None

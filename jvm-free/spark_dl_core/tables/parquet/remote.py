@@ -28,7 +28,7 @@ import hashlib
 import io
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ from ...store.cache import ShardCache
 from ...store.cached_store import cache_for
 from ...store.storage import Store, is_remote
 from .footer import read_group
+from .table_files import file_key, first_line
 
 FOOTER_TAIL = 64 << 10  # one GET usually holds a file's whole footer
 FOOTER_THREADS = 32
@@ -93,11 +94,10 @@ def remote_filesystem(uri: str, storage_options: Mapping[str, Any] | None) -> tu
     return PyFileSystem(FSSpecHandler(fs)), uri.split("://", 1)[0] + "://"
 
 
-def check_remote_files(snap: Any, asked: str) -> None:
+def check_remote_files(snap: Any, fail: Callable[[str], Exception], log: str) -> None:
     """Every data file of ``snap`` present with its logged size: one recursive listing of
-    the table (a LIST per 1000 objects), not one request per file."""
-    from ..delta.log import DeltaSnapshotError, file_key, first_line
-
+    the table (a LIST per 1000 objects), not one request per file. ``fail(message)``: the
+    snapshot's error; ``log``: what recorded the sizes (``"the Delta log"``)."""
     if not snap.files:
         return
     store = table_store(snap.table_uri, snap.storage_options)
@@ -106,12 +106,7 @@ def check_remote_files(snap: Any, asked: str) -> None:
     try:
         found = store.fs.find(root, detail=True)
     except Exception as exc:
-        raise DeltaSnapshotError(
-            snap.table_uri,
-            f"its data files cannot be listed: {store.redact(first_line(exc))}",
-            asked=asked,
-            available=snap.available,
-        ) from None
+        raise fail(f"its data files cannot be listed: {store.redact(first_line(exc))}") from None
     sizes = {path.rstrip("/"): int(info.get("size") or 0) for path, info in found.items()}
     for uri in snap.files:
         path = file_key(uri)[len(prefix) :]
@@ -121,11 +116,9 @@ def check_remote_files(snap: Any, asked: str) -> None:
         if size is None:
             problem = "is missing; the snapshot was probably vacuumed"
         elif logged is not None and size != logged:
-            problem = f"has {size} bytes on the store, the Delta log says {logged} (truncated?)"
+            problem = f"has {size} bytes on the store, {log} says {logged} (truncated?)"
         if problem:
-            raise DeltaSnapshotError(
-                snap.table_uri, f"data file {uri} {problem}", asked=asked, available=snap.available
-            )
+            raise fail(f"data file {uri} {problem}")
 
 
 class _SpanStore:
@@ -238,8 +231,6 @@ class RemoteFiles:
     through a span cache in ``directory`` (one per machine and table)."""
 
     def __init__(self, snap: Any, relative: list[str], directory: str, columns: list[str]) -> None:
-        from ..delta.log import file_key
-
         self.snap = snap
         self.relative = relative
         self.columns = columns  # the stored columns a row group is read with
