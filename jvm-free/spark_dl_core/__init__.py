@@ -23,6 +23,7 @@ from .spec import DatasetSpec, parse_size
 from .store.indexing import write_compact_index
 from .tables.delta.follow_carry import install as _install_follow_carry
 from .tables.delta.table import open_delta
+from .tables.iceberg.table import open_iceberg
 from .writer import ShardWriter, WriteResult, write_mds
 
 _install_loading()  # Dataset.iter_batches / to_torch / to_tf / sample_order / to_arrow
@@ -53,6 +54,7 @@ __all__ = [
     "mix",
     "open_dataset",
     "open_delta",
+    "open_iceberg",
     "open_mixture",
     "parse_size",
     "vacuum",

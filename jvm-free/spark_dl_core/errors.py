@@ -75,6 +75,7 @@ EXTRAS = {
     "soxr": "media",
     "av": "media",
     "deltalake": "delta",
+    "pyiceberg": "iceberg",
     "fsspec": "remote",
     "s3fs": "remote",
     "tqdm": "progress",

@@ -20,6 +20,7 @@ from .dataset import Mixture
 from .spec import (
     MIXTURE_VERSION,
     InPlaceDelta,
+    InPlaceIceberg,
     MixtureSpec,
     Source,
     SourceSpec,
@@ -51,22 +52,28 @@ def _open_source(
         raise MixtureError(f"source {index} ({target}) cannot be opened: {exc}") from exc
 
 
-def _in_place_record(dataset: Dataset) -> InPlaceDelta | None:
-    """What reopens a source that is a table read in place (None for a dataset, which its
-    path reopens)."""
+_IN_PLACE = {"delta": InPlaceDelta, "iceberg": InPlaceIceberg}  # the spec's field per kind
+
+
+def _in_place_record(dataset: Dataset) -> dict[str, Any]:
+    """What reopens a source that is a table read in place, as its spec's field (none for a
+    dataset, which its path reopens)."""
     record = dataset.in_place_record()
     if record is None:
-        return None
+        return {}
     kind, arguments = record
-    if kind != "delta":  # the spec's one field for a table read in place (its JSON form)
+    if kind not in _IN_PLACE:  # the spec's fields for tables read in place (their JSON form)
         raise MixtureError(
             f"{dataset.shown}: a {kind} table read in place cannot be saved in a mixture spec"
         )
-    return InPlaceDelta(**arguments)
+    return {kind: _IN_PLACE[kind](**arguments)}
 
 
 def _reopen_in_place(
-    record: InPlaceDelta, index: int, label: str, storage_options: dict[str, Any] | None
+    record: InPlaceDelta | InPlaceIceberg,
+    index: int,
+    label: str,
+    storage_options: dict[str, Any] | None,
 ) -> Dataset:
     """A saved mixture's source that is a table read in place, opened again."""
     if record.filter is not None:
@@ -77,7 +84,8 @@ def _reopen_in_place(
             "the export, or build the mixture again with mix()"
         )
     try:
-        return REOPEN["delta"](record.model_dump(), storage_options)
+        kind = "delta" if isinstance(record, InPlaceDelta) else "iceberg"
+        return REOPEN[kind](record.model_dump(), storage_options)
     except Exception as exc:
         raise MixtureError(f"source {index} ({label}) cannot be opened: {exc}") from exc
 
@@ -133,7 +141,7 @@ def mix(
                 repeat=s.repeat,
                 choose=choose,
                 lineage=d.source,
-                delta=_in_place_record(d),
+                **_in_place_record(d),
             )
         )
     spec = MixtureSpec(
@@ -186,8 +194,9 @@ def open_mixture(
     datasets = []
     sources = []
     for i, s in enumerate(parsed.sources):
-        if s.delta is not None:
-            d = _reopen_in_place(s.delta, i, s.name or s.path, storage_options)
+        table = s.delta if s.delta is not None else s.iceberg
+        if table is not None:
+            d = _reopen_in_place(table, i, s.name or s.path, storage_options)
         else:
             d = _open_source(Source(s.path), i, cache_dir, storage_options)
         if s.fingerprint is None:  # a hand-written spec: the source as it is now

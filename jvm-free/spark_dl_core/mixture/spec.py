@@ -111,6 +111,20 @@ class InPlaceDelta(BaseModel):
     spec: dict[str, Any] = {}
 
 
+class InPlaceIceberg(BaseModel):
+    """How a source that is an Iceberg snapshot read in place is opened again: the table's
+    metadata file and the snapshot id (``open_iceberg``'s arguments) and the read's spec; a
+    ``filter`` as its text only, so such a source is refused when reopened."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metadata: str
+    snapshot_id: int
+    projection: list[str] | None = None
+    filter: str | None = None
+    spec: dict[str, Any] = {}
+
+
 class SourceSpec(BaseModel):
     """A source as saved in a :class:`MixtureSpec`. ``fingerprint`` and ``samples`` are
     filled in when the mixture is built; a hand-written spec (SQL) may leave them out, and
@@ -128,12 +142,14 @@ class SourceSpec(BaseModel):
     choose: int | None = None
     lineage: dict[str, Any] = {}
     delta: InPlaceDelta | None = None
+    iceberg: InPlaceIceberg | None = None
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> Any:
         out = handler(self)
-        if isinstance(out, dict) and out.get("delta") is None:
-            out.pop("delta", None)  # a dataset source is written as earlier versions wrote it
+        for kind in ("delta", "iceberg"):
+            if isinstance(out, dict) and out.get(kind) is None:
+                out.pop(kind, None)  # a dataset source is written as earlier versions wrote it
         return out
 
 

@@ -9,8 +9,10 @@ from typing import Any
 
 from ..sources.dataset import Dataset
 from .delta.table import reopen_in_place as reopen_delta
+from .iceberg.table import reopen_in_place as reopen_iceberg
 
 # kind -> reopen(arguments as recorded, storage options) -> the source read in place
 REOPEN: dict[str, Callable[[dict[str, Any], dict[str, Any] | None], Dataset]] = {
     "delta": reopen_delta,
+    "iceberg": reopen_iceberg,
 }

@@ -304,6 +304,18 @@ class InPlaceDataset(RowGroupPlanning, Dataset):
             forms[plan.name] = ("dense", (width,)) if width else ("jagged", None)
         return forms
 
+    # -- a run carried on to another version: none here (a format that can overrides these)
+
+    def position_record(self, epoch: int, consumed: int) -> dict[str, Any] | None:
+        return None
+
+    @property
+    def carry_on(self) -> Callable[[Any, bool], tuple[Any, int, int]] | None:
+        return None  # the loader compares fingerprints, as for any dataset
+
+    def row_layout(self) -> Any:
+        return None
+
     def locate(self, sample: int) -> tuple[str, int]:
         shard = int(np.searchsorted(self.shard_offsets, sample, side="right") - 1)
         return self._shard_name(shard), sample - int(self.shard_offsets[shard])

@@ -1,0 +1,1 @@
+"""Apache Iceberg tables read in place (``open_iceberg``), on the Parquet layer."""

@@ -1,0 +1,61 @@
+"""An Iceberg snapshot's errors: each names the table, the snapshot and, where one is to
+blame, the file; a feature this reader cannot read right is refused by name, never read
+wrong. Imports no other Iceberg module (each of them imports this one)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+
+from ...errors import SpecError, optional_import
+from ..parquet.table_files import TableError
+
+
+class IcebergSnapshotError(TableError):
+    """An Iceberg snapshot that cannot be read: names the table and the snapshot asked."""
+
+    def __init__(self, table: str, message: str, *, snapshot: object = None) -> None:
+        text = f"Iceberg table {table!r}"
+        if snapshot is not None:
+            text += f" at snapshot {snapshot}"
+        super().__init__(f"{text}: {message}")
+        self.table = table
+        self.snapshot = snapshot
+
+
+class UnsupportedIcebergFeatureError(IcebergSnapshotError):
+    """The snapshot uses a feature this reader refuses rather than read wrong (equality
+    deletes, ORC or Avro data files, files without Parquet field ids, remote storage)."""
+
+
+class IcebergFilterError(IcebergSnapshotError):
+    """A ``filter=`` that cannot be evaluated on the snapshot's columns (``column``)."""
+
+    def __init__(self, table: str, message: str, *, snapshot: object, column: str | None) -> None:
+        super().__init__(table, message, snapshot=snapshot)
+        self.column = column
+
+
+def import_pyiceberg() -> Any:
+    return optional_import("pyiceberg", "reading Iceberg tables")
+
+
+def timestamp_ms(ts: Any) -> int:
+    """Milliseconds since the epoch from an int (ms), a datetime (naive: UTC) or an ISO
+    string; anything else is a :class:`SpecError` naming ``open_iceberg``'s ``timestamp=``."""
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+        return int(ts)
+    point: Any = ts
+    if isinstance(ts, str):
+        try:
+            point = _dt.datetime.fromisoformat(ts.strip().replace("Z", "+00:00"))
+        except ValueError:
+            point = None
+    if not isinstance(point, _dt.datetime):
+        raise SpecError(
+            f"open_iceberg: timestamp={ts!r} is not a point in time; give a datetime (without "
+            "a zone: UTC), an ISO 8601 string or milliseconds since the epoch (an int)"
+        )
+    if point.tzinfo is None:
+        point = point.replace(tzinfo=_dt.timezone.utc)
+    return int(point.timestamp() * 1000)

@@ -1,0 +1,413 @@
+"""One snapshot of an Iceberg table, pinned, as the Parquet layer reads it in place
+(:class:`~..parquet.table_files.TableFiles`): its data files planned once from the manifests
+(by PyIceberg's planner, which applies sequence numbers and partition scopes to delete
+files), each file's position deletes (Parquet delete files and v3 deletion vectors, each
+delete file read once however many data files it names) as a keep-mask, the snapshot's
+schema resolved by field id (:mod:`.columns`). Files are in path order, as a Delta
+snapshot's: the order a read, an export and a resume share.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ...sources.dataset import Dataset
+from ...spec import DatasetSpec
+from ...writer import WriteResult
+from ..parquet.filter import filter_columns
+from ..parquet.table_files import file_key, first_line, past_the_end
+from .columns import FieldIds
+from .errors import IcebergFilterError, IcebergSnapshotError, UnsupportedIcebergFeatureError
+
+
+@dataclass
+class IcebergSnapshot:
+    """One snapshot of an Iceberg table: the same rows, in the same order, every time.
+
+    Use :func:`~.table.open_iceberg`. ``version`` is the snapshot id (0: a table with no
+    snapshot yet); ``projection`` the columns ``columns=`` picked; ``filter`` a pyarrow
+    compute expression applied after deletes."""
+
+    table_uri: str  # the table's location
+    version: int
+    files: list[str]
+    schema: pa.Schema
+    name: str  # as messages name the table: catalog.namespace.table, or its metadata file
+    metadata_location: str
+    schema_id: int
+    timestamp: str | None = None
+    catalog: str | None = None
+    identifier: str | None = None
+    ref: str | None = None
+    projection: list[str] | None = None
+    filter: Any = None
+    column_mapping: FieldIds | None = None
+    partition_columns: list[str] = field(default_factory=list)  # Iceberg files hold them all
+    storage_options: dict[str, str] | None = None
+    since: int | None = None
+    make_dataset: Any = field(default=None, repr=False, compare=False)  # (snap, spec, **o)
+    _identity: dict[str, set[str]] = field(default_factory=dict, repr=False)
+    _partition_values: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    _keep: dict[str, Any] = field(default_factory=dict, repr=False)
+    _sizes: dict[str, int] = field(default_factory=dict, repr=False)
+    _mtimes: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    _inplace: Any = field(default=None, repr=False, compare=False)
+
+    # -- facts
+
+    @property
+    def shown(self) -> str:
+        return f"{self.name}@snapshot={self.version}"
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        if self.projection is None:
+            return self.schema
+        missing = [c for c in self.projection if c not in self.schema.names]
+        if missing:
+            raise self.table_error(f"has no column(s) {missing}; it has {self.schema.names}")
+        return pa.schema([self.schema.field(c) for c in self.projection])
+
+    @property
+    def file_names(self) -> list[str]:
+        return [file_key(u).rsplit("/", 1)[-1] for u in self.files]
+
+    @property
+    def columns(self) -> dict[str, str]:
+        return self.dataset().columns
+
+    def lineage(self) -> dict[str, Any]:
+        """What a dataset written from this snapshot records as its source."""
+        return {
+            "kind": "iceberg",
+            "table": self.name,
+            "catalog": self.catalog,
+            "location": self.table_uri,
+            "metadata": self.metadata_location,
+            "snapshot_id": self.version,
+            "schema_id": self.schema_id,
+            "timestamp": self.timestamp,
+            "ref": self.ref,
+            "columns": list(self.projection) if self.projection is not None else None,
+            "filter": None if self.filter is None else str(self.filter),
+            "reader": "pyiceberg",
+        }
+
+    def file_size(self, uri: str) -> int | None:
+        return self._sizes.get(file_key(uri))
+
+    def deleted_rows(self) -> dict[str, list[int]]:
+        """Row indexes each file's position deletes remove, by file base name."""
+        out = {}
+        for uri in self.files:
+            keep = self._keep.get(file_key(uri))
+            if keep is not None and not keep.all():
+                out[file_key(uri).rsplit("/", 1)[-1]] = np.flatnonzero(~keep).tolist()
+        return out
+
+    # -- what the Parquet layer asks (TableFiles)
+
+    def file_columns(self, file_schema: pa.Schema, names: list[str], uri: str) -> Any:
+        assert self.column_mapping is not None
+        identity = self._identity.get(file_key(uri), set())
+        return self.column_mapping.resolve(
+            file_schema, names, identity, lambda why: self.table_error(f"data file {uri} {why}")
+        )
+
+    def table_error(self, message: str) -> IcebergSnapshotError:
+        return IcebergSnapshotError(self.name, message, snapshot=self.version)
+
+    def filter_error(self, message: str, column: str | None = None) -> IcebergFilterError:
+        return IcebergFilterError(self.name, message, snapshot=self.version, column=column)
+
+    def _filesystem(self) -> tuple[Any, str]:
+        from pyarrow import fs as pafs
+
+        return pafs.LocalFileSystem(), ""
+
+    @staticmethod
+    def _fs_path(uri: str, prefix: str) -> str:
+        return file_key(uri)
+
+    def _finish(
+        self,
+        table: pa.Table,
+        uri: str,
+        schema: pa.Schema,
+        *,
+        filtered: bool = True,
+        combine: bool = True,
+    ) -> Iterator[pa.RecordBatch]:
+        """A file's rows as the snapshot's: its types (promotions cast), nulls for columns
+        added after the file, the filter (unless not ``filtered``)."""
+        n = table.num_rows
+        arrays = []
+        for f in schema:
+            if f.name in table.column_names:
+                arrays.append(self._cast(table.column(f.name), f, uri))
+            else:
+                arrays.append(pa.nulls(n, type=f.type))
+        result = pa.Table.from_arrays(arrays, schema=schema)
+        try:
+            result.validate(full=True)
+        except pa.ArrowException as exc:
+            raise self.table_error(
+                f"data file {uri} holds invalid data: {first_line(exc)}"
+            ) from None
+        if filtered and self.filter is not None:
+            result = result.filter(self.filter)
+        yield from (result.combine_chunks() if combine else result).to_batches()
+
+    def _cast(self, column: Any, f: pa.Field, uri: str) -> Any:
+        try:
+            return column.cast(f.type)
+        except (pa.ArrowException, NotImplementedError) as exc:
+            raise self.table_error(
+                f"data file {uri}: column {f.name!r} ({column.type}) cannot be read as the "
+                f"snapshot's type {f.type}: {first_line(exc)}"
+            ) from None
+
+    # -- reading whole: the export
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        yield from self._file_batches(boundaries=False)
+
+    def export_batches(self) -> pa.RecordBatchReader:
+        """The snapshot's rows, file by file in path order, a boundary after each file (an
+        export's shards never span two files, as for a Delta snapshot)."""
+        return pa.RecordBatchReader.from_batches(
+            self.output_schema, self._file_batches(boundaries=True)
+        )
+
+    def _file_batches(self, boundaries: bool) -> Iterator[pa.RecordBatch]:
+        import pyarrow.parquet as pq
+
+        from ...writer import source_boundary
+
+        out_schema = self.output_schema
+        for uri in self.files:
+            try:
+                pf = pq.ParquetFile(file_key(uri))
+                columns = self.file_columns(pf.schema_arrow, out_schema.names, uri)
+                keep = self._keep.get(file_key(uri))
+                start = 0
+                for batch in pf.iter_batches(columns=columns.read, batch_size=65536):
+                    n = batch.num_rows
+                    table = columns.logical(pa.Table.from_batches([batch]))
+                    if keep is not None:
+                        mask = np.ones(n, dtype=bool)
+                        part = keep[start : start + n]
+                        mask[: len(part)] = part
+                        table = table.filter(pa.array(mask))
+                    start += n
+                    yield from self._finish(table, uri, out_schema)
+            except IcebergSnapshotError:
+                raise
+            except (OSError, pa.ArrowException, ValueError) as exc:
+                raise self.table_error(
+                    f"data file {uri} cannot be read: {first_line(exc)}"
+                ) from None
+            if keep is not None and not keep[start:].all():
+                raise self.table_error(f"data file {uri} {past_the_end(start)}")
+            if boundaries:
+                yield source_boundary(out_schema)
+
+    def to_arrow(self) -> pa.Table:
+        return pa.Table.from_batches(list(self.batches()), schema=self.output_schema)
+
+    def write_mds(
+        self,
+        out_path: str,
+        spec: DatasetSpec | dict[str, Any] | None = None,
+        *,
+        mode: str = "error",
+        progress: bool = False,
+        storage_options: dict[str, Any] | None = None,
+    ) -> WriteResult:
+        """Write this snapshot as an MDS dataset whose spark_dl.json names table, snapshot
+        and schema. ``mode="update"`` (following a table) is not built for Iceberg yet."""
+        from ...errors import SpecError
+        from ...writer import write_mds
+
+        if str(mode).strip().lower() == "update":
+            raise SpecError(
+                f"{self.shown}: write_mds(mode='update') follows Delta tables only; Iceberg "
+                "snapshots are exported whole (mode='overwrite')"
+            )
+        return write_mds(
+            self.export_batches(),
+            out_path,
+            spec,
+            mode=mode,  # type: ignore[arg-type]
+            source=self.lineage(),
+            progress=progress,
+            storage_options=storage_options,
+        )
+
+    # -- read in place: the snapshot as a dataset (tables/parquet/in_place)
+
+    def dataset(self, spec: DatasetSpec | dict[str, Any] | None = None, **options: Any) -> Dataset:
+        """This snapshot as a dataset read in place: shards are its files' row groups;
+        ``options`` are :class:`~..parquet.in_place.InPlaceDataset`'s."""
+        if spec is None and not options:
+            if self._inplace is None:
+                self._inplace = self.make_dataset(self)
+            return self._inplace
+        return self.make_dataset(self, spec, **options)
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return len(self.dataset())
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.dataset()[key]
+
+    @property
+    def fingerprint(self) -> str:
+        return self.dataset().fingerprint
+
+    def iter_batches(self, batch_size: int | None = None, **settings: Any) -> Iterator[Any]:
+        return self.dataset().iter_batches(batch_size, **settings)
+
+    def sample_order(self, batch_size: int | None = None, **settings: Any) -> Any:
+        return self.dataset().sample_order(batch_size, **settings)
+
+    def to_torch(self, batch_size: int | None = None, **settings: Any) -> Any:
+        return self.dataset().to_torch(batch_size, **settings)
+
+    def to_tf(self, batch_size: int | None = None, **settings: Any) -> Any:
+        return self.dataset().to_tf(batch_size, **settings)
+
+
+def plan_snapshot(table: Any, snap: IcebergSnapshot, snapshot_id: int | None) -> None:
+    """Fill ``snap``'s files, sizes, modification times and keep-masks from the snapshot's
+    manifests; refuse what this reader cannot read right, naming it."""
+    if snapshot_id is None:
+        return
+    from pyiceberg.io.pyarrow import _read_deletes
+    from pyiceberg.manifest import DataFileContent, FileFormat
+
+    try:
+        tasks = sorted(
+            table.scan(snapshot_id=snapshot_id).plan_files(), key=lambda t: t.file.file_path
+        )
+    except Exception:
+        equality = _equality_delete(table, snapshot_id)  # PyIceberg's planner refuses them
+        if equality is not None:
+            raise _refused(snap, _EQUALITY.format(equality)) from None
+        raise
+    read: dict[str, dict[str, Any]] = {}  # delete file -> data file -> positions (read once)
+    for task in tasks:
+        data = task.file
+        uri = data.file_path
+        if data.file_format != FileFormat.PARQUET:
+            raise _refused(
+                snap,
+                f"data file {uri} is {data.file_format.name}: only Parquet data files are read",
+            )
+        _scheme_check(snap, uri)
+        key = file_key(uri)
+        snap.files.append(uri)
+        snap._sizes[key] = int(data.file_size_in_bytes)
+        snap._identity[key] = _identity_columns(table, data.spec_id, snap.schema_id)
+        positions = []
+        for delete in sorted(task.delete_files, key=lambda d: d.file_path):
+            if delete.content == DataFileContent.EQUALITY_DELETES:
+                raise _refused(snap, _EQUALITY.format(delete.file_path))
+            if delete.file_path not in read:
+                try:
+                    read[delete.file_path] = _read_deletes(table.io, delete)
+                except Exception as exc:
+                    raise snap.table_error(
+                        f"delete file {delete.file_path} cannot be read: {first_line(exc)}"
+                    ) from None
+            found = read[delete.file_path].get(uri)
+            if found is not None:
+                positions.append(np.asarray(found, dtype=np.int64))
+        if positions:
+            gone = np.concatenate(positions)
+            keep = np.ones(max(int(data.record_count), int(gone.max(initial=-1)) + 1), dtype=bool)
+            keep[gone] = False
+            snap._keep[key] = keep
+    _stat_files(snap)
+
+
+_EQUALITY = (
+    "has equality deletes ({}): they are not applied by this reader yet, and reading "
+    "without them would return deleted rows"
+)
+
+
+def _equality_delete(table: Any, snapshot_id: int) -> str | None:
+    """The first equality-delete file of the snapshot's delete manifests, if any."""
+    from pyiceberg.manifest import DataFileContent, ManifestContent
+
+    snapshot = table.metadata.snapshot_by_id(snapshot_id)
+    for manifest in snapshot.manifests(table.io) if snapshot is not None else []:
+        if manifest.content != ManifestContent.DELETES:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.data_file.content == DataFileContent.EQUALITY_DELETES:
+                return str(entry.data_file.file_path)
+    return None
+
+
+def _identity_columns(table: Any, spec_id: int, schema_id: int) -> set[str]:
+    from pyiceberg.transforms import IdentityTransform
+
+    spec = table.metadata.specs().get(spec_id)
+    schema = table.metadata.schema_by_id(schema_id) or table.metadata.schema()
+    out = set()
+    for part in spec.fields if spec is not None else []:
+        if isinstance(part.transform, IdentityTransform):
+            try:
+                out.add(schema.find_column_name(part.source_id))
+            except Exception:
+                continue
+    return {n for n in out if n is not None and "." not in n}
+
+
+def _scheme_check(snap: IcebergSnapshot, uri: str) -> None:
+    if "://" in uri and not uri.startswith("file:"):
+        raise _refused(
+            snap,
+            f"data file {uri} is on an object store: remote Iceberg tables are not read in "
+            "place yet",
+        )
+
+
+def _refused(snap: IcebergSnapshot, message: str) -> UnsupportedIcebergFeatureError:
+    return UnsupportedIcebergFeatureError(snap.name, message, snapshot=snap.version)
+
+
+def _stat_files(snap: IcebergSnapshot) -> None:
+    """Every data file present with its manifest's size (else: expired, or truncated), and
+    its modification time (part of its identity in the footer cache)."""
+    for uri in snap.files:
+        key = file_key(uri)
+        try:
+            st = os.stat(key)
+        except FileNotFoundError:
+            raise snap.table_error(
+                f"data file {uri} is missing: the snapshot's files were probably removed "
+                "(expire_snapshots, remove_orphan_files)"
+            ) from None
+        logged = snap._sizes.get(key)
+        if logged is not None and st.st_size != logged:
+            raise snap.table_error(
+                f"data file {uri} has {st.st_size} bytes, its manifest says {logged} (truncated?)"
+            )
+        snap._mtimes[key] = st.st_mtime_ns
+
+
+def check_filter(snap: IcebergSnapshot) -> None:
+    if snap.filter is not None:
+        filter_columns(snap)

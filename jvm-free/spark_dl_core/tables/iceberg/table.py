@@ -1,0 +1,222 @@
+"""The Iceberg face: :func:`open_iceberg` pins a snapshot of an Iceberg table (by catalog
+and name, a PyIceberg table, or a metadata file) and :class:`IcebergDataset` reads it in
+place through the Parquet layer (:class:`~..parquet.in_place.InPlaceDataset`): the same
+row groups as shards, caches, orders and resume as a Delta snapshot read in place."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ...errors import SpecError
+from ..parquet.in_place import InPlaceDataset
+from ..parquet.table_files import first_line as first_line_of
+from .columns import FieldIds
+from .errors import IcebergSnapshotError, import_pyiceberg, timestamp_ms
+from .snapshot import IcebergSnapshot, check_filter, plan_snapshot
+
+
+class IcebergDataset(InPlaceDataset):
+    """An :class:`IcebergSnapshot` as a dataset: ``len``, ``fingerprint``, ``ds[i]``,
+    ``iter_batches``, ``to_torch``… with no export. Use ``snap.dataset()``."""
+
+    KIND = "iceberg-inplace"
+    snapshot: IcebergSnapshot
+
+    def in_place_record(self) -> tuple[str, dict[str, Any]]:
+        """What reopens this read from a saved mixture: the metadata file (a table's
+        metadata file names every snapshot it keeps) and the snapshot id."""
+        snap = self.snapshot
+        return "iceberg", {
+            "metadata": snap.metadata_location,
+            "snapshot_id": snap.version,
+            "projection": snap.projection,
+            "filter": None if snap.filter is None else str(snap.filter),
+            "spec": self.spec,
+        }
+
+
+def open_iceberg(
+    table: Any,
+    *,
+    catalog: Any = None,
+    catalog_properties: dict[str, str] | None = None,
+    snapshot_id: int | None = None,
+    timestamp: Any = None,
+    ref: str | None = None,
+    columns: Sequence[str] | None = None,
+    filter: Any = None,
+) -> IcebergSnapshot:
+    """Pin a snapshot of an Iceberg table, read in place (no export, no JVM).
+
+    ``table``: a PyIceberg ``Table``; a metadata file (``…/metadata/00003-….metadata.json``);
+    or a table name (``"db.events"``) in ``catalog`` (a PyIceberg catalog, or a catalog name
+    that ``pyiceberg.catalog.load_catalog`` opens with ``catalog_properties``). At most one
+    of ``snapshot_id=``, ``timestamp=`` (the last snapshot at or before it: a datetime,
+    ISO string or epoch milliseconds) and ``ref=`` (a branch or tag); none: the current
+    snapshot *now*, kept after new commits land. ``columns=``: the columns read;
+    ``filter=``: a pyarrow compute expression applied after deletes.
+
+    Raises :class:`~.errors.IcebergSnapshotError` naming the table and snapshot when it
+    cannot be read, :class:`~.errors.UnsupportedIcebergFeatureError` naming the feature
+    this reader refuses (equality deletes, non-Parquet data files, remote storage).
+    """
+    given = {"snapshot_id": snapshot_id, "timestamp": timestamp, "ref": ref}
+    pins = [k for k, v in given.items() if v is not None]
+    if len(pins) > 1:
+        raise SpecError(
+            f"open_iceberg: give at most one of snapshot_id=, timestamp=, ref= (got {pins})"
+        )
+    if filter is not None and not isinstance(filter, pc.Expression):
+        raise TypeError(
+            f"filter must be a pyarrow.compute.Expression (e.g. pc.field('x') > 3), "
+            f"not {type(filter).__name__}"
+        )
+    loaded, name, catalog_name, identifier = _load(table, catalog, catalog_properties)
+    meta = loaded.metadata
+    asked = f"{pins[0]}={given[pins[0]]!r}" if pins else None
+    chosen = _pick(loaded, name, snapshot_id, timestamp, ref, asked)
+    if meta.format_version > 3:
+        raise IcebergSnapshotError(name, f"has format version {meta.format_version}, above 3")
+    schema_id = (
+        chosen.schema_id
+        if chosen is not None and chosen.schema_id is not None
+        else meta.current_schema_id
+    )
+    ice_schema = meta.schema_by_id(schema_id) or meta.schema()
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    with_ids = schema_to_pyarrow(ice_schema, include_field_ids=True)
+    plain = schema_to_pyarrow(ice_schema, include_field_ids=False)
+    snap = IcebergSnapshot(
+        table_uri=meta.location.rstrip("/"),
+        version=0 if chosen is None else int(chosen.snapshot_id),
+        files=[],
+        schema=pa.schema([f.remove_metadata().with_type(_plain(f.type)) for f in plain]),
+        name=name,
+        metadata_location=str(loaded.metadata_location),
+        schema_id=int(schema_id),
+        timestamp=None if chosen is None else _iso(chosen.timestamp_ms),
+        catalog=catalog_name,
+        identifier=identifier,
+        ref=ref,
+        projection=list(columns) if columns is not None else None,
+        filter=filter,
+        column_mapping=FieldIds(with_ids),
+        make_dataset=IcebergDataset,
+    )
+    snap.output_schema  # noqa: B018  (a column that does not exist: refused now)
+    check_filter(snap)
+    try:
+        plan_snapshot(loaded, snap, None if chosen is None else chosen.snapshot_id)
+    except (IcebergSnapshotError, SpecError):
+        raise
+    except Exception as exc:  # a manifest PyIceberg cannot read
+        raise snap.table_error(
+            f"its manifests cannot be read: {type(exc).__name__}: {first_line_of(exc)}"
+        ) from None
+    return snap
+
+
+def _load(
+    table: Any, catalog: Any, properties: dict[str, str] | None
+) -> tuple[Any, str, str | None, str | None]:
+    """The PyIceberg table, how messages name it, its catalog's name and its identifier."""
+    import_pyiceberg()
+    from pyiceberg.table import StaticTable, Table
+
+    if isinstance(table, Table):
+        ident = ".".join(table.name())
+        cat = getattr(table.catalog, "name", None)
+        return table, f"{cat}.{ident}" if cat else ident, cat, ident
+    text = os.fspath(table) if isinstance(table, os.PathLike) else str(table)
+    if catalog is None:
+        if not text.endswith(".json") and not os.path.isfile(text):
+            raise SpecError(
+                f"open_iceberg({text!r}): give catalog= to open a table by name, or a table's "
+                "metadata file (…/metadata/….metadata.json)"
+            )
+        try:
+            return StaticTable.from_metadata(text), text, None, None
+        except Exception as exc:
+            raise IcebergSnapshotError(
+                text, f"its metadata file cannot be read: {first_line_of(exc)}"
+            ) from None
+    if isinstance(catalog, str):
+        from pyiceberg.catalog import load_catalog
+
+        catalog = load_catalog(catalog, **(properties or {}))
+    try:
+        loaded = catalog.load_table(text)
+    except Exception as exc:
+        raise IcebergSnapshotError(
+            f"{catalog.name}.{text}", f"cannot be loaded: {first_line_of(exc)}"
+        ) from None
+    return loaded, f"{catalog.name}.{text}", catalog.name, text
+
+
+def _pick(
+    table: Any,
+    name: str,
+    snapshot_id: int | None,
+    timestamp: Any,
+    ref: str | None,
+    asked: str | None,
+) -> Any:
+    """The snapshot asked (None: a table with no snapshot yet)."""
+    meta = table.metadata
+    if snapshot_id is not None:
+        found = meta.snapshot_by_id(int(snapshot_id))
+    elif timestamp is not None:
+        found = table.snapshot_as_of_timestamp(timestamp_ms(timestamp))
+    elif ref is not None:
+        found = table.snapshot_by_name(ref)
+    else:
+        return table.current_snapshot()
+    if found is None:
+        kept = sorted(s.snapshot_id for s in meta.snapshots)
+        refs = sorted(meta.refs)
+        raise IcebergSnapshotError(
+            name,
+            f"has no snapshot for {asked} (expired, or never there); it keeps snapshots {kept} "
+            f"and refs {refs}",
+        )
+    return found
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    """``t`` with 32-bit offsets (PyIceberg's schema says large_string, large_list; its
+    ``to_arrow`` and the files say string, list): what an export and a mixture expect."""
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_large_list(t) or pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_plain(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct(
+            [t.field(i).with_type(_plain(t.field(i).type)) for i in range(t.num_fields)]
+        )
+    if pa.types.is_map(t):
+        return pa.map_(_plain(t.key_type), t.item_field.with_type(_plain(t.item_type)))
+    return t
+
+
+def _iso(ms: int) -> str:
+    return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).isoformat(
+        timespec="milliseconds"
+    )
+
+
+def reopen_in_place(record: dict[str, Any], storage_options: dict[str, Any] | None) -> Any:
+    """An Iceberg snapshot read in place, opened again from what its dataset's
+    ``in_place_record()`` recorded (a saved mixture's source)."""
+    snap = open_iceberg(
+        record["metadata"], snapshot_id=record["snapshot_id"], columns=record.get("projection")
+    )
+    return snap.dataset(record.get("spec") or {})
