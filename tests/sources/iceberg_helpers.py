@@ -23,6 +23,7 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.typedef import Record
 
 FILE_PATH_ID = 2147483546  # the spec's reserved field ids of a position-delete file
 POS_ID = 2147483545
@@ -105,25 +106,33 @@ def position_deletes(table: Any, deletes: dict[str, list[int]]) -> None:
         producer.commit()
 
 
-def equality_deletes(table: Any, column: str, values: list[Any]) -> None:
-    """Commit one equality-delete file deleting rows whose ``column`` is in ``values`` (as
-    Flink writes them; PyIceberg does not apply them when reading)."""
-    field = table.schema().find_field(column)
-    schema = pa.schema(
-        [pa.field(column, pa.int64(), False, {b"PARQUET:field_id": str(field.field_id)})]
-    )
+def equality_deletes(table: Any, rows: pa.Table, partition_of: str | None = None) -> None:
+    """Commit one equality-delete file deleting the rows whose columns ``rows.column_names``
+    equal one of ``rows`` (as Flink writes them; PyIceberg does not apply them when reading);
+    scoped to the partition of data file ``partition_of`` (default: the table's spec, which
+    must then be unpartitioned)."""
+    schema = table.schema()
+    ids = [schema.find_field(name).field_id for name in rows.column_names]
+    fields = [
+        pa.field(f.name, f.type, True, {b"PARQUET:field_id": str(i)})
+        for f, i in zip(rows.schema, ids)
+    ]
     location = f"{table.metadata.location}/data/eq-delete-{uuid.uuid4()}.parquet"
     local = location[len("file://") :]
-    pq.write_table(pa.table([values], schema=schema), local)
+    pq.write_table(rows.cast(pa.schema(fields)), local)
+    partition, spec_id = Record(), table.metadata.default_spec_id
+    if partition_of is not None:
+        data = next(t.file for t in table.scan().plan_files() if t.file.file_path == partition_of)
+        partition, spec_id = data.partition, data.spec_id
     delete = DataFile.from_args(
         content=DataFileContent.EQUALITY_DELETES,
         file_path=location,
         file_format=FileFormat.PARQUET,
-        partition=next(iter(table.scan().plan_files())).file.partition,
-        record_count=len(values),
+        partition=partition,
+        record_count=rows.num_rows,
         file_size_in_bytes=os.path.getsize(local),
-        equality_ids=[field.field_id],
+        equality_ids=ids,
     )
-    delete.spec_id = 0
+    delete.spec_id = spec_id
     with table.transaction() as tx:
         _AddDeletes([delete], operation=Operation.DELETE, transaction=tx, io=table.io).commit()

@@ -33,7 +33,6 @@ from spark_dl_core import SpecError, mix, open_dataset, write_mds
 from spark_dl_core.mixture.spec import Source
 from spark_dl_core.tables.iceberg.errors import (
     IcebergSnapshotError,
-    UnsupportedIcebergFeatureError,
 )
 from spark_dl_core.tables.iceberg.table import open_iceberg
 
@@ -309,14 +308,41 @@ def test_mix_with_an_mds_dataset(table: dict[str, Any], tmp_path: Path) -> None:
     assert _ids(again.iter_batches(64, shuffle=True, seed=1)) == ids
 
 
-def test_equality_deletes_are_refused_naming_them(tmp_path: Path) -> None:
+def test_equality_deletes_are_applied(tmp_path: Path) -> None:
+    """Equality deletes (which PyIceberg refuses to read): on one key, on two keys with a
+    null matching a null, scoped by sequence number (rows appended after the delete stay)
+    and by partition."""
     cat = catalog(tmp_path)
-    schema = pa.schema([pa.field("id", pa.int64(), False)])
-    t = cat.create_table("db.e", schema=schema)
-    t.append(pa.table({"id": pa.array(range(10), pa.int64())}, schema=schema))
-    equality_deletes(cat.load_table("db.e"), "id", [3, 4])
-    with pytest.raises(UnsupportedIcebergFeatureError, match=r"db\.e.*equality deletes"):
-        open_iceberg("db.e", catalog=cat)
+    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("tag", pa.string())])
+    t = cat.create_table("db.e", schema=schema, properties=PROPS)
+    tags = [None if i % 10 == 0 else "xy"[i % 2] for i in range(300)]
+    t.append(pa.table({"id": pa.array(range(300), pa.int64()), "tag": tags}, schema=schema))
+    equality_deletes(cat.load_table("db.e"), pa.table({"id": pa.array([3, 4, 250], pa.int64())}))
+    two = pa.table({"id": pa.array([10, 11, 12], pa.int64()), "tag": [None, "y", "y"]})
+    equality_deletes(cat.load_table("db.e"), two)  # 10 (null = null) and 11; 12 is "x"
+    t = cat.load_table("db.e")
+    t.append(pa.table({"id": pa.array([3, 4], pa.int64()), "tag": ["new", "new"]}, schema=schema))
+    snap = open_iceberg("db.e", catalog=cat)
+    want = sorted([i for i in range(300) if i not in {3, 4, 250, 10, 11}] + [3, 4])
+    assert sorted(snap.to_arrow()["id"].to_pylist()) == want
+    ds = snap.dataset({"nulls": "mask"})
+    assert sorted(ds.to_arrow()["id"].to_pylist()) == want and len(snap) == len(want)
+    with pytest.raises(ValueError, match="equality deletes"):
+        t.scan().to_arrow()  # the oracle cannot read this table: the expected rows are built
+
+    # partitioned: an equality delete scoped to one partition leaves the others' rows
+    p = cat.create_table("db.ep", schema=schema, properties=PROPS)
+    with p.update_spec() as update:
+        update.add_identity("tag")
+    data = pa.table(
+        {"id": pa.array(range(40), pa.int64()), "tag": ["xy"[i % 2] for i in range(40)]}
+    )
+    p.append(data.cast(schema))
+    p = cat.load_table("db.ep")
+    in_x = next(t.file.file_path for t in p.scan().plan_files() if t.file.partition[0] == "x")
+    equality_deletes(p, pa.table({"id": pa.array([2, 3, 4], pa.int64())}), partition_of=in_x)
+    got = sorted(open_iceberg("db.ep", catalog=cat).to_arrow()["id"].to_pylist())
+    assert got == [i for i in range(40) if i not in {2, 4}]  # 3 is in partition "y"
 
 
 def test_missing_or_truncated_data_file_names_it(tmp_path: Path) -> None:
@@ -333,3 +359,59 @@ def test_missing_or_truncated_data_file_names_it(tmp_path: Path) -> None:
     victim.unlink()
     with pytest.raises(IcebergSnapshotError, match=rf"{victim.name} is missing"):
         open_iceberg("db.m", catalog=cat)
+
+
+def test_expired_snapshot_and_damaged_manifest_are_named(tmp_path: Path) -> None:
+    cat = catalog(tmp_path)
+    t = cat.create_table("db.x", schema=SCHEMA, properties=PROPS)
+    t.append(_data(0, 100))
+    first = cat.load_table("db.x").current_snapshot().snapshot_id
+    t = cat.load_table("db.x")
+    t.append(_data(100, 100))
+    t = cat.load_table("db.x")
+    t.maintenance.expire_snapshots().by_id(first).commit()
+    with pytest.raises(IcebergSnapshotError, match=rf"db\.x.*no snapshot for snapshot_id={first}"):
+        open_iceberg("db.x", catalog=cat, snapshot_id=first)
+    snap = open_iceberg("db.x", catalog=cat)
+    assert len(snap) == 200
+    manifest_list = cat.load_table("db.x").current_snapshot().manifest_list
+    Path(manifest_list[len("file://") :]).write_bytes(b"not avro")
+    with pytest.raises(IcebergSnapshotError, match=rf"snapshot {snap.version}.*manifests cannot"):
+        open_iceberg("db.x", catalog=cat)
+
+
+def test_nested_columns_and_timestamps_and_a_nested_rename(tmp_path: Path) -> None:
+    cat = catalog(tmp_path)
+    point = pa.struct([pa.field("x", pa.float64(), False), pa.field("y", pa.float64(), False)])
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), False),
+            pa.field("ts", pa.timestamp("us", tz="UTC"), False),
+            pa.field("local", pa.timestamp("us"), False),
+            pa.field("pt", point, False),
+            pa.field("tags", pa.list_(pa.field("element", pa.string(), False)), False),
+        ]
+    )
+    t = cat.create_table("db.n", schema=schema, properties=PROPS)
+    start = dt.datetime(2024, 1, 1)
+    rows = {
+        "id": range(200),
+        "ts": [start.replace(tzinfo=dt.timezone.utc) + dt.timedelta(seconds=i) for i in range(200)],
+        "local": [start + dt.timedelta(minutes=i) for i in range(200)],
+        "pt": [{"x": i * 1.0, "y": -i * 1.0} for i in range(200)],
+        "tags": [["a", "b"][: i % 3] for i in range(200)],
+    }
+    t.append(pa.table(rows, schema=schema))
+    first = cat.load_table("db.n").current_snapshot().snapshot_id
+    with cat.load_table("db.n").update_schema() as update:
+        update.rename_column("pt.x", "px")  # a schema change alone: no new snapshot
+    t = cat.load_table("db.n")
+    now = open_iceberg("db.n", catalog=cat)  # the table's schema: px
+    assert now.version == first and now.to_arrow().to_pylist() == t.scan().to_arrow().to_pylist()
+    assert now.to_arrow()["pt"][0].as_py() == {"px": 0.0, "y": -0.0}
+    then = open_iceberg("db.n", catalog=cat, snapshot_id=first)  # the snapshot's schema: x
+    assert then.to_arrow().to_pylist() == t.scan(snapshot_id=first).to_arrow().to_pylist()
+    assert then.to_arrow()["pt"][0].as_py() == {"x": 0.0, "y": -0.0}
+    assert now.fingerprint != then.fingerprint
+    got = now.dataset().to_arrow()
+    assert got["id"].to_pylist() == list(range(200)) and len(now) == 200

@@ -73,7 +73,7 @@ class FieldIds:
                 "has no Parquet field ids: a file imported without them is read through the "
                 "table's name mapping, which this reader does not support"
             )
-        out = FileColumns([], [])
+        out = FileColumns([], [], [])
         for name in names:
             wanted = self.schema.field(name)
             wanted_id = field_id(wanted)
@@ -94,15 +94,56 @@ class FieldIds:
                 )
             out.read.append(found.name)
             out.names.append(name)
+            out.types.append(wanted.type if _children(wanted.type) else None)
         return out
 
 
 @dataclass
 class FileColumns:
-    """One file's columns to read (``read``) and their logical names (``names``)."""
+    """One file's columns to read (``read``), their logical names (``names``) and, for a
+    nested column, the snapshot's type (its nested fields renamed by position: their ids
+    agree, their names may not, after a rename)."""
 
     read: list[str]
     names: list[str] = field(default_factory=list)
+    types: list[pa.DataType | None] = field(default_factory=list)
 
     def logical(self, table: pa.Table) -> pa.Table:
-        return table if self.read == self.names else table.rename_columns(self.names)
+        if not any(t is not None for t in self.types):
+            return table if self.read == self.names else table.rename_columns(self.names)
+        columns = []
+        for i, wanted in enumerate(self.types):
+            column = table.column(i)
+            if wanted is not None:
+                chunks = column.chunks or [pa.array([], type=column.type)]
+                column = pa.chunked_array([_renamed(c, wanted) for c in chunks])
+            columns.append(column)
+        return pa.Table.from_arrays(columns, names=self.names)
+
+
+def _renamed(array: pa.Array, wanted: pa.DataType) -> pa.Array:
+    """``array`` with the nested field names of ``wanted`` (same shape, same field ids);
+    leaf types are left to the cast that follows (promotions)."""
+    nulls = array.is_null() if array.null_count else None
+    if pa.types.is_struct(wanted) and pa.types.is_struct(array.type):
+        children = [
+            _renamed(array.field(i), wanted.field(i).type) for i in range(wanted.num_fields)
+        ]
+        fields = [wanted.field(i).with_type(c.type) for i, c in enumerate(children)]
+        return pa.StructArray.from_arrays(children, fields=fields, mask=nulls)
+    if _is_list(wanted) and _is_list(array.type):
+        values = _renamed(array.values, wanted.value_type)
+        typ = pa.list_(wanted.value_field.with_type(values.type))
+        return pa.ListArray.from_arrays(array.offsets, values, type=typ, mask=nulls)
+    if pa.types.is_map(wanted) and pa.types.is_map(array.type):
+        keys = _renamed(array.keys, wanted.key_type)
+        items = _renamed(array.items, wanted.item_type)
+        typ = pa.map_(
+            wanted.key_field.with_type(keys.type), wanted.item_field.with_type(items.type)
+        )
+        return pa.MapArray.from_arrays(array.offsets, keys, items, type=typ, mask=nulls)
+    return array
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t))

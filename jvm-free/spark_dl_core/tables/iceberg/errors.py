@@ -24,8 +24,8 @@ class IcebergSnapshotError(TableError):
 
 
 class UnsupportedIcebergFeatureError(IcebergSnapshotError):
-    """The snapshot uses a feature this reader refuses rather than read wrong (equality
-    deletes, ORC or Avro data files, files without Parquet field ids, remote storage)."""
+    """The snapshot uses a feature this reader refuses rather than read wrong (ORC or Avro
+    data files, files without Parquet field ids, nested schema evolution, remote storage)."""
 
 
 class IcebergFilterError(IcebergSnapshotError):

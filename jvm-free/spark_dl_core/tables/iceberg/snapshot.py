@@ -17,11 +17,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ...errors import SpecError
 from ...sources.dataset import Dataset
 from ...spec import DatasetSpec
 from ...writer import WriteResult
 from ..parquet.filter import filter_columns
 from ..parquet.table_files import file_key, first_line, past_the_end
+from . import deletes
 from .columns import FieldIds
 from .errors import IcebergFilterError, IcebergSnapshotError, UnsupportedIcebergFeatureError
 
@@ -232,7 +234,6 @@ class IcebergSnapshot:
     ) -> WriteResult:
         """Write this snapshot as an MDS dataset whose spark_dl.json names table, snapshot
         and schema. ``mode="update"`` (following a table) is not built for Iceberg yet."""
-        from ...errors import SpecError
         from ...writer import write_mds
 
         if str(mode).strip().lower() == "update":
@@ -292,20 +293,19 @@ def plan_snapshot(table: Any, snap: IcebergSnapshot, snapshot_id: int | None) ->
     manifests; refuse what this reader cannot read right, naming it."""
     if snapshot_id is None:
         return
-    from pyiceberg.io.pyarrow import _read_deletes
-    from pyiceberg.manifest import DataFileContent, FileFormat
+    from pyiceberg.manifest import FileFormat
 
     try:
-        tasks = sorted(
-            table.scan(snapshot_id=snapshot_id).plan_files(), key=lambda t: t.file.file_path
-        )
-    except Exception:
-        equality = _equality_delete(table, snapshot_id)  # PyIceberg's planner refuses them
-        if equality is not None:
-            raise _refused(snap, _EQUALITY.format(equality)) from None
+        planned = deletes.plan(table, snapshot_id)
+    except (IcebergSnapshotError, SpecError):
         raise
-    read: dict[str, dict[str, Any]] = {}  # delete file -> data file -> positions (read once)
-    for task in tasks:
+    except Exception as exc:  # a manifest PyIceberg cannot read
+        raise snap.table_error(
+            f"its manifests cannot be read: {type(exc).__name__}: {first_line(exc)}"
+        ) from None
+    reader = deletes.DeleteReader(table, snap.table_error)
+    unpartitioned = {i for i, spec in table.metadata.specs().items() if spec.is_unpartitioned()}
+    for task in planned.tasks:
         data = task.file
         uri = data.file_path
         if data.file_format != FileFormat.PARQUET:
@@ -318,46 +318,32 @@ def plan_snapshot(table: Any, snap: IcebergSnapshot, snapshot_id: int | None) ->
         snap.files.append(uri)
         snap._sizes[key] = int(data.file_size_in_bytes)
         snap._identity[key] = _identity_columns(table, data.spec_id, snap.schema_id)
-        positions = []
-        for delete in sorted(task.delete_files, key=lambda d: d.file_path):
-            if delete.content == DataFileContent.EQUALITY_DELETES:
-                raise _refused(snap, _EQUALITY.format(delete.file_path))
-            if delete.file_path not in read:
-                try:
-                    read[delete.file_path] = _read_deletes(table.io, delete)
-                except Exception as exc:
-                    raise snap.table_error(
-                        f"delete file {delete.file_path} cannot be read: {first_line(exc)}"
-                    ) from None
-            found = read[delete.file_path].get(uri)
-            if found is not None:
-                positions.append(np.asarray(found, dtype=np.int64))
-        if positions:
-            gone = np.concatenate(positions)
-            keep = np.ones(max(int(data.record_count), int(gone.max(initial=-1)) + 1), dtype=bool)
-            keep[gone] = False
+        rows = int(data.record_count)
+        found = [reader.positions(d, uri) for d in sorted(task.delete_files, key=_path)]
+        gone = [p for p in found if p is not None]
+        keep = None
+        if gone:
+            positions = np.concatenate(gone)
+            keep = np.ones(max(rows, int(positions.max(initial=-1)) + 1), dtype=bool)
+            keep[positions] = False
+        seq = planned.sequence.get(uri, 0)
+        equality = [
+            reader.equality_rows(e.data_file)
+            for e in sorted(planned.equality, key=lambda e: e.data_file.file_path)
+            if deletes.applies(e.data_file, int(e.sequence_number or 0), data, seq, unpartitioned)
+        ]
+        if equality:
+            matched = deletes.equality_keep(data, equality, snap.table_error)
+            if keep is None:
+                keep = np.ones(max(rows, len(matched)), dtype=bool)
+            keep[: len(matched)] &= matched
+        if keep is not None and not keep.all():
             snap._keep[key] = keep
     _stat_files(snap)
 
 
-_EQUALITY = (
-    "has equality deletes ({}): they are not applied by this reader yet, and reading "
-    "without them would return deleted rows"
-)
-
-
-def _equality_delete(table: Any, snapshot_id: int) -> str | None:
-    """The first equality-delete file of the snapshot's delete manifests, if any."""
-    from pyiceberg.manifest import DataFileContent, ManifestContent
-
-    snapshot = table.metadata.snapshot_by_id(snapshot_id)
-    for manifest in snapshot.manifests(table.io) if snapshot is not None else []:
-        if manifest.content != ManifestContent.DELETES:
-            continue
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            if entry.data_file.content == DataFileContent.EQUALITY_DELETES:
-                return str(entry.data_file.file_path)
-    return None
+def _path(delete: Any) -> str:
+    return str(delete.file_path)
 
 
 def _identity_columns(table: Any, spec_id: int, schema_id: int) -> set[str]:

@@ -64,7 +64,8 @@ def open_iceberg(
 
     Raises :class:`~.errors.IcebergSnapshotError` naming the table and snapshot when it
     cannot be read, :class:`~.errors.UnsupportedIcebergFeatureError` naming the feature
-    this reader refuses (equality deletes, non-Parquet data files, remote storage).
+    this reader refuses (non-Parquet data files, remote storage). Position deletes, deletion
+    vectors and equality deletes are applied.
     """
     given = {"snapshot_id": snapshot_id, "timestamp": timestamp, "ref": ref}
     pins = [k for k, v in given.items() if v is not None]
@@ -83,11 +84,11 @@ def open_iceberg(
     chosen = _pick(loaded, name, snapshot_id, timestamp, ref, asked)
     if meta.format_version > 3:
         raise IcebergSnapshotError(name, f"has format version {meta.format_version}, above 3")
-    schema_id = (
-        chosen.schema_id
-        if chosen is not None and chosen.schema_id is not None
-        else meta.current_schema_id
-    )
+    # The table's schema for its current state and a branch; a snapshot's own for time
+    # travel (an id, a timestamp, a tag), as PyIceberg's and Spark's readers do
+    branch = ref is not None and str(meta.refs[ref].snapshot_ref_type.value) == "branch"
+    travel = chosen is not None and chosen.schema_id is not None and pins and not branch
+    schema_id = chosen.schema_id if travel else meta.current_schema_id
     ice_schema = meta.schema_by_id(schema_id) or meta.schema()
     from pyiceberg.io.pyarrow import schema_to_pyarrow
 
@@ -112,14 +113,7 @@ def open_iceberg(
     )
     snap.output_schema  # noqa: B018  (a column that does not exist: refused now)
     check_filter(snap)
-    try:
-        plan_snapshot(loaded, snap, None if chosen is None else chosen.snapshot_id)
-    except (IcebergSnapshotError, SpecError):
-        raise
-    except Exception as exc:  # a manifest PyIceberg cannot read
-        raise snap.table_error(
-            f"its manifests cannot be read: {type(exc).__name__}: {first_line_of(exc)}"
-        ) from None
+    plan_snapshot(loaded, snap, None if chosen is None else chosen.snapshot_id)
     return snap
 
 

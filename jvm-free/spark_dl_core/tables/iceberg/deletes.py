@@ -1,0 +1,142 @@
+"""An Iceberg snapshot's deletes as keep-masks per data file: position deletes (Parquet
+delete files, v3 deletion vectors) and equality deletes, which PyIceberg's planner refuses
+and this reader applies itself.
+
+Planning goes through PyIceberg's manifest planner (partition scopes and sequence numbers of
+position deletes), with the equality-delete entries taken aside before it sees them. An
+equality delete file applies, as the spec says, to the data files with a *lower* data
+sequence number, in its partition (or every partition, from an unpartitioned spec); a row
+is deleted when its values of the file's ``equality_ids`` columns (resolved by field id)
+equal one of the file's rows, a null equal to a null. Every delete file is read once,
+however many data files it applies to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..parquet.table_files import file_key, first_line
+from .columns import field_id
+
+Fail = Callable[[str], Exception]
+
+
+@dataclass
+class Planned:
+    """The snapshot's data files (PyIceberg's scan tasks, in path order), each one's data
+    sequence number, and the equality-delete entries set aside."""
+
+    tasks: list[Any]
+    sequence: dict[str, int] = field(default_factory=dict)
+    equality: list[Any] = field(default_factory=list)
+
+
+def plan(table: Any, snapshot_id: int) -> Planned:
+    from pyiceberg.manifest import DataFileContent
+
+    scan = table.scan(snapshot_id=snapshot_id)
+    snapshot = scan.snapshot()
+    out = Planned([])
+
+    def sort_out(entry: Any) -> bool:
+        data = entry.data_file
+        if data.content == DataFileContent.EQUALITY_DELETES:
+            out.equality.append(entry)
+            return False
+        if data.content == DataFileContent.DATA:
+            out.sequence[data.file_path] = int(entry.sequence_number or 0)
+        return True
+
+    manifests = snapshot.manifests(table.io) if snapshot is not None else []
+    tasks = scan._manifest_planner.plan_files(manifests, manifest_entry_filter=sort_out)
+    out.tasks = sorted(tasks, key=lambda t: t.file.file_path)
+    return out
+
+
+class DeleteReader:
+    """Delete files read once each: positions per data file, equality rows per file."""
+
+    def __init__(self, table: Any, fail: Fail) -> None:
+        self.table = table
+        self.fail = fail
+        self._positions: dict[str, dict[str, Any]] = {}
+        self._rows: dict[str, pa.Table] = {}
+
+    def positions(self, delete: Any, uri: str) -> np.ndarray | None:
+        from pyiceberg.io.pyarrow import _read_deletes
+
+        if delete.file_path not in self._positions:
+            try:
+                self._positions[delete.file_path] = _read_deletes(self.table.io, delete)
+            except Exception as exc:
+                raise self.fail(
+                    f"delete file {delete.file_path} cannot be read: {first_line(exc)}"
+                ) from None
+        found = self._positions[delete.file_path].get(uri)
+        return None if found is None else np.asarray(found, dtype=np.int64)
+
+    def equality_rows(self, delete: Any) -> pa.Table:
+        """The delete file's rows, one column per equality id (named by the id)."""
+        if delete.file_path not in self._rows:
+            ids = [int(i) for i in delete.equality_ids or []]
+            if not ids:
+                raise self.fail(f"equality delete file {delete.file_path} names no columns")
+            try:
+                pf = pq.ParquetFile(file_key(delete.file_path))
+                by_id = {field_id(f): f.name for f in pf.schema_arrow}
+                missing = [i for i in ids if i not in by_id]
+                if missing:
+                    raise ValueError(f"it has no column for field id(s) {missing}")
+                rows = pf.read(columns=[by_id[i] for i in ids])
+            except Exception as exc:
+                raise self.fail(
+                    f"equality delete file {delete.file_path} cannot be read: {first_line(exc)}"
+                ) from None
+            self._rows[delete.file_path] = rows.rename_columns([str(i) for i in ids])
+        return self._rows[delete.file_path]
+
+
+def applies(delete: Any, delete_seq: int, data: Any, data_seq: int, global_specs: set[int]) -> bool:
+    """Whether an equality delete (entry data, sequence number) applies to a data file."""
+    if delete_seq <= data_seq:
+        return False
+    if delete.spec_id in global_specs:
+        return True
+    return bool(delete.spec_id == data.spec_id and delete.partition == data.partition)
+
+
+def equality_keep(data: Any, deletes: list[pa.Table], fail: Fail) -> np.ndarray:
+    """The data file's rows no equality delete matches (True: kept)."""
+    uri = data.file_path
+    wanted = sorted({int(c) for rows in deletes for c in rows.column_names})
+    try:
+        pf = pq.ParquetFile(file_key(uri))
+        by_id = {field_id(f): f.name for f in pf.schema_arrow}
+        missing = [i for i in wanted if i not in by_id]
+        if missing:
+            raise ValueError(f"it has no column for the equality delete field id(s) {missing}")
+        keys = pf.read(columns=[by_id[i] for i in wanted]).rename_columns([str(i) for i in wanted])
+    except Exception as exc:
+        raise fail(
+            f"data file {uri} cannot be read for its equality deletes: {first_line(exc)}"
+        ) from None
+    keep = np.ones(keys.num_rows, dtype=bool)
+    for rows in deletes:
+        names = rows.column_names
+        if len(names) == 1:
+            column = keys.column(names[0])
+            values = rows.column(names[0]).cast(column.type)
+            hit = pc.is_in(column, value_set=values.combine_chunks(), skip_nulls=False)
+            keep &= ~hit.to_numpy(zero_copy_only=False).astype(bool)
+            continue
+        gone = set(zip(*(rows.column(n).cast(keys.column(n).type).to_pylist() for n in names)))
+        mine = zip(*(keys.column(n).to_pylist() for n in names))
+        keep &= np.fromiter((t not in gone for t in mine), dtype=bool, count=keys.num_rows)
+    return keep
