@@ -9,7 +9,9 @@ the rows it keeps) holds the rows of the files that commit removed, so it is old
 were all old, new when they were all new, and cannot be told apart when they were both: then
 :class:`SinceError` names the commit. A file re-added under its own path (a deletion vector
 added by a DELETE) keeps its label. Version ``N``'s deletion vectors still apply to the
-files kept. The change data feed is not used: see docs/delta.md ("New rows since a version").
+files kept. Where the change data feed is on, a copy-on-write UPDATE or MERGE is answered
+row by row from its change files (:mod:`.since_changes`): only its inserted and updated rows
+are new, not the rows it copied. See docs/delta.md ("New rows since a version").
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from .log import DeltaSnapshotError, file_key, first_line, log_location, log_uri
+from .since_changes import FEED as FEED_NAME
+from .since_changes import ChangeFeed, combine
 
 if TYPE_CHECKING:  # pragma: no cover
     from .snapshot import DeltaSnapshot
 
-OLD, NEW, MIXED = "old", "new", "mixed"
+OLD, NEW, MIXED, PARTIAL = "old", "new", "mixed", "partial"  # partial: a mask says which
 # Commits that never add a row that was not live before, even when they mark dataChange.
 _ROW_KEEPING_OPERATIONS = frozenset({"DELETE"})
 
@@ -38,18 +42,38 @@ def new_since(snapshot: DeltaSnapshot, asked_since: Any, deltalake: Any) -> Delt
     since = _check_range(snapshot, asked_since)
     asked = f"version {snapshot.version} since {since}"
     base = snapshot.table_uri.rstrip("/")
-    labels = {k: (OLD, since) for k in _live_at(snapshot, since, deltalake, asked)}
+    live, configuration = _live_at(snapshot, since, deltalake, asked)
+    labels = {k: (OLD, since) for k in live}
+
+    def error(message: str) -> SinceError:
+        return SinceError(snapshot.table_uri, message, asked=asked, available=snapshot.available)
+
+    feed = ChangeFeed(snapshot, since, configuration, error)
     for version in range(since + 1, snapshot.version + 1):
-        _apply_commit(labels, _commit_actions(snapshot, version, asked), base, version)
-    kept = [u for u in snapshot.files if _label(snapshot, labels, u, since) == NEW]
-    keys = {file_key(u) for u in kept}
-    return dataclasses.replace(
-        snapshot,
-        files=kept,
-        since=since,
-        _keep={k: v for k, v in snapshot._keep.items() if k in keys},
-        _inplace=None,
-    )
+        actions = _commit_actions(snapshot, version, asked)
+        feed.commit(actions)
+        _apply_commit(labels, actions, base, version, feed)
+    kept, keep = [], {}
+    for uri in snapshot.files:
+        key = file_key(uri)
+        label = _label(snapshot, labels, uri, since)
+        if label == NEW and feed.on and labels[key][1] in feed.off_rewrites:
+            raise error(
+                f"commit {labels[key][1]} (a copy-on-write UPDATE or MERGE) rewrote data file "
+                f"{uri} while the change data feed ({FEED_NAME}) was off, so the rows it copied "
+                "cannot be told from the rows it changed; the feed is on at version "
+                f"{snapshot.version}: pass since >= {labels[key][1]}, or read the whole version"
+            )
+        if label == PARTIAL:
+            mask = combine(feed.masks[key], snapshot._keep.get(key))
+            if any(mask):
+                kept.append(uri)
+                keep[key] = mask
+        elif label == NEW:
+            kept.append(uri)
+            if key in snapshot._keep:
+                keep[key] = snapshot._keep[key]
+    return dataclasses.replace(snapshot, files=kept, since=since, _keep=keep, _inplace=None)
 
 
 def _check_range(snapshot: DeltaSnapshot, asked_since: Any) -> int:
@@ -83,8 +107,11 @@ def _check_range(snapshot: DeltaSnapshot, asked_since: Any) -> int:
     return since
 
 
-def _live_at(snapshot: DeltaSnapshot, since: int, deltalake: Any, asked: str) -> set[str]:
-    """The data files live at ``since``, as :func:`file_key` keys."""
+def _live_at(
+    snapshot: DeltaSnapshot, since: int, deltalake: Any, asked: str
+) -> tuple[set[str], dict[str, Any]]:
+    """The data files live at ``since``, as :func:`file_key` keys, and the table's
+    configuration then."""
     import pyarrow as pa
 
     try:
@@ -92,6 +119,7 @@ def _live_at(snapshot: DeltaSnapshot, since: int, deltalake: Any, asked: str) ->
             snapshot.table_uri, version=since, storage_options=snapshot.storage_options
         )
         paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+        configuration = dict(table.metadata().configuration)
     except Exception as exc:
         raise SinceError(
             snapshot.table_uri,
@@ -100,7 +128,7 @@ def _live_at(snapshot: DeltaSnapshot, since: int, deltalake: Any, asked: str) ->
             available=snapshot.available,
         ) from None
     base = snapshot.table_uri.rstrip("/")
-    return {file_key(log_location(log_uri(base, p))) for p in paths}
+    return {file_key(log_location(log_uri(base, p))) for p in paths}, configuration
 
 
 def _commit_actions(snapshot: DeltaSnapshot, version: int, asked: str) -> list[dict[str, Any]]:
@@ -121,7 +149,11 @@ def _commit_actions(snapshot: DeltaSnapshot, version: int, asked: str) -> list[d
 
 
 def _apply_commit(
-    labels: dict[str, tuple[str, int]], actions: list[dict[str, Any]], base: str, version: int
+    labels: dict[str, tuple[str, int]],
+    actions: list[dict[str, Any]],
+    base: str,
+    version: int,
+    feed: ChangeFeed | None = None,
 ) -> None:
     """Update ``labels`` (file key -> (old/new/mixed, version that decided it)) by one commit."""
     info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
@@ -133,10 +165,28 @@ def _apply_commit(
         labels.pop(key, None)
     moved = {before[k][0] for k in removed if k in before}
     # rows moved from the removed files: one label when they agree (none removed: unknown)
-    origin = next(iter(moved)) if len(moved) == 1 else MIXED
+    origin = next(iter(moved)) if len(moved) == 1 and moved != {PARTIAL} else MIXED
+    fresh = [(add, key) for add, key in added if key not in before]
+    readded = {key for _, key in added}
+    rewritten = {
+        _key(a["remove"], base): (a["remove"], before[_key(a["remove"], base)][0])
+        for a in actions
+        if "remove" in a and _key(a["remove"], base) in before
+    }
+    rewritten = {k: v for k, v in rewritten.items() if k not in readded}
+    by_feed = None
+    has_changes = any("cdc" in a for a in actions)
+    if feed is not None and rewritten and fresh and (has_changes or PARTIAL in moved):
+        # a rewrite the change data feed or row masks may answer row by row
+        moves_only = keeps_rows or all(a.get("dataChange", True) is False for a, _ in fresh)
+        by_feed = feed.rewrite(actions, version, fresh, rewritten, moves_only)
+    elif feed is not None and rewritten and fresh and not keeps_rows:
+        feed.rewrite(actions, version, fresh, rewritten, False)  # notes a feed-off rewrite
     for add, key in added:
         if key in before:  # the same file again (a deletion vector added): same rows
             labels[key] = before[key]
+        elif by_feed is not None:
+            labels[key] = (by_feed[key], version)
         elif add.get("dataChange", True) is not False and not keeps_rows:
             labels[key] = (NEW, version)
         else:
@@ -165,9 +215,9 @@ def _label(
     if label == MIXED:
         raise SinceError(
             snapshot.table_uri,
-            f"commit {version} moved rows into data file {uri} (a compaction or a DELETE "
-            f"rewrite) from files live at version {since} together with files added after "
-            f"it (or from none it names), so its new rows cannot be told apart: pass "
+            f"commit {version} moved rows into data file {uri} (a compaction, or a DELETE, "
+            f"UPDATE or MERGE rewrite) from files live at version {since} together with files "
+            f"added after it (or from none it names), so its new rows cannot be told apart: pass "
             f"since >= {version}, or read the whole version",
             asked=asked,
             available=snapshot.available,
