@@ -415,3 +415,26 @@ def test_nested_columns_and_timestamps_and_a_nested_rename(tmp_path: Path) -> No
     assert now.fingerprint != then.fingerprint
     got = now.dataset().to_arrow()
     assert got["id"].to_pylist() == list(range(200)) and len(now) == 200
+
+
+def test_since_an_earlier_snapshot_reads_the_rows_appended_since(table: dict[str, Any]) -> None:
+    cat, t = table["catalog"], table["table"]
+    snaps = t.snapshots()
+    ops = [(s.summary.operation.value, int(s.summary.get("added-data-files") or 0)) for s in snaps]
+    rewrite = next(k for k, (op, added) in enumerate(ops) if op != "append" and added)
+    before = snaps[rewrite - 1].snapshot_id  # appends and position deletes up to here
+    new = open_iceberg(
+        "db.t", catalog=cat, snapshot_id=before, since=snaps[0].snapshot_id, columns=["id"]
+    )
+    want = [r["id"] for r in _oracle(t, before) if r["id"] >= ROWS]  # appends 2 and 3, live
+    assert sorted(new.to_arrow()["id"].to_pylist()) == want
+    assert sorted(_ids(new.iter_batches(64))) == want and len(new) == len(want)
+    assert new.lineage()["since"] == snaps[0].snapshot_id and ".." in new.shown
+    whole = open_iceberg("db.t", catalog=cat, snapshot_id=before, columns=["id"])
+    assert new.fingerprint != whole.fingerprint
+    last = open_iceberg("db.t", catalog=cat, since=snaps[rewrite].snapshot_id, columns=["id"])
+    assert sorted(last.to_arrow()["id"].to_pylist()) == list(range(3 * ROWS, 3 * ROWS + 200))
+    with pytest.raises(IcebergSnapshotError, match=r"since=.*rewrites data files"):
+        open_iceberg("db.t", catalog=cat, since=snaps[0].snapshot_id)
+    with pytest.raises(IcebergSnapshotError, match="not an ancestor"):
+        open_iceberg("db.t", catalog=cat, snapshot_id=before, since=snaps[-1].snapshot_id)

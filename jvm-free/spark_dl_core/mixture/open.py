@@ -52,7 +52,11 @@ def _open_source(
         raise MixtureError(f"source {index} ({target}) cannot be opened: {exc}") from exc
 
 
-_IN_PLACE = {"delta": InPlaceDelta, "iceberg": InPlaceIceberg}  # the spec's field per kind
+# the spec's field per kind of table read in place
+_IN_PLACE: dict[str, type[InPlaceDelta] | type[InPlaceIceberg]] = {
+    "delta": InPlaceDelta,
+    "iceberg": InPlaceIceberg,
+}
 
 
 def _in_place_record(dataset: Dataset) -> dict[str, Any]:

@@ -120,6 +120,7 @@ class InPlaceIceberg(BaseModel):
 
     metadata: str
     snapshot_id: int
+    since: int | None = None
     projection: list[str] | None = None
     filter: str | None = None
     spec: dict[str, Any] = {}

@@ -65,6 +65,8 @@ class IcebergSnapshot:
 
     @property
     def shown(self) -> str:
+        if self.since is not None:  # the rows appended since an earlier snapshot
+            return f"{self.name}@snapshot={self.since}..{self.version}"
         return f"{self.name}@snapshot={self.version}"
 
     @property
@@ -99,6 +101,7 @@ class IcebergSnapshot:
             "columns": list(self.projection) if self.projection is not None else None,
             "filter": None if self.filter is None else str(self.filter),
             "reader": "pyiceberg",
+            **({"since": self.since} if self.since is not None else {}),
         }
 
     def file_size(self, uri: str) -> int | None:
@@ -288,9 +291,12 @@ class IcebergSnapshot:
         return self.dataset().to_tf(batch_size, **settings)
 
 
-def plan_snapshot(table: Any, snap: IcebergSnapshot, snapshot_id: int | None) -> None:
+def plan_snapshot(
+    table: Any, snap: IcebergSnapshot, snapshot_id: int | None, skip: set[str] | None = None
+) -> None:
     """Fill ``snap``'s files, sizes, modification times and keep-masks from the snapshot's
-    manifests; refuse what this reader cannot read right, naming it."""
+    manifests (but the data files in ``skip``); refuse what this reader cannot read right,
+    naming it."""
     if snapshot_id is None:
         return
     from pyiceberg.manifest import FileFormat
@@ -308,6 +314,8 @@ def plan_snapshot(table: Any, snap: IcebergSnapshot, snapshot_id: int | None) ->
     for task in planned.tasks:
         data = task.file
         uri = data.file_path
+        if skip and uri in skip:
+            continue
         if data.file_format != FileFormat.PARQUET:
             raise _refused(
                 snap,

@@ -35,6 +35,7 @@ class IcebergDataset(InPlaceDataset):
         return "iceberg", {
             "metadata": snap.metadata_location,
             "snapshot_id": snap.version,
+            "since": snap.since,
             "projection": snap.projection,
             "filter": None if snap.filter is None else str(snap.filter),
             "spec": self.spec,
@@ -51,6 +52,7 @@ def open_iceberg(
     ref: str | None = None,
     columns: Sequence[str] | None = None,
     filter: Any = None,
+    since: int | None = None,
 ) -> IcebergSnapshot:
     """Pin a snapshot of an Iceberg table, read in place (no export, no JVM).
 
@@ -60,7 +62,10 @@ def open_iceberg(
     of ``snapshot_id=``, ``timestamp=`` (the last snapshot at or before it: a datetime,
     ISO string or epoch milliseconds) and ``ref=`` (a branch or tag); none: the current
     snapshot *now*, kept after new commits land. ``columns=``: the columns read;
-    ``filter=``: a pyarrow compute expression applied after deletes.
+    ``filter=``: a pyarrow compute expression applied after deletes. ``since=M`` (a
+    snapshot id, an ancestor): only the rows appended after snapshot M and live now; a
+    snapshot between them that rewrites data files (an overwrite, a compaction) is refused,
+    as its rows cannot be told new from old by their files.
 
     Raises :class:`~.errors.IcebergSnapshotError` naming the table and snapshot when it
     cannot be read, :class:`~.errors.UnsupportedIcebergFeatureError` naming the feature
@@ -113,8 +118,42 @@ def open_iceberg(
     )
     snap.output_schema  # noqa: B018  (a column that does not exist: refused now)
     check_filter(snap)
-    plan_snapshot(loaded, snap, None if chosen is None else chosen.snapshot_id)
+    old: set[str] = set()
+    if since is not None:
+        snap.since = int(since)
+        old = _files_then(loaded, snap, chosen)
+    plan_snapshot(loaded, snap, None if chosen is None else chosen.snapshot_id, skip=old)
     return snap
+
+
+def _files_then(table: Any, snap: IcebergSnapshot, chosen: Any) -> set[str]:
+    """The data files of snapshot ``snap.since``, an ancestor of ``chosen`` with nothing
+    but appends and deletes between them (a rewrite would carry old rows into new files)."""
+    from . import deletes
+
+    meta = table.metadata
+    since = snap.since
+    between = []
+    at = chosen
+    while at is not None and at.snapshot_id != since:
+        between.append(at)
+        parent = at.parent_snapshot_id
+        at = meta.snapshot_by_id(parent) if parent is not None else None
+    if at is None:
+        raise snap.table_error(
+            f"since={since}: not an ancestor of snapshot {snap.version} still in the metadata "
+            "(expired, or on another branch)"
+        )
+    for step in between:
+        operation = str(step.summary.operation.value) if step.summary else "?"
+        added = int((step.summary or {}).get("added-data-files", "0") or 0)
+        if operation != "append" and added:
+            raise snap.table_error(
+                f"since={since}: snapshot {step.snapshot_id} between them ({operation}) "
+                f"rewrites data files, carrying old rows into new files: the rows new since "
+                "cannot be told by their files (read the snapshot whole)"
+            )
+    return {t.file.file_path for t in deletes.plan(table, at.snapshot_id).tasks}
 
 
 def _load(
@@ -211,6 +250,9 @@ def reopen_in_place(record: dict[str, Any], storage_options: dict[str, Any] | No
     """An Iceberg snapshot read in place, opened again from what its dataset's
     ``in_place_record()`` recorded (a saved mixture's source)."""
     snap = open_iceberg(
-        record["metadata"], snapshot_id=record["snapshot_id"], columns=record.get("projection")
+        record["metadata"],
+        snapshot_id=record["snapshot_id"],
+        since=record.get("since"),
+        columns=record.get("projection"),
     )
     return snap.dataset(record.get("spec") or {})
