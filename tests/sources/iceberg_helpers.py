@@ -54,9 +54,8 @@ class _AddDeletes(_FastAppendFiles):
         self._deletes = deletes
 
     def _manifests(self) -> list[Any]:
-        meta = self._transaction.table_metadata
         writer = _DeleteManifestWriter(
-            meta.spec(),
+            self.spec(self._deletes[0].spec_id),
             self.schema(),
             self.new_manifest_output(),
             self._snapshot_id,

@@ -185,6 +185,27 @@ def test_partition_transforms_are_real_columns(tmp_path: Path) -> None:
     got = snap.dataset().to_arrow()
     assert sorted(got["id"].to_pylist()) == [r["id"] for r in want]
     assert sorted(got["tag"].to_pylist()) == sorted(r["tag"] for r in want)
+    # partition evolution: the three fields dropped, an identity field added; the
+    # files of both specs read together, deletes scoped by each file's own spec
+    with t.update_spec() as update:
+        update.remove_field("ts_day")
+        update.remove_field("id_bucket")
+        update.remove_field("tag_trunc")
+        update.add_identity("tag")
+    t = cat.load_table("db.p")
+    ids = pa.array(range(600, 700), pa.int64())
+    more = data.slice(0, 100).set_column(0, schema.field("id"), ids)
+    t.append(more)
+    t = cat.load_table("db.p")
+    spec = t.metadata.default_spec_id
+    new_file = next(x.file.file_path for x in t.scan().plan_files() if x.file.spec_id == spec)
+    position_deletes(t, {new_file: [0]})
+    t = cat.load_table("db.p")
+    evolved = open_iceberg("db.p", catalog=cat)
+    want = _oracle(t, evolved.version)
+    assert len(want) == len(snap) + 99
+    assert sorted(evolved.to_arrow().to_pylist(), key=lambda r: r["id"]) == want
+    assert sorted(evolved.dataset().to_arrow()["id"].to_pylist()) == [r["id"] for r in want]
 
 
 def test_same_order_fresh_process_and_any_world_size(table: dict[str, Any]) -> None:
