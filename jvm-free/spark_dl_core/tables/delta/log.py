@@ -11,11 +11,12 @@ from urllib.parse import unquote
 
 import pyarrow.compute as pc
 
-from ...errors import SpecError, optional_import
+from ...errors import optional_import
 from ...store.storage import uri_location
 from ..parquet.table_files import TableError
 from ..parquet.table_files import file_key as file_key  # the log's vocabulary, shared
 from ..parquet.table_files import first_line as first_line
+from ..parquet.table_files import utc_ms as utc_ms
 
 Timestamp = _dt.datetime | str | int | float
 
@@ -59,29 +60,6 @@ class UnsupportedDeltaFeatureError(DeltaSnapshotError):
 
 def import_deltalake() -> Any:
     return optional_import("deltalake", "reading Delta tables without a JVM")
-
-
-def utc_ms(ts: Timestamp, call: str) -> int:
-    """Milliseconds since the epoch; naive datetimes and ISO strings without zone are UTC.
-    Anything else is a :class:`SpecError` naming ``call``'s ``timestamp=`` and the accepted
-    forms."""
-    if isinstance(ts, (int, float)) and not isinstance(ts, bool):
-        return int(ts)
-    point: Any = ts
-    if isinstance(ts, str):
-        try:
-            point = _dt.datetime.fromisoformat(ts.strip().replace("Z", "+00:00"))
-        except ValueError:
-            point = None
-    if not isinstance(point, _dt.datetime):
-        raise SpecError(
-            f"{call}: timestamp={ts!r} is not a point in time; give a datetime (without a "
-            "zone: UTC), an ISO 8601 string such as '2024-05-01T12:00:00Z' or '2024-05-01', "
-            "or milliseconds since the epoch (an int)"
-        )
-    if point.tzinfo is None:
-        point = point.replace(tzinfo=_dt.timezone.utc)
-    return int(point.timestamp() * 1000)
 
 
 def iso_ms(ms: int | None) -> str | None:

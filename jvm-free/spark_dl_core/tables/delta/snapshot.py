@@ -32,6 +32,7 @@ from ...meta import column_names
 from ...versions import version_number
 from ..parquet.filter import filter_columns
 from ..parquet.footer import check_head
+from ..parquet.table_files import ReadInPlace
 from .columns import ColumnMapping, FileColumns, file_columns, mapping_of
 from .deletion_vectors import damaged_inline
 from .errors import culprit_text, empty_commit, past_the_end, typed_errors
@@ -87,7 +88,7 @@ class DeltaKind:
 
 
 @dataclass
-class DeltaSnapshot:
+class DeltaSnapshot(ReadInPlace):
     """One version of a Delta table, pinned: the same rows, in the same order, every time.
 
     Use :func:`open_delta`. ``projection``: the columns its ``columns=`` picked (None: every
@@ -145,12 +146,6 @@ class DeltaSnapshot:
                 asked=f"version {self.version}",
             )
         return pa.schema([self.schema.field(c) for c in self.projection])
-
-    @property
-    def columns(self) -> dict[str, str]:
-        """The columns a read in place gives and their encodings, as a dataset's
-        ``columns`` (the ``columns=`` asked of :func:`open_delta` is :attr:`projection`)."""
-        return self.dataset().columns
 
     def lineage(self) -> dict[str, Any]:
         """What a dataset written from this snapshot records as its source (spark_dl.json)."""
@@ -440,37 +435,6 @@ class DeltaSnapshot:
             "since": since,
         }
         return self._kind.reopen(self.table_uri, version=version, **{**asked, **changes})
-
-    def __bool__(self) -> bool:
-        return True  # a snapshot is a value, even with 0 rows (and len() reads footers)
-
-    def __len__(self) -> int:
-        """Live rows of the snapshot (footers and deletion vectors: no data read)."""
-        return len(self.dataset())
-
-    def __getitem__(self, key: Any) -> Any:
-        """``snap[i]``, ``snap[rows]``, ``snap["col"]``: as :meth:`Dataset.__getitem__`."""
-        return self.dataset()[key]
-
-    @property
-    def fingerprint(self) -> str:
-        """The in-place dataset's fingerprint (see :attr:`DeltaDataset.fingerprint`)."""
-        return self.dataset().fingerprint
-
-    def iter_batches(self, batch_size: int | None = None, **settings: Any) -> Iterator[Any]:
-        """Batches read in place, as :meth:`Dataset.iter_batches` (no export)."""
-        return self.dataset().iter_batches(batch_size, **settings)
-
-    def sample_order(self, batch_size: int | None = None, **settings: Any) -> Any:
-        return self.dataset().sample_order(batch_size, **settings)
-
-    def to_torch(self, batch_size: int | None = None, **settings: Any) -> Any:
-        """A PyTorch loader reading the snapshot in place (see :meth:`Dataset.to_torch`)."""
-        return self.dataset().to_torch(batch_size, **settings)
-
-    def to_tf(self, batch_size: int | None = None, **settings: Any) -> Any:
-        """A ``tf.data.Dataset`` reading the snapshot in place (see :meth:`Dataset.to_tf`)."""
-        return self.dataset().to_tf(batch_size, **settings)
 
     # -- filesystem
 

@@ -4,11 +4,10 @@ wrong. Imports no other Iceberg module (each of them imports this one)."""
 
 from __future__ import annotations
 
-import datetime as _dt
 from typing import Any
 
-from ...errors import SpecError, optional_import
-from ..parquet.table_files import TableError
+from ...errors import optional_import
+from ..parquet.table_files import TableError, utc_ms
 
 
 class IcebergSnapshotError(TableError):
@@ -41,21 +40,6 @@ def import_pyiceberg() -> Any:
 
 
 def timestamp_ms(ts: Any) -> int:
-    """Milliseconds since the epoch from an int (ms), a datetime (naive: UTC) or an ISO
-    string; anything else is a :class:`SpecError` naming ``open_iceberg``'s ``timestamp=``."""
-    if isinstance(ts, (int, float)) and not isinstance(ts, bool):
-        return int(ts)
-    point: Any = ts
-    if isinstance(ts, str):
-        try:
-            point = _dt.datetime.fromisoformat(ts.strip().replace("Z", "+00:00"))
-        except ValueError:
-            point = None
-    if not isinstance(point, _dt.datetime):
-        raise SpecError(
-            f"open_iceberg: timestamp={ts!r} is not a point in time; give a datetime (without "
-            "a zone: UTC), an ISO 8601 string or milliseconds since the epoch (an int)"
-        )
-    if point.tzinfo is None:
-        point = point.replace(tzinfo=_dt.timezone.utc)
-    return int(point.timestamp() * 1000)
+    """Milliseconds since the epoch (:func:`~..parquet.table_files.utc_ms`): a
+    :class:`SpecError` names ``open_iceberg``'s ``timestamp=`` for anything else."""
+    return utc_ms(ts, "open_iceberg")

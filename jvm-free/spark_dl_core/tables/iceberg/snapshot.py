@@ -22,14 +22,14 @@ from ...sources.dataset import Dataset
 from ...spec import DatasetSpec
 from ...writer import WriteResult
 from ..parquet.filter import filter_columns
-from ..parquet.table_files import file_key, first_line, past_the_end
+from ..parquet.table_files import ReadInPlace, file_key, first_line, past_the_end
 from . import deletes
 from .columns import FieldIds
 from .errors import IcebergFilterError, IcebergSnapshotError, UnsupportedIcebergFeatureError
 
 
 @dataclass
-class IcebergSnapshot:
+class IcebergSnapshot(ReadInPlace):
     """One snapshot of an Iceberg table: the same rows, in the same order, every time.
 
     Use :func:`~.table.open_iceberg`. ``version`` is the snapshot id (0: a table with no
@@ -81,10 +81,6 @@ class IcebergSnapshot:
     @property
     def file_names(self) -> list[str]:
         return [file_key(u).rsplit("/", 1)[-1] for u in self.files]
-
-    @property
-    def columns(self) -> dict[str, str]:
-        return self.dataset().columns
 
     def lineage(self) -> dict[str, Any]:
         """What a dataset written from this snapshot records as its source."""
@@ -264,31 +260,6 @@ class IcebergSnapshot:
                 self._inplace = self.make_dataset(self)
             return self._inplace
         return self.make_dataset(self, spec, **options)
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __len__(self) -> int:
-        return len(self.dataset())
-
-    def __getitem__(self, key: Any) -> Any:
-        return self.dataset()[key]
-
-    @property
-    def fingerprint(self) -> str:
-        return self.dataset().fingerprint
-
-    def iter_batches(self, batch_size: int | None = None, **settings: Any) -> Iterator[Any]:
-        return self.dataset().iter_batches(batch_size, **settings)
-
-    def sample_order(self, batch_size: int | None = None, **settings: Any) -> Any:
-        return self.dataset().sample_order(batch_size, **settings)
-
-    def to_torch(self, batch_size: int | None = None, **settings: Any) -> Any:
-        return self.dataset().to_torch(batch_size, **settings)
-
-    def to_tf(self, batch_size: int | None = None, **settings: Any) -> Any:
-        return self.dataset().to_tf(batch_size, **settings)
 
 
 def plan_snapshot(

@@ -14,12 +14,13 @@ under ``tables/parquet`` never names one.
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import pyarrow as pa
 
-from ...errors import DatasetError
+from ...errors import DatasetError, SpecError
 
 
 class TableError(DatasetError):
@@ -41,6 +42,29 @@ def first_line(exc: BaseException) -> str:
     second line of its messages; the first says it for a user."""
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def utc_ms(ts: Any, call: str) -> int:
+    """Milliseconds since the epoch; naive datetimes and ISO strings without zone are UTC.
+    Anything else is a :class:`SpecError` naming ``call``'s ``timestamp=`` and the accepted
+    forms."""
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+        return int(ts)
+    point: Any = ts
+    if isinstance(ts, str):
+        try:
+            point = _dt.datetime.fromisoformat(ts.strip().replace("Z", "+00:00"))
+        except ValueError:
+            point = None
+    if not isinstance(point, _dt.datetime):
+        raise SpecError(
+            f"{call}: timestamp={ts!r} is not a point in time; give a datetime (without a "
+            "zone: UTC), an ISO 8601 string such as '2024-05-01T12:00:00Z' or '2024-05-01', "
+            "or milliseconds since the epoch (an int)"
+        )
+    if point.tzinfo is None:
+        point = point.replace(tzinfo=_dt.timezone.utc)
+    return int(point.timestamp() * 1000)
 
 
 def past_the_end(rows: int) -> str:
@@ -113,4 +137,58 @@ class TableFiles(Protocol):
         ...
 
 
-__all__ = ["FileColumnsLike", "TableError", "TableFiles", "file_key", "first_line", "past_the_end"]
+class ReadInPlace:
+    """A pinned snapshot's loading face (Delta's, Iceberg's): every read goes through the
+    dataset that reads it in place, :meth:`dataset`, which the format defines."""
+
+    def dataset(self, spec: Any = None, **options: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} defines dataset()")
+
+    def __bool__(self) -> bool:
+        return True  # a snapshot is a value, even with 0 rows (and len() reads footers)
+
+    def __len__(self) -> int:
+        """Live rows of the snapshot (footers and deletes: no data read)."""
+        return len(self.dataset())
+
+    def __getitem__(self, key: Any) -> Any:
+        """``snap[i]``, ``snap[rows]``, ``snap["col"]``: as :meth:`Dataset.__getitem__`."""
+        return self.dataset()[key]
+
+    @property
+    def fingerprint(self) -> str:
+        """The in-place dataset's fingerprint (see :attr:`.in_place.InPlaceDataset.fingerprint`)."""
+        return cast(str, self.dataset().fingerprint)
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """The columns a read in place gives and their encodings, as a dataset's
+        ``columns`` (the ``columns=`` asked at open is :attr:`projection`)."""
+        return cast("dict[str, str]", self.dataset().columns)
+
+    def iter_batches(self, batch_size: int | None = None, **settings: Any) -> Iterator[Any]:
+        """Batches read in place, as :meth:`Dataset.iter_batches` (no export)."""
+        return cast("Iterator[Any]", self.dataset().iter_batches(batch_size, **settings))
+
+    def sample_order(self, batch_size: int | None = None, **settings: Any) -> Any:
+        return self.dataset().sample_order(batch_size, **settings)
+
+    def to_torch(self, batch_size: int | None = None, **settings: Any) -> Any:
+        """A PyTorch loader reading the snapshot in place (see :meth:`Dataset.to_torch`)."""
+        return self.dataset().to_torch(batch_size, **settings)
+
+    def to_tf(self, batch_size: int | None = None, **settings: Any) -> Any:
+        """A ``tf.data.Dataset`` reading the snapshot in place (see :meth:`Dataset.to_tf`)."""
+        return self.dataset().to_tf(batch_size, **settings)
+
+
+__all__ = [
+    "FileColumnsLike",
+    "ReadInPlace",
+    "TableError",
+    "TableFiles",
+    "file_key",
+    "first_line",
+    "past_the_end",
+    "utc_ms",
+]
