@@ -36,8 +36,9 @@ _TARGET_CHUNK_BYTES = 8 << 20  # encode at most ~8 MiB of input at a time (bound
 def _fill_nulls(array: pa.Array) -> pa.Array:
     """Nulls replaced by the type's zero value (0, "", b"", [], zeros)."""
     t = array.type
-    if pa.types.is_fixed_size_list(t):
-        zeros = pa.array([[0] * t.list_size], type=t)[0]
+    if pa.types.is_fixed_size_list(t):  # of any values: booleans, lists, fixed lists
+        values = _fill_nulls(pa.nulls(t.list_size, t.value_type))
+        zeros = pa.FixedSizeListArray.from_arrays(values, type=t)[0]
         return pc.if_else(pc.is_null(array), zeros, array)
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return pc.if_else(pc.is_null(array), pa.scalar([], type=t), array)

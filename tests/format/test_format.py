@@ -229,6 +229,78 @@ def test_nulls_fail_by_default_and_round_trip_with_mask(tmp_path: Path) -> None:
     assert open_dataset(tmp_path / "ok").to_arrow().equals(table)
 
 
+F32, I64, BOOL = pa.float32(), pa.int64(), pa.bool_()
+GRIDS = [[[1, 2, 3], [4, 5, 6]], [[7, 8, 9], [0, -1, -2]]]
+MASKED_FIXED_ARRAYS = [  # Arrow type, its non-null rows, the fixed encoding (None: inferred)
+    pytest.param(pa.list_(F32), [[1.5, -2, 3, 4], [5, 6, 7, 8]], "ndarray:float32:4", id="f32"),
+    pytest.param(pa.large_list(I64), [[1, -(2**40)], [7, 8]], "ndarray:int64:2", id="i64"),
+    pytest.param(pa.list_(BOOL), [[True, False], [False, True]], "ndarray:uint8:2", id="bool"),
+    pytest.param(pa.list_(BOOL, 2), [[True, False], [False, True]], None, id="fixed-bool"),
+    pytest.param(pa.list_(pa.list_(F32)), GRIDS, "ndarray:float32:2,3", id="2d"),
+    pytest.param(pa.list_(pa.list_(F32, 3)), GRIDS, "ndarray:float32:2,3", id="2d-fixed-inner"),
+    pytest.param(pa.list_(pa.list_(F32, 3), 2), GRIDS, None, id="fixed-2d"),
+    pytest.param(
+        pa.list_(pa.list_(BOOL)),
+        [[[True], [False]], [[False], [True]]],
+        "ndarray:uint8:2,1",
+        id="2d-bool",
+    ),
+]
+
+
+@pytest.mark.parametrize(("t", "values", "encoding"), MASKED_FIXED_ARRAYS)
+def test_masked_nulls_of_fixed_shape_arrays_from_any_list_type(
+    tmp_path: Path, t: pa.DataType, values: list[Any], encoding: str | None
+) -> None:
+    """nulls='mask' with a fixed ndarray shape, from plain lists (1-D, nested 2-D, booleans)
+    as from fixed-size lists: a plain list's null was filled with [] and refused for its
+    shape, a fixed-size list of booleans or of lists could not be filled at all. Now a null
+    row is masked and zeros of the shape, as a fixed-size list of numbers always was, in
+    every reader; the other rows are their values."""
+    rows = [values[0], None, None, values[1], None]
+    table = pa.table({"v": pa.array(rows, t), "i": pa.array(range(5), pa.int64())})
+    spec = DatasetSpec(nulls="mask", columns={"v": encoding} if encoding else {})
+    write_mds(table.to_batches(max_chunksize=2), str(tmp_path), spec)  # nulls in each batch
+    ds = open_dataset(tmp_path)
+    shape = np.asarray(values[0]).shape
+    assert ds.encoding("v").size is not None and ds.columns["v"] == (encoding or ds.columns["v"])
+    assert ds.to_arrow().equals(table)
+    null = np.array([r is None for r in rows])
+    want = np.zeros((5, *shape), dtype=ds["v"].dtype)
+    want[~null] = np.asarray(values)
+    for i in range(5):
+        assert ds[i]["v__isnull"] == null[i]
+        np.testing.assert_array_equal(ds[i]["v"], want[i], strict=True)
+    (batch,) = ds.iter_batches(batch_size=5, columns=["v", "v__isnull"])
+    np.testing.assert_array_equal(batch["v"], want, strict=True)
+    assert batch["v__isnull"].tolist() == null.astype(int).tolist()
+
+
+def test_masked_fixed_shape_arrays_of_another_shape_name_their_row(tmp_path: Path) -> None:
+    """A non-null row of another length (1-D and 2-D) names the column and its row in the
+    whole input, and nothing is left behind even with shards already written; a value that
+    does not fit names its row, not its place among the values."""
+    rows: list[Any] = [[float(i)] * 4 if i % 3 else None for i in range(200)]
+    rows[151] = [1.0, 2.0]
+    table = pa.table({"v": pa.array(rows, pa.list_(F32))})
+    spec = DatasetSpec(nulls="mask", shard_size=256, columns={"v": "ndarray:float32:4"})
+    path = tmp_path / "short"
+    with pytest.raises(EncodingError, match=r"'v'.*shape \(2,\).*needs \(4,\).*row 151 of the"):
+        write_mds(table.to_batches(max_chunksize=20), str(path), spec)
+    assert not path.exists() or not os.listdir(path)
+    grids: list[Any] = [[[1.0, 2.0], [3.0, 4.0]], None, [[1.0], [2.0]]]
+    grid = pa.table({"g": pa.array(grids, pa.list_(pa.list_(F32)))})
+    with pytest.raises(EncodingError, match=r"'g'.*shape \(2, 1\).*needs \(2, 2\).*row 2 of"):
+        write_mds(
+            grid, str(tmp_path / "g"), {"nulls": "mask", "columns": {"g": "ndarray:float32:2,2"}}
+        )
+    assert not (tmp_path / "g" / "index.json").exists()
+    big = pa.table({"b": pa.array([None, [1, 2], [3, 300]], pa.list_(I64))})
+    for encoding in ("ndarray:int8:2", "ndarray:int8"):
+        with pytest.raises(EncodingError, match=r"'b'.*300 does not fit int8.*at row 2 of"):
+            write_mds(big, str(tmp_path / "b"), {"nulls": "mask", "columns": {"b": encoding}})
+
+
 @pytest.mark.parametrize(
     ("column", "array", "encoding", "message"),
     [

@@ -147,10 +147,8 @@ def _values(pool: list[Any], count: int, seed: int) -> list[Any]:
 
 
 def _array_table(arrow: pa.DataType, pool: list[Any], rows: int, width: int | None) -> pa.Table:
-    """``id``, ``fixed`` (``width`` values a row as Arrow fixed-size lists, some rows null;
-    or 2 x 3 nested lists where width is None; none null there, nor for booleans: the writer
-    fills a null with an empty list, or with zeros that Arrow's booleans refuse, which a fixed
-    shape cannot take),
+    """``id``, ``fixed`` (``width`` values a row as Arrow fixed-size lists, or 2 x 3 plain
+    nested lists where width is None; some rows null in both, booleans too),
     ``var`` (0 to 4 values: empty arrays included) and ``grid`` (a ragged 2-D array per row:
     its first axis 0 to 2 long, its second 0 to 3), each with some null rows."""
     if arrow == pa.float16():
@@ -181,9 +179,7 @@ def _array_table(arrow: pa.DataType, pool: list[Any], rows: int, width: int | No
     return pa.table(
         {
             "id": pa.array(range(rows), pa.int64()),
-            "fixed": pa.array(
-                rows_of(fixed, 7 if width and arrow != pa.bool_() else None), fixed_type
-            ),
+            "fixed": pa.array(rows_of(fixed, 7), fixed_type),
             "var": pa.array(rows_of(var, 5), pa.list_(arrow)),
             "grid": pa.array(rows_of(grid, 6), pa.list_(pa.list_(arrow))),
         }

@@ -388,6 +388,46 @@ def test_nulls(spark: Any, tmp_path: Any) -> None:
     assert got[3] is None
 
 
+def test_masked_nulls_in_spark_arrays_of_a_fixed_shape(classic_spark: Any, tmp_path: Any) -> None:
+    """Spark's arrays (plain Arrow lists: ``array<float>``, ``array<array<double>>``,
+    ``array<boolean>``) with nulls, written with nulls='mask' and a fixed ``columns=`` shape:
+    the writer refused the nulls (filled with [], not the shape). Now they read back null
+    through Spark and masked zeros through the core; a row of another length names the
+    column, partition and row, and nothing is committed."""
+    df = classic_spark.sql(
+        "SELECT id,"
+        " IF(id % 3 = 1, NULL, transform(sequence(0, 3), i -> CAST(id + i AS float))) AS vec,"
+        " IF(id % 4 = 2, NULL, array(array(id / 2, 1.5D), array(-0.5D, id))) AS grid,"
+        " IF(id % 5 = 3, NULL, array(id % 2 = 0, true)) AS flags FROM range(12)"
+    ).repartition(2)
+    columns = (
+        '{"vec": "ndarray:float32:4", "grid": "ndarray:float64:2,2", "flags": "ndarray:uint8:2"}'
+    )
+    path = str(tmp_path / "masked")
+    df.write.format("mds").options(nulls="mask", columns=columns).save(path)
+    want = {r.id: r for r in df.collect()}
+    got = {r.id: r for r in classic_spark.read.format("mds").load(path).collect()}
+    assert got == want and got[1].vec is None and got[2].grid is None and got[3].flags is None
+    ds = open_dataset(path)
+    (batch,) = ds.iter_batches(batch_size=12)
+    for i, row in enumerate(batch["id"].tolist()):
+        for name, shape in (("vec", (4,)), ("grid", (2, 2)), ("flags", (2,))):
+            value = getattr(want[row], name)
+            assert batch[f"{name}__isnull"][i] == (value is None)
+            expected = np.zeros(shape) if value is None else np.asarray(value, dtype=float)
+            np.testing.assert_array_equal(batch[name][i], expected)
+    short = classic_spark.sql(
+        "SELECT id, IF(id = 7, array(CAST(1 AS float)), IF(id % 3 = 1, NULL,"
+        " transform(sequence(0, 3), i -> CAST(i AS float)))) AS vec FROM range(12)"
+    ).coalesce(1)
+    bad = str(tmp_path / "short")
+    with pytest.raises(Exception, match=r"'vec'.*shape \(1,\).*needs \(4,\).*row 7 of partition 0"):
+        short.write.format("mds").options(
+            nulls="mask", columns='{"vec": "ndarray:float32:4"}'
+        ).save(bad)
+    assert not os.path.exists(os.path.join(bad, "index.json"))
+
+
 def test_failed_overwrite_keeps_the_old_dataset(spark: Any, tmp_path: Any) -> None:
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType

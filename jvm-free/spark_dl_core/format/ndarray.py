@@ -133,26 +133,45 @@ class NDArrayEncoding(Encoding):
 
     # -- encode
 
-    def _values(self, array: pa.Array, column: str) -> tuple[np.ndarray, np.ndarray]:
-        """The leaf values (contiguous, in the stored dtype) and each sample's shape."""
+    def _values(
+        self, array: pa.Array, column: str, null: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The leaf values (contiguous, in the stored dtype) and each sample's shape.
+
+        ``null`` (nonzero where a row was null, written with nulls='mask'): those rows'
+        values are left out, and only the other rows must have a fixed encoding's shape."""
         leaves, shapes = _nested_values(array, column)
         t = leaves.type
         if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
             raise EncodingError(column, f"array elements of type {t} cannot be stored as ndarray")
         values = _np_values(leaves)
+        if shapes.shape[1] == 0:
+            raise EncodingError(column, "scalars need a scalar encoding, not ndarray")
+        counts = np.prod(shapes, axis=1)
+        if null is not None:  # the values of the rows that hold some
+            values = values[np.repeat(null == 0, counts)]
+            counts = np.where(null == 0, counts, 0)
         dtype = self.dtype if self.dtype is not None else values.dtype.newbyteorder("<")
         if dtype.name not in _DTYPE_CODES:
             raise EncodingError(column, f"element dtype {dtype} has no ndarray code")
-        values = np.ascontiguousarray(_cast_checked(values, dtype, column))
-        if shapes.shape[1] == 0:
-            raise EncodingError(column, "scalars need a scalar encoding, not ndarray")
+        try:
+            values = np.ascontiguousarray(_cast_checked(values, dtype, column))
+        except EncodingError as exc:  # its row is a value's place: name the value's row
+            if exc.row is None:
+                raise
+            row = int(np.searchsorted(np.cumsum(counts), exc.row, side="right"))
+            raise EncodingError(column, exc.detail, row) from None
         if self.shape is not None:
-            bad = np.flatnonzero(np.any(shapes != np.asarray(self.shape, dtype=I64), axis=1))
+            wrong = np.any(shapes != np.asarray(self.shape, dtype=I64), axis=1)
+            if null is not None:
+                wrong &= null == 0
+            bad = np.flatnonzero(wrong)
             if len(bad):
                 raise EncodingError(
                     column,
-                    f"row {int(bad[0])} has shape {tuple(shapes[bad[0]].tolist())}, "
-                    f"encoding {self.name!r} needs {self.shape}",
+                    f"an array of shape {tuple(shapes[bad[0]].tolist())} where encoding "
+                    f"{self.name!r} needs {self.shape}",
+                    int(bad[0]),
                 )
         return values, shapes
 
@@ -173,6 +192,18 @@ class NDArrayEncoding(Encoding):
         nbytes = counts * values.dtype.itemsize
         value_part = Pieces(values.view(U8), offsets=offsets_from_lengths(nbytes))
         return interleave([*self._headers(values.dtype, shapes), value_part], len(array))
+
+    def encode_masked(self, array: pa.Array, column: str, null: np.ndarray) -> Pieces:
+        """A fixed shape: each null row zeros of that shape (whatever the writer filled it
+        with: an empty list, zeros), the other rows their values, which must be of that
+        shape. Variable: as :meth:`encode` (a null row is what the writer filled it with)."""
+        if self.shape is None:
+            return self.encode(array, column)
+        values, _ = self._values(array, column, null)
+        assert self.size is not None
+        out = np.zeros((len(array), self.size), dtype=U8)
+        out[null == 0] = values.view(U8).reshape(-1, self.size)
+        return Pieces(out.reshape(-1), width=self.size)
 
     def encode_rows(self, array: pa.Array, column: str) -> list[np.ndarray] | None:
         """Arrays of one shape: the header every sample shares, then the values as an
