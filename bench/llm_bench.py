@@ -125,23 +125,53 @@ def make_texts(directory: Path, texts: int) -> None:
 # --------------------------------------------------------------------------- cases
 
 
-def case_pack_ours(directory: Path) -> dict[str, Any]:
+def _passes(make: Any, count: Any) -> dict[str, Any]:
+    """A loader's cold pass (its construction included) and warm pass (the next epoch):
+    tokens/s by the wall clock and by the process's CPU time (all its threads), and the
+    minor page faults of the warm pass."""
+    import resource
+
+    out: dict[str, Any] = {}
+    loader = None
+    for name in ("cold", "warm"):
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        started, cpu = time.perf_counter(), time.process_time()
+        if loader is None:
+            loader = make()
+        tokens = count(loader)
+        seconds = time.perf_counter() - started
+        cpu = time.process_time() - cpu
+        out[f"{name}_tokens_per_s"] = tokens / seconds
+        out[f"{name}_cpu_tokens_per_s"] = tokens / cpu
+        out[f"{name}_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        out["tokens"] = tokens
+    out["tokens_per_s"] = out["warm_tokens_per_s"]
+    return out
+
+
+def case_pack_ours(directory: Path, mode: str = "concat", corpus: str = "mds") -> dict[str, Any]:
     import torch  # noqa: F401  (imported before the clock)
 
     from spark_dl_core import open_dataset
 
-    ds = open_dataset(str(directory / "mds"))
-    loader = ds.to_torch(
-        batch_size=BATCH, shuffle=True, seed=0, pack={"column": "tokens", "seq_len": SEQ}
-    )
-    for _ in loader:  # cold pass: page cache, document lengths
-        pass
-    started = time.perf_counter()
-    for _batch in loader:
-        pass
-    seconds = time.perf_counter() - started
-    tokens = loader.stats()["tokens"]
-    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens}
+    def make() -> Any:
+        ds = open_dataset(str(directory / corpus))
+        pack = {"column": "tokens", "seq_len": SEQ, "mode": mode}
+        return ds.to_torch(batch_size=BATCH, shuffle=True, seed=0, pack=pack)
+
+    stats: dict[str, Any] = {}
+
+    def count(loader: Any) -> int:
+        for _batch in loader:
+            pass
+        stats.update(loader.stats())
+        return int(stats["tokens"])
+
+    return _passes(make, count) | {"fill": stats["fill"]}
+
+
+def case_pack_ours_bin(directory: Path) -> dict[str, Any]:
+    return case_pack_ours(directory, "bin")
 
 
 def case_pack_limit(directory: Path) -> dict[str, Any]:
@@ -153,12 +183,17 @@ def case_pack_limit(directory: Path) -> dict[str, Any]:
     kept = []
     for k in range(rows):  # warm
         kept = [flat[k * n : (k + 1) * n].astype(np.int64).reshape(BATCH, SEQ) for _ in range(3)]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for k in range(rows):
         kept = [flat[k * n : (k + 1) * n].astype(np.int64).reshape(BATCH, SEQ) for _ in range(3)]
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     del kept
-    return {"tokens_per_s": rows * n / seconds, "seconds": seconds, "tokens": rows * n}
+    speed = rows * n / seconds
+    return {
+        "tokens_per_s": speed,
+        "warm_tokens_per_s": speed,
+        "warm_cpu_tokens_per_s": rows * n / cpu,
+    }
 
 
 def case_litdata_write(directory: Path) -> dict[str, Any]:
@@ -184,37 +219,26 @@ def case_pack_litdata(directory: Path) -> dict[str, Any]:
     from litdata import StreamingDataLoader, StreamingDataset
     from litdata.streaming.item_loader import TokensLoader
 
-    ds = StreamingDataset(
-        input_dir=str(directory / "litdata"),
-        item_loader=TokensLoader(block_size=SEQ + 1),
-        shuffle=True,
-        seed=0,
-    )
-    loader = StreamingDataLoader(ds, batch_size=BATCH, num_workers=0)
-    for _ in loader:
-        pass
-    started = time.perf_counter()
-    rows = 0
-    for batch in loader:
-        rows += len(batch)
-    seconds = time.perf_counter() - started
-    return {"tokens_per_s": rows * SEQ / seconds, "seconds": seconds, "tokens": rows * SEQ}
+    def make() -> Any:
+        ds = StreamingDataset(
+            input_dir=str(directory / "litdata"),
+            item_loader=TokensLoader(block_size=SEQ + 1),
+            shuffle=True,
+            seed=0,
+        )
+        return StreamingDataLoader(ds, batch_size=BATCH, num_workers=0)
+
+    def count(loader: Any) -> int:
+        rows = 0
+        for batch in loader:
+            rows += len(batch)
+        return rows * SEQ
+
+    return _passes(make, count)
 
 
 def case_bin(directory: Path, mode: str = "bin") -> dict[str, Any]:
-    import torch  # noqa: F401
-
-    from spark_dl_core import open_dataset
-
-    ds = open_dataset(str(directory / "lognormal"))
-    pack = {"column": "tokens", "seq_len": SEQ, "mode": mode}
-    loader = ds.to_torch(batch_size=BATCH, shuffle=True, seed=0, pack=pack)
-    started = time.perf_counter()
-    for _ in loader:
-        pass
-    seconds = time.perf_counter() - started
-    stats = loader.stats()
-    return {"fill": stats["fill"], "tokens_per_s": stats["tokens"] / seconds, "seconds": seconds}
+    return case_pack_ours(directory, mode, "lognormal")
 
 
 def case_bin_concat(directory: Path) -> dict[str, Any]:
@@ -294,6 +318,7 @@ def case_tok_spark(directory: Path) -> dict[str, Any]:
 
 CASES = {
     "pack_ours": case_pack_ours,
+    "pack_ours_bin": case_pack_ours_bin,
     "pack_limit": case_pack_limit,
     "pack_litdata": case_pack_litdata,
     "litdata_write": case_litdata_write,
@@ -304,7 +329,7 @@ CASES = {
     "tok_write": case_tok_write,
 }
 GROUPS = {
-    "pack": ["pack_ours", "pack_litdata", "pack_limit"],
+    "pack": ["pack_ours", "pack_litdata", "pack_ours_bin", "pack_limit"],
     "bin": ["bin", "bin_concat"],
     "tokenize": ["tok_plain", "tok_write", "tok_spark"],
 }
@@ -348,36 +373,84 @@ def main() -> None:
     names = [n for g in groups for n in GROUPS[g]]
     results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for _ in range(args.rounds):
-        for name in names:
+        for name in names:  # alternating: each round runs every case once, in a fresh process
             got = run_case(name, directory)
             if got is not None:
+                got["load"] = os.getloadavg()[0]  # 1-minute load average as the case ended
                 results[name].append(got)
+    (directory / "results.json").write_text(json.dumps(results, indent=1))
+    report(results, names, args.rounds)
+
+
+def _spread(values: list[float], scale: float = 1e6) -> str:
+    if not values:
+        return "not run"
+    med, lo, hi = statistics.median(values), min(values), max(values)
+    return f"{med / scale:7.1f} [{lo / scale:6.1f}-{hi / scale:6.1f}]"
+
+
+def report(results: dict[str, list[dict[str, Any]]], names: list[str], rounds: int) -> None:
+    """Per case, the median [min-max] over its fresh processes, cold and warm, by the wall
+    clock and by CPU time; the load averages the runs ended at; and the ratios."""
+
+    def values(name: str, key: str) -> list[float]:
+        return [r[key] for r in results.get(name, []) if r.get(key) is not None]
 
     def median(name: str, key: str) -> float | None:
-        values = [r[key] for r in results.get(name, []) if key in r]
-        return statistics.median(values) if values else None
+        got = values(name, key)
+        return statistics.median(got) if got else None
 
-    (directory / "results.json").write_text(json.dumps(results, indent=1))
-    print(f"\n{'case':<14} {'median':>24}  (runs)")
+    loads = [r["load"] for rs in results.values() for r in rs if "load" in r]
+    if loads:
+        print(f"\nload average (1 min) at the cases' ends: {min(loads):.2f}-{max(loads):.2f}")
+    timed = [n for n in names if not n.startswith("tok")]
+    if timed:
+        print(f"\nM tokens/s, median [min-max] over {rounds} fresh processes each")
+        head = ("case", "warm", "warm (CPU time)", "cold", "cold (CPU time)")
+        print(f"{head[0]:<14} {head[1]:>22} {head[2]:>22} {head[3]:>22} {head[4]:>22}  fill")
+        for name in timed:
+            cols = [
+                _spread(values(name, k))
+                for k in (
+                    "warm_tokens_per_s",
+                    "warm_cpu_tokens_per_s",
+                    "cold_tokens_per_s",
+                    "cold_cpu_tokens_per_s",
+                )
+            ]
+            fill = median(name, "fill")
+            extra = f"  {fill:.3f}" if fill is not None else ""
+            print(f"{name:<14} {cols[0]:>22} {cols[1]:>22} {cols[2]:>22} {cols[3]:>22}{extra}")
     for name in names:
-        key = "rows_per_s" if name.startswith("tok") else "tokens_per_s"
-        value = median(name, key)
-        unit = "rows/s" if name.startswith("tok") else "tokens/s"
-        shown = "not run" if value is None else f"{value:,.0f} {unit}"
-        extra = f"  fill {median(name, 'fill'):.3f}" if name.startswith("bin") and value else ""
-        print(f"{name:<14} {shown:>24}  ({len(results[name])}){extra}")
-    ours, lit, limit = (
-        median("pack_ours", "tokens_per_s"),
-        median("pack_litdata", "tokens_per_s"),
-        median("pack_limit", "tokens_per_s"),
-    )
-    if ours and lit:
-        print(f"pack_ours / pack_litdata: {ours / lit:.2f}x (target >= 1x)")
+        if name.startswith("tok"):
+            value = median(name, "rows_per_s")
+            shown = "not run" if value is None else f"{value:,.0f} rows/s"
+            print(f"{name:<14} {shown:>24}  ({len(results[name])})")
+    for a, b, what in (
+        ("pack_ours", "pack_litdata", "target >= 1.2x"),
+        ("pack_ours_bin", "pack_litdata", "bin mode"),
+    ):
+        for key, label in (
+            ("warm_tokens_per_s", "warm"),
+            ("warm_cpu_tokens_per_s", "warm, CPU time"),
+            ("cold_tokens_per_s", "cold"),
+        ):
+            x, y = median(a, key), median(b, key)
+            if x and y:
+                # the same round's processes ran back to back: their ratios' spread
+                pairs = [
+                    ra[key] / rb[key]
+                    for ra, rb in zip(results[a], results[b], strict=False)
+                    if ra.get(key) and rb.get(key)
+                ]
+                spread = f" (rounds {min(pairs):.2f}-{max(pairs):.2f})" if pairs else ""
+                print(f"{a} / {b}, {label}: {x / y:.2f}x{spread} ({what})")
+    ours, limit = median("pack_ours", "tokens_per_s"), median("pack_limit", "tokens_per_s")
     if ours and limit:
         print(f"pack_ours / pack_limit: {ours / limit:.2f}x of the bandwidth limit for 24 B/token")
     packed, concat = median("bin", "tokens_per_s"), median("bin_concat", "tokens_per_s")
     if packed and concat:
-        print(f"bin / bin_concat (same documents, first pass): {packed / concat:.2f}x")
+        print(f"bin / bin_concat (same log-normal documents, warm): {packed / concat:.2f}x")
     plain, spark = median("tok_plain", "rows_per_s"), median("tok_spark", "rows_per_s")
     if plain and spark:
         print(f"tok_spark / tok_plain: {spark / plain:.2f}x (target >= 0.8x)")

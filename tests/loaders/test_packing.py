@@ -472,3 +472,77 @@ def test_positions_are_checked(dataset: Any) -> None:
     for bad in (-1, batches + 1):
         with pytest.raises(SpecError, match=rf"state_dict\(steps={bad}\).*0 to {batches}"):
             tfds.state_dict(bad)
+
+
+def _assembled(plan: Any, j: int, worker: int, workers: int) -> dict[str, Any]:
+    """Batch ``j`` of ``plan``'s worker made row by row by ``assemble`` (the reference)."""
+    from spark_dl_core.loaders.packing import _until, assemble
+
+    packing, B, W = plan.packing, plan.batch_size, plan.world_size
+    a = plan.rows + (plan.rank + (worker + j * workers) * W) * B
+    b = min(a + B, plan.total)
+    chunks = list(_until(packing.chunks_from(a), b))
+    pad = int(packing.pack.pad_id or 0)
+    return assemble(chunks, a, b, packing.seq_len, pad, packing.pack.column)[0]
+
+
+@pytest.mark.parametrize("mode", ["concat", "bin"])
+@pytest.mark.parametrize(
+    ("batch_size", "world", "workers", "rows", "stretch"),
+    [(5, 1, 1, 0, 1 << 19), (3, 3, 2, 7, 1 << 19), (2, 2, 1, 11, 4 * L), (7, 1, 3, 0, 1)],
+)
+def test_stretches_make_the_rows_assemble_makes(
+    dataset: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    batch_size: int,
+    world: int,
+    workers: int,
+    rows: int,
+    stretch: int,
+) -> None:
+    """Batches are made several at a time (a stretch: tokens copied once per shard, segments
+    placed in whole-array steps): the same arrays as ``assemble`` makes batch by batch, over
+    block and shard boundaries, ranks, workers, a resumed position, and stretches of one
+    batch to many."""
+    from spark_dl_core.loaders import packing
+    from spark_dl_core.loaders.settings import LoaderSettings
+
+    monkeypatch.setattr(packing, "STRETCH_TOKENS", stretch)
+    pack = {"column": "tokens", "seq_len": L, "mode": mode, "pad_id": 7}
+    settings = LoaderSettings(
+        batch_size=batch_size,
+        shuffle=True,
+        seed=4,
+        shuffle_window=2,
+        pack=pack,
+        even_batches=False,  # (the padded last round's repeats are assemble's own)
+    )
+    for rank in range(world):
+        plan = packing.packed_plan(
+            dataset, settings, epoch=1, rows=rows, rank=rank, world_size=world
+        )
+        for worker in range(workers):
+            got = [batch for batch, _ in plan.batches(worker, workers)]
+            assert got
+            for j, batch in enumerate(got):
+                want = _assembled(plan, j, worker, workers)
+                assert batch.keys() == want.keys()
+                for key, value in want.items():
+                    assert np.array_equal(batch[key], value), (key, j)
+                    assert np.asarray(batch[key]).dtype == np.asarray(value).dtype
+
+
+def test_a_pad_id_beyond_the_stored_dtype_pads_rows(tmp_path: Path) -> None:
+    """uint16 tokens padded with an id a uint16 cannot hold (the stretch widens its staged
+    tokens first): the padding holds that id, masked in labels."""
+    path = str(tmp_path / "ds")
+    docs = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10]]
+    write_mds(pa.table({"ids": pa.array(docs, pa.list_(pa.uint16()))}), path)
+    pack = {"column": "ids", "seq_len": 4, "mode": "bin", "pad_id": 70_000}
+    got = list(open_dataset(path).iter_batches(batch_size=2, pack=pack))
+    ids, labels = _stack(got, "input_ids"), _stack(got, "labels")
+    real = np.isin(ids, np.arange(1, 11))
+    assert sorted(ids[real].tolist()) == list(range(1, 11))
+    assert np.all(ids[~real] == 70_000) and np.all(labels[~real] == -100)
+    assert (~real).any() and ids.dtype == np.int64
