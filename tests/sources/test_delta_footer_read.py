@@ -1,5 +1,5 @@
-"""Planning a local snapshot reads each data file's footer with ``os.pread`` (sources/
-parquet_footer.read_local_footer), not a pyarrow filesystem and file object: the same bytes
+"""Planning a local snapshot reads each data file's footer with ``os.pread``
+(tables/parquet/footer.read_local_footer), not a pyarrow filesystem and file object: the same bytes
 as :func:`read_footer`, and for a file that is missing, a directory, too short, or whose head
 or tail is not Parquet's, the same error word for word. Real Parquet files."""
 

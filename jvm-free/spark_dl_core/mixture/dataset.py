@@ -1,13 +1,13 @@
 """The mixture as a dataset: several sources read as one, each giving an exact number of
 samples per epoch.
 
-Once opened (:func:`~.mixture_open.mix`, :func:`~.mixture_open.open_mixture`), a
+Once opened (:func:`~.open.mix`, :func:`~.open.open_mixture`), a
 :class:`Mixture` is a second kind of dataset for the order and the reader: its samples are
 the sources' samples back to back in one id space, its shards the sources' shards, and its
 order (:class:`~spark_dl_core.order.MixtureOrder`) picks each source's share of an epoch.
 Every loader (``iter_batches``, ``to_torch``, ``to_tf``) and its resume state works on it
-unchanged. Its spec and weight rules live in :mod:`.mixture_spec`, its columns' checks in
-:mod:`.mixture_columns`.
+unchanged. Its spec and weight rules live in :mod:`.spec`, its columns' checks in
+:mod:`.columns`.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ class Mixture(Dataset):
         """This mixture with its token boundaries placed at documents (a copy whose stages
         start at sample positions; cached), for a packed loader reading ``column`` with
         ``seed`` and ``shuffle`` (they decide which documents come first). Itself when its
-        boundaries are in samples. See :mod:`.token_stages`."""
+        boundaries are in samples. See :mod:`..sources.token_stages`."""
         if not self.in_tokens:
             return self
         key = (column, int(seed), bool(shuffle))
@@ -419,7 +419,7 @@ class Mixture(Dataset):
     @cached_property
     def forms(self) -> dict[str, Form]:
         """One form per variable ndarray column across sources (see
-        :func:`~.mixture_columns.mixed_forms`)."""
+        :func:`~.columns.mixed_forms`)."""
         return mixed_forms(self.sources, self.layout.names)
 
     def derive(self, name: str, index: np.ndarray) -> np.ndarray:

@@ -1,5 +1,5 @@
 """Building a mixture: :func:`mix` from ``Source(...)`` entries, :func:`open_mixture` from a
-saved :class:`~.mixture_spec.MixtureSpec` (each source checked against its recorded
+saved :class:`~.spec.MixtureSpec` (each source checked against its recorded
 fingerprint)."""
 
 from __future__ import annotations

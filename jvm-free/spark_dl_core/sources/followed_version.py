@@ -1,6 +1,6 @@
 """What a dataset that follows a Delta table adds to a plain one: the table version it
 opened (from the version's manifest, :mod:`spark_dl_core.versions`) and the hooks through
-which a loader carries a run on from another version (:mod:`.follow_carry`, installed
+which a loader carries a run on from another version (:mod:`..tables.delta.follow_carry`, installed
 when the package is imported)."""
 
 from __future__ import annotations

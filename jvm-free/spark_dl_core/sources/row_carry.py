@@ -2,8 +2,8 @@
 
 A dataset that can name each sample as (data file, row index in the file) plugs in by
 giving its :class:`RowLayout` (``row_layout()``) and subclassing :class:`CarriedRows`: the
-Delta table read in place does (:mod:`.delta_carry`); so does an export that follows a
-table (:mod:`.follow_carry`).
+Delta table read in place does (:mod:`..tables.delta.carry`); so does an export that follows a
+table (:mod:`..tables.delta.follow_carry`).
 
 The rule (docs/delta.md, "carry a run on"): a state saved at (epoch ``E``, ``consumed``)
 over the old version continues in the new one. Epoch ``E`` finishes over the samples of the

@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 
 
 class Staged(Protocol):
-    """What placing token boundaries reads of a mixture (a :class:`~.mixture.Mixture`, which
-    imports this module: it is named here by what it offers)."""
+    """What placing token boundaries reads of a mixture (a
+    :class:`~..mixture.dataset.Mixture`, which imports this module: it is named here by what
+    it offers)."""
 
     stages: list[tuple[int, Any]] | None
     mixture: Any  # its MixtureSpec: epoch_size and the Source specs (fingerprints)

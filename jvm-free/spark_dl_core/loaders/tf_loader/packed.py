@@ -1,4 +1,4 @@
-"""TensorFlow loading of packed token rows: ``to_tf(pack=...)`` (see :mod:`.packing`).
+"""TensorFlow loading of packed token rows: ``to_tf(pack=...)`` (see :mod:`..packing`).
 
 The same batches as ``to_torch(pack=...)`` for the same settings, as a ``tf.data.Dataset``
 of dicts: ``input_ids``, ``labels``, ``position_ids`` (``tf.int64`` ``[B, seq_len]``),

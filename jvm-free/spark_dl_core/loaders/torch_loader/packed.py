@@ -1,6 +1,6 @@
-"""PyTorch loading of packed token rows: ``to_torch(pack=...)`` (see :mod:`.packing`).
+"""PyTorch loading of packed token rows: ``to_torch(pack=...)`` (see :mod:`..packing`).
 
-The same iteration, epoch and state semantics as :class:`~.torch_loader.TorchLoader`
+The same iteration, epoch and state semantics as :class:`~.loader.TorchLoader`
 (``len``, ``set_epoch``, a pass run to its end moves on to the next epoch, ``state_dict``
 is the live position), with the position counted in global packed rows, so a resumed
 loader continues inside a document. Batches are dicts: ``input_ids``, ``labels``,

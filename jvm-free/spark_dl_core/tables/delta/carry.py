@@ -1,5 +1,6 @@
 """A run over one version of a Delta table carried on to another:
-``loader.load_state_dict(state, strict=False)`` (the rule: :mod:`.row_carry`, docs/delta.md).
+``loader.load_state_dict(state, strict=False)`` (the rule: :mod:`...sources.row_carry`,
+docs/delta.md).
 
 A loader state over a table read in place records the table, version (and ``since``) it
 was saved on (:func:`record`). A loader over another version refuses it by default, naming

@@ -2,8 +2,8 @@
 
 ``deltalake`` (delta-rs) reports a damaged log as a ``DeltaError`` (or a Rust panic) that
 names neither the table nor, mostly, the file; pyarrow reports a damaged Parquet file as an
-``ArrowInvalid`` or ``OSError``. A caller of :func:`~.delta.open_delta` gets a
-:class:`~.delta.DeltaSnapshotError` instead: :func:`typed_errors` wraps every failure below
+``ArrowInvalid`` or ``OSError``. A caller of :func:`~.table.open_delta` gets a
+:class:`~.log.DeltaSnapshotError` instead: :func:`typed_errors` wraps every failure below
 open_delta's own checks, and :func:`log_culprit` looks, on that failure path only, for the
 log file that does not parse (local tables), so the message can say which one to restore.
 """

@@ -1,12 +1,12 @@
 """A run over one version of a dataset that follows a Delta table carried on to another
 version of it: ``loader.load_state_dict(state, strict=False)`` over ``open_dataset(path)``
-with a state saved over ``open_dataset(path, version=M)`` (the rule: :mod:`.row_carry`,
+with a state saved over ``open_dataset(path, version=M)`` (the rule: :mod:`...sources.row_carry`,
 docs/delta.md).
 
 Each held version's manifest lists its data files, each with the run of the version's
 shards cut from it and the rows its deletion vector removes (:mod:`spark_dl_core.versions`),
 so a sample is (data file, row in the file) exactly as in a table read in place
-(:mod:`.delta_carry`). A state records the table and version it was saved on; a state saved
+(:mod:`.carry`). A state records the table and version it was saved on; a state saved
 over a plain export the dataset adopted (no record) is found by its fingerprint among the
 versions held. The old version is reopened from the same directory, so it must still be
 held (a vacuum that let it go is a :class:`FollowError` naming it).
@@ -130,7 +130,7 @@ def _named(rec: dict[str, Any], table: str | None, version: int | None) -> str:
 
 def carry_on(ds: Dataset, state: LoaderState, strict: bool) -> tuple[Any, int, int]:
     """(the dataset to read, epoch, consumed) for a state whose fingerprint is not ``ds``'s
-    (see :func:`.delta_carry.carry_on`, which this follows for a followed export)."""
+    (see :func:`.carry.carry_on`, which this follows for a followed export)."""
     plain = ds.plain if isinstance(ds, CarriedFollow) else ds
     own = own_carry(plain, CarriedFollow, state, plain.version)
     if own is not None:

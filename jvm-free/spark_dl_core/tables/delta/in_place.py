@@ -1,8 +1,8 @@
-"""A pinned Delta snapshot read in place: the Parquet layer's :class:`~..parquet.in_place.
-InPlaceDataset` over a :class:`DeltaSnapshot` (files in the log's path order, deletion vectors
-as keep-masks, column mapping), plus what is Delta's own: its fingerprint kind, how a saved
-mixture reopens it, and runs carried on across versions (:mod:`.carry`, handed by the face
-through the snapshot's :class:`~.snapshot.DeltaKind`).
+"""A pinned Delta snapshot read in place: the Parquet layer's
+:class:`~..parquet.in_place.InPlaceDataset` over a :class:`DeltaSnapshot` (files in the
+log's path order, deletion vectors as keep-masks, column mapping), plus what is Delta's own:
+its fingerprint kind, how a saved mixture reopens it, and runs carried on across versions
+(:mod:`.carry`, handed by the face through the snapshot's :class:`~.snapshot.DeltaKind`).
 """
 
 from __future__ import annotations

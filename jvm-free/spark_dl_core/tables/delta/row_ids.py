@@ -36,7 +36,7 @@ MATERIALIZED = "delta.rowTracking.materializedRowIdColumnName"
 @dataclass
 class DeltaRowIds:
     """Stable row ids of a table's files between an old version and a new one (a
-    :class:`~.row_carry.RowIdentity`). Files are named as the carried layouts name them:
+    :class:`~...sources.row_carry.RowIdentity`). Files are named as the carried layouts name them:
     ``old_keys`` maps the old layout's names to file keys, ``added`` lists the new layout's
     files added since (name, key)."""
 

@@ -12,7 +12,7 @@ deletion vector marks deleted (the keep-masks come from ``DeltaTable.deletion_ve
 adds the partition columns from the add action, and casts to the table schema (columns
 added later by schema evolution read as nulls). Tables with column mapping (``name``/``id``)
 have their files' physical columns mapped back to the logical schema by
-:mod:`.delta_columns`.
+:mod:`.columns`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Why each mechanism:
 - *A trailer with the payload's size and xxh3_64*: a cached file is checked before it is
   parsed, once per machine: a pass leaves a note named by the file's identity (path, inode,
   size, modification and change times, recorded hash) in the private directory the MDS
-  path's shard notes use (:mod:`.shard_loading`), and later processes (DataLoader workers
+  path's shard notes use (:mod:`...sources.shard_loading`), and later processes (DataLoader workers
   forked for each pass) skip the hash of that very file. A file truncated or rewritten since
   has another identity and is hashed again; a bad one is deleted and converted again.
 - *Converted in place*: a row group whose rows are all alike is laid straight into its

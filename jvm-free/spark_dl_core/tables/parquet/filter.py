@@ -7,7 +7,7 @@ columns from the add action, others read from the row group), on the rows its de
 vector keeps, exactly as the export filters them (after the cast to the table's types). A
 filter naming only partition columns is evaluated once per file and reads no data.
 
-The masks are cached on local disk per machine (:class:`~.delta_cache.RowGroupCache` under
+The masks are cached on local disk per machine (:class:`~.cache.RowGroupCache` under
 ``<converted-row-group cache>/filter-masks``), one per data file, keyed by the file's identity
 (path relative to the table, size, deleted rows, partition values), the filter's serialized
 form (its text is truncated by pyarrow for long ``isin`` sets) and the referenced columns'

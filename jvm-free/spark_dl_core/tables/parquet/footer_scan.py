@@ -3,14 +3,14 @@ when its schema is one pyarrow already parsed for another file of the table.
 
 Why: planning a snapshot of 10⁵ files in place read every footer with pyarrow (parse, then
 Python accessors per row group and column: ~100 µs a file) after walking it for safety
-(:mod:`.parquet_footer`). Files written by one job share their footer's bytes but for the
+(:mod:`.footer`). Files written by one job share their footer's bytes but for the
 row groups (``num_rows`` and ``row_groups`` sit between the schema and the key-value
 metadata). :func:`split_top` finds that middle in a footer pyarrow parsed, a
 :class:`Layout` keeps the bytes around it; :func:`scan` matches another footer's bytes
 around its middle against them (two compares: the schema is not walked again) and walks
-its row groups once, taking what :func:`.delta_footers.summarize` takes (rows, uncompressed
+its row groups once, taking what :func:`.footers.summarize` takes (rows, uncompressed
 and stored bytes, list leaves' value counts) and checking what
-:func:`.parquet_footer.footer_problem` checks. Anything it does not expect (a required
+:func:`.footer.footer_problem` checks. Anything it does not expect (a required
 Thrift field missing, encrypted or unusual metadata, a type or histogram the schema
 contradicts) answers None: the caller then takes pyarrow's path, which raises or reads
 exactly as before.
@@ -356,7 +356,7 @@ def _list_head(data: bytes, at: int) -> tuple[int, int, int]:
 
 def layout_of(data: bytes, meta: Any, levels: list[tuple[int, int, int]]) -> Layout | None:
     """The :class:`Layout` of the footer ``data`` pyarrow parsed as ``meta`` (``levels`` as
-    :func:`.parquet_footer.leaf_levels` gives them); None when its row groups are not in
+    :func:`.footer.leaf_levels` gives them); None when its row groups are not in
     one piece after ``num_rows``."""
     where = split_top(data)
     if where is None:

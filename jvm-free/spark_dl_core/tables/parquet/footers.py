@@ -7,7 +7,7 @@ Why each mechanism:
   stored bytes, and for repeated (list) leaf columns their value counts (the batch forms);
   and per file its Arrow schema (column mapping and added columns are resolved from it).
   :class:`FileFooter` holds just that, taken from a footer already checked by
-  :func:`.parquet_footer.footer_problem`.
+  :func:`.footer.footer_problem`.
 - *One file per table*, ``plan.arrow`` under ``<tmp>/spark-dl-cache/<hash of the table URI
   and "#plan">``: an Arrow IPC table, one row per data file, schemas stored once. Opening a
   snapshot reads it once (one file, not 10⁵ footers); the files it lacks (a later version's
@@ -63,8 +63,8 @@ class FileFooter:
 
 def summarize(meta: Any, levels: list[tuple[int, int, int]]) -> FileFooter:
     """The :class:`FileFooter` of pyarrow's ``meta`` (whose column chunks
-    :func:`.parquet_footer.footer_problem` has checked); ``levels`` as
-    :func:`.parquet_footer.leaf_levels` gives them."""
+    :func:`.footer.footer_problem` has checked); ``levels`` as
+    :func:`.footer.leaf_levels` gives them."""
     parquet = meta.schema
     tops: dict[str, list[int]] = {}
     for i in range(len(parquet)):
@@ -111,7 +111,7 @@ class Summaries:
 
     def learn(self, footer: bytes, meta: Any, levels: list[tuple[int, int, int]]) -> FileFooter:
         """pyarrow's summary of ``footer`` (parsed as ``meta``, checked by
-        :func:`.parquet_footer.footer_problem`), compared with the scan's."""
+        :func:`.footer.footer_problem`), compared with the scan's."""
         found = summarize(meta, levels)
         with self._lock:
             scanned = scan(footer, self.layouts)

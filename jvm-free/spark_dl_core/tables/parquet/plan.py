@@ -1,9 +1,9 @@
 """Planning a table snapshot read in place: its shards, the non-empty row groups of its data
 files (rows that deletion vectors or a filter drop left out), from the files' Parquet footers.
 
-A footer comes from the plan cache (:mod:`.delta_footers`) or is read: a local table's in one
+A footer comes from the plan cache (:mod:`.footers`) or is read: a local table's in one
 loop, a remote table's on threads in chunks of files. Each is checked before Python parses it
-(:mod:`.parquet_footer`), and the first that cannot be read is a typed error naming its file.
+(:mod:`.footer`), and the first that cannot be read is a typed error naming its file.
 :class:`RowGroupPlanning` is the part of :class:`~.in_place.InPlaceDataset` that does this.
 """
 
@@ -117,7 +117,7 @@ class RowGroupPlanning:
     def _footers(self) -> list[FileFooter]:
         """Every data file's footer summary: from this machine's plan cache, else read (on
         threads, in chunks of files) and cached for the next open of this or a later
-        version (:mod:`.delta_footers`)."""
+        version (:mod:`.footers`)."""
         snap = self.snapshot
         cache = None if self.plan_dir is None else PlanCache(self.plan_dir)
         mtimes = snap._mtimes
@@ -184,9 +184,9 @@ class RowGroupPlanning:
         path: str = "",
     ) -> FileFooter:
         """The file's footer summary, its column chunks checked before Python reads them
-        (pyarrow aborts the process on some damaged ones: :mod:`.parquet_footer`); a local
+        (pyarrow aborts the process on some damaged ones: :mod:`.footer`); a local
         file (``read`` from ``path``) whose footer key pyarrow has parsed once is scanned without it
-        (:class:`~.delta_footers.Summaries`)."""
+        (:class:`~.footers.Summaries`)."""
         footer = b""
         try:
             if read is None:  # a remote file: its footer span, parsed by pyarrow (not walked)
@@ -227,7 +227,7 @@ class RowGroupPlanning:
 
     @cached_property
     def _file_keys(self) -> list[str]:
-        """Each data file's :func:`.delta_log.file_key` (the snapshot's dicts' keys), made
+        """Each data file's :func:`.table_files.file_key` (the snapshot's dicts' keys), made
         once: planning looks a file up several times (not pickled: rebuilt on demand)."""
         return [file_key(u) for u in self.snapshot.files]
 
