@@ -21,7 +21,7 @@ import pyarrow as pa
 import xxhash
 
 from ..errors import DatasetError, MetadataError
-from .index import FileInfo, ShardInfo, check_basename
+from .index import FileInfo, ShardInfo, check_basename, well_formed_columns
 
 COMPACT_FILE = "spark_dl.index.arrow"
 COMPACT_VERSION = 2
@@ -229,14 +229,7 @@ def _config(meta: dict[str, Any], source: str) -> tuple[list[str], list[str], li
     if not isinstance(cols, dict):
         raise MetadataError(source, "not an object", field="columns")
     names, encodings, sizes = cols.get("names"), cols.get("encodings"), cols.get("sizes")
-    if not (
-        isinstance(names, list)
-        and isinstance(encodings, list)
-        and isinstance(sizes, list)
-        and len(names) == len(encodings) == len(sizes)
-        and all(isinstance(n, str) for n in names + encodings)
-        and all(z is None or (type(z) is int and 0 <= z < _MAX_COUNT) for z in sizes)
-    ):
+    if not well_formed_columns(names, encodings, sizes):
         raise MetadataError(source, "names/encodings/sizes are malformed", field="columns")
     return names, encodings, sizes
 

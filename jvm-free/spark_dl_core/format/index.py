@@ -124,6 +124,20 @@ def _count(value: Any) -> TypeGuard[int]:
     return type(value) is int and 0 <= value < _MAX_INT
 
 
+def well_formed_columns(names: Any, encodings: Any, sizes: Any) -> bool:
+    """Column names, encodings and sizes as read from JSON (a shard's in ``index.json``, the
+    compact index's config): three lists of one length, names and encodings strings, each
+    size None (variable) or a count. One check, so both indexes accept the same columns."""
+    return (
+        isinstance(names, list)
+        and isinstance(encodings, list)
+        and isinstance(sizes, list)
+        and len(names) == len(encodings) == len(sizes)
+        and all(isinstance(n, str) for n in names + encodings)
+        and all(z is None or _count(z) for z in sizes)
+    )
+
+
 def _file_info(obj: Any, source: str, where: str) -> FileInfo:
     if not isinstance(obj, dict):
         raise MetadataError(source, f"expected an object, got {type(obj).__name__}", where)
@@ -162,14 +176,7 @@ def parse_index(text: str | bytes, source: str) -> list[ShardInfo]:
             entry.get("column_encodings"),
             entry.get("column_sizes"),
         )
-        if not (
-            isinstance(names, list)
-            and isinstance(encodings, list)
-            and isinstance(sizes, list)
-            and len(names) == len(encodings) == len(sizes)
-            and all(isinstance(n, str) for n in names + encodings)
-            and all(z is None or _count(z) for z in sizes)
-        ):
+        if not well_formed_columns(names, encodings, sizes):
             raise MetadataError(
                 source, "column_names/encodings/sizes are malformed", f"{where}.column_names"
             )
