@@ -89,6 +89,18 @@ def check_path(url: Any) -> None:
         raise SpecError("the dataset path is empty; give a local directory or a URL")
 
 
+def _complete_temp(path: str, data: bytes) -> str:
+    """``data`` written and synced to a new temporary file beside local ``path`` (its folder
+    made): what a write moves or links into place, so readers never see part of a file."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    temp = f"{path}.tmp-{uuid.uuid4().hex}"
+    with open(temp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return temp
+
+
 class Store:
     """Files of one dataset directory, addressed by names relative to it."""
 
@@ -213,13 +225,7 @@ class Store:
             self.fs.pipe_file(self.path(name), payload)
             return
         path = self.path(name)
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        temp = f"{path}.tmp-{uuid.uuid4().hex}"
-        with open(temp, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
+        os.replace(_complete_temp(path, payload), path)
 
     def create_new(self, name: str, data: bytes) -> bool:
         """Write ``name`` only if no file has that name: False when one is there already.
@@ -234,12 +240,7 @@ class Store:
             self.fs.pipe_file(self.path(name), data)
             return True
         path = self.path(name)
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        temp = f"{path}.tmp-{uuid.uuid4().hex}"
-        with open(temp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        temp = _complete_temp(path, data)
         try:
             os.link(temp, path)
         except FileExistsError:
