@@ -32,7 +32,7 @@ from ...meta import column_names
 from ...versions import version_number
 from ..parquet.filter import filter_columns
 from ..parquet.footer import check_head
-from ..parquet.table_files import ReadInPlace
+from ..parquet.table_files import ReadInPlace, file_batches
 from .columns import ColumnMapping, FileColumns, file_columns, mapping_of
 from .deletion_vectors import damaged_inline
 from .errors import culprit_text, empty_commit, past_the_end, typed_errors
@@ -330,14 +330,14 @@ class DeltaSnapshot(ReadInPlace):
                 arrays.append(self._cast(table.column(f.name), f, uri))
             else:  # added to the schema after this file was written
                 arrays.append(pa.nulls(n, type=f.type))
-        result = pa.Table.from_arrays(arrays, schema=schema)
-        try:  # Parquet readers do not check UTF-8: a damaged page is caught here, not in decode
-            result.validate(full=True)
-        except pa.ArrowException as exc:
-            raise self._file_error(uri, f"holds invalid data: {first_line(exc)}") from None
-        if filtered and self.filter is not None:
-            result = result.filter(self.filter)
-        yield from (result.combine_chunks() if combine else result).to_batches()
+        yield from file_batches(
+            arrays,
+            schema,
+            self.filter,
+            lambda why: self._file_error(uri, why),
+            filtered=filtered,
+            combine=combine,
+        )
 
     def to_arrow(self) -> pa.Table:
         """The whole snapshot as one Arrow table (deletion vectors applied)."""

@@ -22,7 +22,7 @@ from ...sources.dataset import Dataset
 from ...spec import DatasetSpec
 from ...writer import WriteResult
 from ..parquet.filter import filter_columns
-from ..parquet.table_files import ReadInPlace, file_key, first_line, past_the_end
+from ..parquet.table_files import ReadInPlace, file_batches, file_key, first_line, past_the_end
 from . import deletes
 from .columns import FieldIds
 from .errors import IcebergFilterError, IcebergSnapshotError, UnsupportedIcebergFeatureError
@@ -154,16 +154,14 @@ class IcebergSnapshot(ReadInPlace):
                 arrays.append(self._cast(table.column(f.name), f, uri))
             else:
                 arrays.append(pa.nulls(n, type=f.type))
-        result = pa.Table.from_arrays(arrays, schema=schema)
-        try:
-            result.validate(full=True)
-        except pa.ArrowException as exc:
-            raise self.table_error(
-                f"data file {uri} holds invalid data: {first_line(exc)}"
-            ) from None
-        if filtered and self.filter is not None:
-            result = result.filter(self.filter)
-        yield from (result.combine_chunks() if combine else result).to_batches()
+        yield from file_batches(
+            arrays,
+            schema,
+            self.filter,
+            lambda why: self.table_error(f"data file {uri} {why}"),
+            filtered=filtered,
+            combine=combine,
+        )
 
     def _cast(self, column: Any, f: pa.Field, uri: str) -> Any:
         try:

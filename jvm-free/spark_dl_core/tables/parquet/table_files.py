@@ -15,7 +15,7 @@ under ``tables/parquet`` never names one.
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, cast
 
 import pyarrow as pa
@@ -73,6 +73,29 @@ def past_the_end(rows: int) -> str:
         f"has {rows} rows, and its deletion vector deletes rows past them: the vector "
         "or the file is not the one the log wrote"
     )
+
+
+def file_batches(
+    arrays: list[Any],
+    schema: pa.Schema,
+    row_filter: Any,
+    file_error: Callable[[str], Exception],
+    *,
+    filtered: bool,
+    combine: bool,
+) -> Iterator[pa.RecordBatch]:
+    """The end of every format's :meth:`TableFiles._finish`: a data file's columns, already
+    the table's, as batches. Checked in full first (Parquet readers do not check UTF-8: a
+    damaged page is caught here, not in decode; ``file_error`` words it for the file), then
+    ``row_filter`` unless not ``filtered``, one batch unless not ``combine``."""
+    result = pa.Table.from_arrays(arrays, schema=schema)
+    try:
+        result.validate(full=True)
+    except pa.ArrowException as exc:
+        raise file_error(f"holds invalid data: {first_line(exc)}") from None
+    if filtered and row_filter is not None:
+        result = result.filter(row_filter)
+    yield from (result.combine_chunks() if combine else result).to_batches()
 
 
 class FileColumnsLike(Protocol):
@@ -187,6 +210,7 @@ __all__ = [
     "ReadInPlace",
     "TableError",
     "TableFiles",
+    "file_batches",
     "file_key",
     "first_line",
     "past_the_end",
