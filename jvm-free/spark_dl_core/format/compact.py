@@ -21,7 +21,7 @@ import pyarrow as pa
 import xxhash
 
 from ..errors import DatasetError, MetadataError
-from .index import FileInfo, ShardInfo, check_basename, well_formed_columns
+from .index import FileInfo, ShardInfo, check_basename, column_lists
 
 COMPACT_FILE = "spark_dl.index.arrow"
 COMPACT_VERSION = 2
@@ -228,10 +228,10 @@ def _config(meta: dict[str, Any], source: str) -> tuple[list[str], list[str], li
     cols = meta.get("columns")
     if not isinstance(cols, dict):
         raise MetadataError(source, "not an object", field="columns")
-    names, encodings, sizes = cols.get("names"), cols.get("encodings"), cols.get("sizes")
-    if not well_formed_columns(names, encodings, sizes):
+    columns = column_lists(cols.get("names"), cols.get("encodings"), cols.get("sizes"))
+    if columns is None:
         raise MetadataError(source, "names/encodings/sizes are malformed", field="columns")
-    return names, encodings, sizes
+    return columns
 
 
 class CompactIndex:

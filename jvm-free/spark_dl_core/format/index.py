@@ -124,18 +124,23 @@ def _count(value: Any) -> TypeGuard[int]:
     return type(value) is int and 0 <= value < _MAX_INT
 
 
-def well_formed_columns(names: Any, encodings: Any, sizes: Any) -> bool:
+def column_lists(
+    names: Any, encodings: Any, sizes: Any
+) -> tuple[list[str], list[str], list[int | None]] | None:
     """Column names, encodings and sizes as read from JSON (a shard's in ``index.json``, the
-    compact index's config): three lists of one length, names and encodings strings, each
-    size None (variable) or a count. One check, so both indexes accept the same columns."""
-    return (
+    compact index's config), or None unless they are three lists of one length, names and
+    encodings strings, each size None (variable) or a count. One check, so both indexes
+    accept the same columns."""
+    if (
         isinstance(names, list)
         and isinstance(encodings, list)
         and isinstance(sizes, list)
         and len(names) == len(encodings) == len(sizes)
         and all(isinstance(n, str) for n in names + encodings)
         and all(z is None or _count(z) for z in sizes)
-    )
+    ):
+        return names, encodings, sizes
+    return None
 
 
 def _file_info(obj: Any, source: str, where: str) -> FileInfo:
@@ -171,15 +176,14 @@ def parse_index(text: str | bytes, source: str) -> list[ShardInfo]:
             raise MetadataError(source, "expected an object", where)
         if entry.get("format") != "mds":
             raise MetadataError(source, f"{entry.get('format')!r} is not 'mds'", f"{where}.format")
-        names, encodings, sizes = (
-            entry.get("column_names"),
-            entry.get("column_encodings"),
-            entry.get("column_sizes"),
+        columns = column_lists(
+            entry.get("column_names"), entry.get("column_encodings"), entry.get("column_sizes")
         )
-        if not well_formed_columns(names, encodings, sizes):
+        if columns is None:
             raise MetadataError(
                 source, "column_names/encodings/sizes are malformed", f"{where}.column_names"
             )
+        names, encodings, sizes = columns
         samples = entry.get("samples")
         if not _count(samples):
             raise MetadataError(source, f"malformed sample count {samples!r}", f"{where}.samples")
