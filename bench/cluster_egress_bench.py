@@ -8,7 +8,10 @@ place, 4 nodes x 1 rank and 2 nodes x 2 ranks, 3 reshuffled epochs. Printed: byt
 dataset bytes per epoch and in all, bytes landed per node; checked: every row served once
 per epoch, and each step's rows are the 1-rank order's batches kW..kW+W-1.
 
-    .venv/bin/python bench/cluster_egress_bench.py [--rows 16384] [--streams 64]
+    .venv/bin/python bench/cluster_egress_bench.py [--rows 16384] [--streams 0]
+
+``--streams 0`` (the default) is the loaders' default: as many streams as the dataset's
+shards allow (``order.auto_streams``), printed per case; 1 is the order without streams.
 
 A rank process is this script with ``--rank-worker``: it reads its share of one epoch
 (``iter_batches``, rank and world size from the environment) and writes its batches' ids.
@@ -191,7 +194,7 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--options", default="{}")
     parser.add_argument("--rows", type=int, default=16384)
-    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--streams", type=int, default=0)
     args = parser.parse_args()
     if args.rank_worker:
         return rank_worker(args)
@@ -215,6 +218,18 @@ def main() -> None:
             url = f"s3://bench/{kind}-{args.streams}"
             _write_data(kind, url, args.rows, direct, delta_options(host, port))
             stored = _stored_bytes(fs, f"bench/{kind}-{args.streams}")
+            if args.streams == 0:
+                from spark_dl_core import open_dataset, open_delta
+                from spark_dl_core.order import auto_streams
+
+                plain = direct if kind == "mds" else delta_options(host, port)
+                opened: Any = (
+                    open_dataset(url, storage_options=plain)
+                    if kind == "mds"
+                    else open_delta(url, storage_options=plain).dataset(cache=False)
+                )
+                blocks = len(opened.shard_offsets) - 1
+                print(f"{kind}: {blocks} shards, automatic streams {auto_streams(blocks)}")
             options = counted if kind == "mds" else counted_delta
             for nodes, per_node in ((4, 1), (2, 2)):
                 with tempfile.TemporaryDirectory() as work:

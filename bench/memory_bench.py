@@ -6,6 +6,7 @@ in a fresh subprocess (a clean measurement): three shuffled epochs through
 after opening the dataset and after each epoch. No psutil needed.
 
     python bench/memory_bench.py [--shards 24] [--shard-size 512KiB] [--workdir DIR]
+                                 [--streams N]   (0, the default: automatic; 1: no streams)
 
 ``--child PATH`` is the measuring side (used by ``tests/loaders/test_memory.py`` too): it prints one
 JSON object.
@@ -36,9 +37,12 @@ def _status() -> dict[str, int]:
     return out
 
 
-def child(path: str, epochs: int, batch_size: int, prefetch: int | None) -> dict[str, Any]:
+def child(
+    path: str, epochs: int, batch_size: int, prefetch: int | None, streams: int = 0
+) -> dict[str, Any]:
     """Read ``epochs`` shuffled epochs of the dataset at ``path``; memory figures.
-    ``prefetch`` is the loader's read-ahead budget in bytes (None: its default)."""
+    ``prefetch`` is the loader's read-ahead budget in bytes (None: its default); ``streams``
+    the order's streams (0: the loader's automatic default)."""
     from spark_dl_core import open_dataset
 
     ds = open_dataset(path)
@@ -53,6 +57,7 @@ def child(path: str, epochs: int, batch_size: int, prefetch: int | None) -> dict
             epoch=epoch,
             shuffle_window=WINDOW,
             prefetch_bytes=prefetch,
+            streams=streams,
         ):
             rows += len(batch["label"])
         epochs_out.append(_status())
@@ -86,10 +91,15 @@ def write(path: str, shards: int, shard_size: str) -> None:
 
 
 def measure(
-    path: str, epochs: int = 3, batch_size: int = 512, prefetch: int | None = None
+    path: str,
+    epochs: int = 3,
+    batch_size: int = 512,
+    prefetch: int | None = None,
+    streams: int = 0,
 ) -> dict[str, Any]:
     """``child`` in a fresh interpreter."""
     extra = [] if prefetch is None else ["--prefetch-bytes", str(prefetch)]
+    extra += ["--streams", str(streams)]
     out = subprocess.run(
         [
             sys.executable,
@@ -120,15 +130,18 @@ def main() -> None:
     parser.add_argument("--shard-size", default="512KiB")
     parser.add_argument("--workdir")
     parser.add_argument("--prefetch-bytes", type=int, default=None)
+    parser.add_argument("--streams", type=int, default=0)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.epochs, args.batch_size, args.prefetch_bytes)))
+        got = child(args.child, args.epochs, args.batch_size, args.prefetch_bytes, args.streams)
+        print(json.dumps(got))
         return
     work = Path(args.workdir or tempfile.mkdtemp(prefix="memory-bench-"))
     mib = 1 << 20
     from spark_dl_core import parse_size
 
     bounded = 4 * parse_size(args.shard_size)
+    print(f"streams={args.streams} (0: automatic)")
     print(
         f"{'prefetch':>9} {'shards':>7} {'dataset MiB':>12} {'window MiB':>11} "
         f"{'start RSS':>10} {'peak RSS':>9} {'peak-start':>11} {'RSS after epochs':>24}  (MiB)"
@@ -138,7 +151,9 @@ def main() -> None:
         write(path, args.shards * factor, args.shard_size)
     for prefetch in (bounded, args.prefetch_bytes):
         for factor in (1, 4):
-            r = measure(str(work / f"ds{factor}"), args.epochs, args.batch_size, prefetch)
+            r = measure(
+                str(work / f"ds{factor}"), args.epochs, args.batch_size, prefetch, args.streams
+            )
             peak = r["epochs"][-1]["VmHWM"]
             after = " ".join(f"{e['VmRSS'] / mib:.1f}" for e in r["epochs"])
             label = "default" if prefetch is None else f"{prefetch / mib:.0f}MiB"

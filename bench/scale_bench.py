@@ -101,7 +101,7 @@ def measure(path: str) -> dict[str, float]:
     t2 = time.perf_counter()
     state = loader.state_dict()
     state["consumed"] = int(0.9 * len(ds)) // (BATCH * WORLD) * (BATCH * WORLD)
-    from spark_dl_core.order import dataset_order as order
+    from spark_dl_core.order import choice as order
 
     order._ORDERS.clear()  # as in a fresh process: nothing of the first loader's order kept
     t3 = time.perf_counter()
@@ -139,7 +139,7 @@ def measure_mixture(root: str, scheduled: bool = False) -> dict[str, float]:
 
     from spark_dl_core import Source, mix, open_dataset
     from spark_dl_core.loaders.torch_loader import TorchLoader  # noqa: F401
-    from spark_dl_core.order import dataset_order as order
+    from spark_dl_core.order import choice as order
 
     paths = sorted(str(p) for p in Path(root).iterdir())
     base = _rss_mb("VmRSS")

@@ -15,10 +15,12 @@ from spark_dl_core.order import (
     GlobalOrder,
     LoaderState,
     StreamedOrder,
+    auto_streams,
     global_order,
     locality_report,
     shuffle_quality,
     step_spread,
+    stream_window,
 )
 from spark_dl_core.order.locality import stream_lengths, stream_pieces
 
@@ -32,11 +34,13 @@ def _shards(ids: np.ndarray) -> set[int]:
 
 
 def _reference(streams: int, batch: int, seed: int, epoch: int, window: int = 4) -> np.ndarray:
-    """The definition, step by step: stream ``s``'s own order is a windowed GlobalOrder over
-    its pieces; global batch ``g`` is batch ``g // P`` of stream ``g % P``."""
+    """The definition, step by step: stream ``s``'s own order is a GlobalOrder over its
+    pieces in windows of ``window // P`` pieces (at least 1); global batch ``g`` is batch
+    ``g // P`` of stream ``g % P``."""
     pieces = stream_pieces(SIZES, "fp", seed, streams, batch)
+    per = max(1, window // streams)
     own = [
-        GlobalOrder(sizes, f"fp:stream{s}/{streams}", seed, epoch, True, window, bases=bases)
+        GlobalOrder(sizes, f"fp:stream{s}/{streams}", seed, epoch, True, per, bases=bases)
         for s, (sizes, bases) in enumerate(pieces)
     ]
     whole = [o.take(0, o.total) for o in own]
@@ -124,17 +128,73 @@ def test_streamed_order_is_pure_and_keyed() -> None:
 
 def test_shuffle_quality_of_the_streamed_order() -> None:
     """Stated figures (docs/loading.md): the streamed order hides the source order as well
-    as the windowed one (correlation ~0, almost no source neighbours); a batch still comes
-    from a few shards; a step over W ranks spreads over W streams, so more shards."""
+    as the windowed one (correlation ~0, almost no source neighbours); a batch comes from
+    one stream's window, ``shuffle_window // streams`` pieces (at least 1), so with more
+    streams than the window it is mostly one shard (the memory bound's price), and a
+    window of ``4 x streams`` gives it four again; a step over W ranks spreads over W
+    streams, so more shards than the windowed order's one window."""
     sizes = np.full(256, 1000, dtype=np.int64)
     windowed = global_order(sizes, "fp", 0, 0, True, 4)
     streamed = global_order(sizes, "fp", 0, 0, True, 4, streams=64, batch_size=256)
     qw, qs = shuffle_quality(windowed, sizes), shuffle_quality(streamed, sizes)
     assert abs(qs["position_correlation"]) < 0.02 and qs["adjacent_neighbours"] < 0.005
-    assert qs["same_shard_adjacent"] < 0.5 and qw["same_shard_adjacent"] < 0.3
+    assert qw["same_shard_adjacent"] < 0.3 and qs["same_shard_adjacent"] > 0.98
     one, eight = step_spread(streamed, sizes, 256, 1), step_spread(streamed, sizes, 256, 8)
-    assert one["shards_per_batch"] >= 3 and eight["shards_per_step"] >= 7 * one["shards_per_batch"]
+    assert one["shards_per_batch"] < 1.5 and eight["shards_per_step"] >= 7 * one["shards_per_batch"]
     assert step_spread(windowed, sizes, 256, 8)["shards_per_step"] < 8
+    wide = global_order(sizes, "fp", 0, 0, True, 4 * 64, streams=64, batch_size=256)
+    assert shuffle_quality(wide, sizes)["same_shard_adjacent"] < 0.45
+    assert step_spread(wide, sizes, 256, 1)["shards_per_batch"] >= 3
+
+
+def test_automatic_streams_depend_on_the_dataset_only() -> None:
+    """``streams=0`` (the default): the largest power of two up to 64 leaving each stream
+    16 shards; one stream (the windowed order) below 32 shards."""
+    assert [auto_streams(n) for n in (0, 1, 31, 32, 63, 64, 100, 1023, 1024, 10**6)] == [
+        1,
+        1,
+        1,
+        2,
+        2,
+        4,
+        4,
+        32,
+        64,
+        64,
+    ]
+    assert [stream_window(4, p) for p in (1, 2, 4, 8, 64)] == [4, 2, 1, 1, 1]
+    mib = 1 << 20  # shard bytes bound them: 1.5 x streams shards within 1 GiB
+    assert [auto_streams(4096, b * mib) for b in (1, 8, 16, 64, 256, 1024)] == [64, 64, 32, 8, 2, 1]
+    assert auto_streams(100, mib) == 4 and auto_streams(4096, 0) == 64
+    auto = global_order(SIZES, "fp", 3, 1, True, 4, streams=0, batch_size=40)
+    assert auto_streams(len(SIZES)) == 4
+    assert np.array_equal(auto, _reference(4, 40, 3, 1))
+
+
+def test_peak_shards_held_are_bounded_by_the_streams() -> None:
+    """One rank reading every stream holds each stream's window: about max(window, streams)
+    shards (a piece's end and the next piece's start overlap in a batch), whatever the
+    dataset's size, where version 3's streams held streams x window."""
+
+    def held(sizes: np.ndarray, streams: int, window: int, batch: int) -> int:
+        order = global_order(sizes, "fp", 0, 0, True, window, streams=streams, batch_size=batch)
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        shard = np.searchsorted(offsets, order, side="right") - 1
+        g = np.arange(len(order)) // batch
+        first = np.full(len(sizes), len(order))
+        last = np.zeros(len(sizes), dtype=np.int64)
+        np.minimum.at(first, shard, g)
+        np.maximum.at(last, shard, g)
+        live = np.zeros(int(g[-1]) + 2, dtype=np.int64)
+        np.add.at(live, first, 1)
+        np.add.at(live, last + 1, -1)
+        return int(np.cumsum(live).max())
+
+    for shards in (1024, 4096):
+        sizes = np.full(shards, 500, dtype=np.int64)
+        assert held(sizes, 1, 4, 128) <= 8
+        assert held(sizes, 64, 4, 128) <= 2 * 64
+        assert held(sizes, 0, 4, 128) <= 2 * 64
 
 
 def test_elastic_resume_across_world_sizes_with_streams(tmp_path: object) -> None:

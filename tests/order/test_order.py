@@ -13,6 +13,7 @@ from spark_dl_core.order import (
     EpochPlan,
     GlobalOrder,
     LoaderState,
+    auto_streams,
     global_order,
     shuffle_quality,
     window_permute,
@@ -313,7 +314,7 @@ def test_plan_memory_does_not_grow_with_samples() -> None:
 def test_state_of_another_order_version_is_refused(fixed_ds: str) -> None:
     ds = open_dataset(fixed_ds)
     state = LoaderState(ds.fingerprint, 2, 0, True, 4, 100, False, 700).to_dict()
-    assert state["version"] == ORDER_VERSION == 3
+    assert state["version"] == ORDER_VERSION == 4
     old = {**state, "version": 1}
     with pytest.raises(SpecError, match="order version 1"):
         list(ds.iter_batches(100, shuffle=True, seed=2, state=old))
@@ -337,6 +338,94 @@ def test_a_version_2_state_resumes_only_with_one_stream(fixed_ds: str) -> None:
     )
     assert np.array_equal(tail, full[700:])
     assert np.array_equal(full, global_order(ds.shards.samples, ds.fingerprint, 2, 0, True, 4))
+
+
+def test_a_version_3_state_resumes_in_its_own_order(tmp_path: object) -> None:
+    """Version 3's streams each shuffled windows of the whole ``shuffle_window``: its order
+    with window ``w`` and ``P`` streams is version 4's with window ``w * P``, so its state
+    resumes exactly there (and says so when the loader's window differs); with one stream
+    it is the windowed order, which the default loader resumes (taking its streams)."""
+    path = f"{tmp_path}/ds"
+    write_mds(
+        pa.table({"id": np.arange(6000, dtype=np.int64)}), path, DatasetSpec(shard_size="2KiB")
+    )
+    ds = open_dataset(path)
+    assert ds.num_shards >= 32  # automatic streams > 1
+    kw = {"shuffle": True, "seed": 3}
+    v3_order = global_order(
+        ds.shards.samples, ds.fingerprint, 3, 0, True, 4 * 8, streams=8, batch_size=50
+    )
+    v3 = {
+        **LoaderState(ds.fingerprint, 3, 0, True, 4, 50, False, 1000, streams=8).to_dict(),
+        "version": 3,
+    }
+    with pytest.raises(SpecError, match=r"shuffle_window=32 .*pass shuffle_window=32"):
+        list(ds.iter_batches(50, streams=8, state=v3, **kw))
+    rest = np.concatenate([b["id"] for b in ds.iter_batches(50, shuffle_window=32, state=v3, **kw)])
+    assert np.array_equal(rest, v3_order[1000:])
+    one = {**v3, "streams": 1, "shuffle_window": 4}
+    windowed = global_order(ds.shards.samples, ds.fingerprint, 3, 0, True, 4)
+    rest = np.concatenate([b["id"] for b in ds.iter_batches(50, state=one, **kw)])
+    assert np.array_equal(rest, windowed[1000:])
+
+
+def test_the_default_streams_are_the_datasets_and_a_state_keeps_its_own(tmp_path: object) -> None:
+    """``streams=0`` (the default) resolves to ``auto_streams`` of the shard count; a state
+    records the number, and a default loader resuming a state of another number reads on in
+    that state's order, for the rest of the epoch and the next."""
+    torch = pytest.importorskip("torch")
+    path = f"{tmp_path}/ds"
+    write_mds(
+        pa.table({"id": np.arange(6000, dtype=np.int64)}), path, DatasetSpec(shard_size="2KiB")
+    )
+    ds = open_dataset(path)
+    auto = auto_streams(ds.num_shards)
+    assert auto >= 2
+    sizes = ds.shards.samples
+    default = np.concatenate([b["id"] for b in ds.iter_batches(50, shuffle=True, seed=1)])
+    want = global_order(sizes, ds.fingerprint, 1, 0, True, 4, streams=auto, batch_size=50)
+    assert np.array_equal(default, want)
+    loader = ds.to_torch(batch_size=50, shuffle=True, seed=1, columns=["id"])
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    assert loader.state_dict()["streams"] == auto
+    del it
+    other = LoaderState(ds.fingerprint, 1, 0, True, 4, 50, False, 150, streams=1).to_dict()
+    loader = ds.to_torch(batch_size=50, shuffle=True, seed=1, columns=["id"])
+    loader.load_state_dict(other)
+    got = torch.cat([b["id"] for b in loader]).numpy()
+    assert np.array_equal(got, global_order(sizes, ds.fingerprint, 1, 0, True, 4)[150:])
+    assert loader.state_dict()["streams"] == 1
+    nxt = torch.cat([b["id"] for b in loader]).numpy()  # epoch 1, still one stream
+    assert np.array_equal(nxt, global_order(sizes, ds.fingerprint, 1, 1, True, 4))
+
+
+def test_the_default_streams_are_bounded_by_the_shards_bytes(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large shards take fewer automatic streams, so one rank reading every stream holds a
+    bounded number of bytes: the same dataset under a budget of 3 shards' bytes resolves to 2
+    streams (1.5 shards held per stream), its loaders read that order, and unshuffled or
+    explicit settings are untouched."""
+    from spark_dl_core.order import locality, resolve_streams
+
+    path = f"{tmp_path}/ds"
+    write_mds(
+        pa.table({"id": np.arange(6000, dtype=np.int64)}), path, DatasetSpec(shard_size="2KiB")
+    )
+    ds = open_dataset(path)
+    unbounded = resolve_streams(ds, True, 0)
+    assert unbounded == auto_streams(ds.num_shards) >= 2
+    mean = float(np.mean(ds.shards.raw_bytes))
+    monkeypatch.setattr(locality, "AUTO_STREAMS_HELD_BYTES", 3 * mean + 1)
+    assert resolve_streams(ds, True, 0) == 2
+    assert resolve_streams(ds, False, 0) == 1 and resolve_streams(ds, True, 8) == 8
+    got = np.concatenate([b["id"] for b in ds.iter_batches(50, shuffle=True, seed=1)])
+    want = global_order(ds.shards.samples, ds.fingerprint, 1, 0, True, 4, streams=2, batch_size=50)
+    assert np.array_equal(got, want)
+    monkeypatch.setattr(locality, "AUTO_STREAMS_HELD_BYTES", mean)  # not even one stream's
+    assert resolve_streams(ds, True, 0) == 1
 
 
 def test_window_permute_is_a_bijection_for_every_size() -> None:
@@ -385,7 +474,7 @@ def test_first_torch_batch_computes_no_whole_window(tmp_path: object) -> None:
     must not ask a later group's ids (that computed a whole window before batch 0), and
     no window is computed ahead on the order's thread while the first shards load."""
     pytest.importorskip("torch")
-    from spark_dl_core.order.dataset_order import _ORDERS
+    from spark_dl_core.order.choice import _ORDERS
 
     path = f"{tmp_path}/ds"
     ids = np.arange(160_000, dtype=np.int64)
@@ -429,7 +518,8 @@ def test_next_epochs_first_window_starts_during_the_last_window(tmp_path: object
     """A pass's last window starts the next epoch's order and its first window on a thread,
     so the next pass does not begin with a whole-window permutation; its ids are the same."""
     from spark_dl_core.order import global_order
-    from spark_dl_core.order.dataset_order import _ORDERS, _shuffle
+    from spark_dl_core.order.choice import _ORDERS
+    from spark_dl_core.order.dataset_order import _shuffle
 
     path = f"{tmp_path}/ds"
     write_mds(

@@ -24,7 +24,7 @@ from ..order import DEFAULT_STREAMS, EpochPlan
 from ..sources.dataset import Batch, Dataset, install_loading
 from .frameworks import adapter
 from .packing import iter_packed
-from .position import resumed
+from .position import adopted, resumed
 from .reader import BatchReader
 from .settings import (
     PAD_MASK,
@@ -82,7 +82,8 @@ def iter_batches(
     check_pad_mask(chosen, ds.layout.names)
     epoch = chosen.epoch
     if state is not None:
-        _, carried, epoch, consumed = resumed(ds, chosen, state, strict)
+        loaded, carried, epoch, consumed = resumed(ds, chosen, state, strict)
+        chosen = adopted(chosen, loaded, carried)
         ds = carried  # type: ignore[assignment]  # a dataset's carried-on variant is one
     elif consumed or start_batch:
         warnings.warn(

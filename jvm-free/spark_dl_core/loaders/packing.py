@@ -48,7 +48,7 @@ import numpy as np
 from ..errors import PackError
 from ..format.buffers import copy_pieces
 from ..order import GlobalOrder
-from ..order.dataset_order import _order_of
+from ..order.choice import _order_of
 from .position import resumed, saved_state
 from .settings import LoaderSettings, PackSpec
 
@@ -566,7 +566,8 @@ class _Stretch:
         base = offs[:-1] - a * L  # a batch's row r, column c is slot base + r * L + c
         cut = np.empty(2 * n, dtype=np.int64)
         cut[0::2], cut[1::2] = a, b
-        parts = []  # per chunk: slot, byte start, length, first token, shard, batch
+        parts: list[tuple[np.ndarray, ...]] = []  # per chunk: slot, byte start, length,
+        # first token, shard, batch
         for ch in chunks:
             seg = ch.seg
             lohi = np.searchsorted(seg.row, cut, side="left")

@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..order import LoaderState, position_record
+from ..order.choice import resolve_streams
+from ..order.locality import AUTO_STREAMS
 from ..shard_source import ShardSource
 from .settings import LoaderSettings
 
@@ -26,7 +28,8 @@ def saved_state(
     streams are the packed order's own); the source records a packed position only at the
     start of an epoch, where a changed source can still carry it on."""
     packed_mid_epoch = pack is not None and int(pack.get("rows", 0)) != 0
-    fields: dict[str, Any] = {"pack": pack} if pack is not None else {"streams": settings.streams}
+    streams = resolve_streams(dataset, settings.shuffle, settings.streams)
+    fields: dict[str, Any] = {"pack": pack} if pack is not None else {"streams": streams}
     return LoaderState(
         fingerprint=dataset.fingerprint,
         seed=settings.seed,
@@ -68,3 +71,16 @@ def resumed(
         **compared,
     )
     return loaded, dataset, epoch, consumed
+
+
+def adopted(settings: LoaderSettings, loaded: LoaderState, dataset: ShardSource) -> LoaderSettings:
+    """``settings`` reading on in the order of the state ``loaded`` they resumed over
+    ``dataset``: a loader with automatic streams (``streams=0``, the default) takes the
+    streams the state was saved with where they are not the dataset's automatic number (a
+    state of order version 2, or of another setting, resumes in its own order), for the
+    rest of that epoch and the epochs after it."""
+    if settings.streams != AUTO_STREAMS or loaded.pack is not None:
+        return settings
+    if loaded.streams == resolve_streams(dataset, settings.shuffle, AUTO_STREAMS):
+        return settings
+    return settings.replace(streams=loaded.streams)

@@ -76,7 +76,8 @@ class LoaderSettings:
     ``RANK``/``WORLD_SIZE`` environment), ``drop_last``, ``shuffle_window`` (shards per
     shuffle window), ``streams`` (a shuffled order's fixed streams of shards, global batch
     ``g`` from stream ``g % streams``: a rank of a world size dividing it reads only its
-    streams' shards; 1: no streams, the order before version 3), ``even_batches`` (over
+    streams' shards; 0, the default: as many as the dataset's shards allow, up to 64; 1: no
+    streams, the order before version 3), ``even_batches`` (over
     several ranks, every rank the same number of batches, by repeating the epoch's first
     samples; ``pad_mask=True`` marks the repeats in a bool ``pad_mask`` column). Reading:
     ``columns``, ``images``, ``verify_hashes``, ``prefetch_bytes``, ``transforms``
@@ -145,7 +146,11 @@ class LoaderSettings:
         need(self.batch_size >= 1, "batch_size", "must be >= 1")
         need(self.epoch >= 0, "epoch", "must be >= 0")
         need(self.shuffle_window >= 1, "shuffle_window", "must be >= 1 shard")
-        need(self.streams >= 1, "streams", "must be >= 1 (1: one stream, no locality)")
+        need(
+            self.streams >= 0,
+            "streams",
+            "must be >= 0 (0: automatic from the dataset's shards; 1: one stream, no locality)",
+        )
         need(self.num_workers >= 0, "num_workers", "must be >= 0")
         need(self.prefetch_bytes >= 0, "prefetch_bytes", "must be >= 0")
         need(self.group is None or self.group >= 1, "group", "must be >= 1")

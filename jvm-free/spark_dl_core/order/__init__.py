@@ -1,20 +1,31 @@
 """The order of samples: pure functions of (fingerprint, seed, epoch, settings).
 
-``dataset_order`` holds one dataset's lazy, two-level shuffled order; ``mixture_order`` merges
+``dataset_order`` holds one dataset's lazy, two-level shuffled order; ``locality`` the order
+drawn from fixed streams of shards; ``choice`` picks one for a source and its settings
+(``streams=0``: automatic) and keeps it per dataset; ``mixture_order`` merges
 sources by exact counts; ``plans`` deals an epoch's global batches to ranks; ``state`` is
 the resume position; ``quality`` measures how well an order is shuffled. Nothing here reads
 data or imports another room of the package.
 """
 
+from .choice import global_order, resolve_streams
 from .dataset_order import (
     DEFAULT_WINDOW,
     DENSE_WORLD,
     ORDER_VERSION,
     GlobalOrder,
-    global_order,
     window_permute,
 )
-from .locality import DEFAULT_STREAMS, StreamedOrder, locality_report, rank_streams
+from .locality import (
+    AUTO_STREAMS,
+    DEFAULT_STREAMS,
+    StreamedOrder,
+    auto_streams,
+    dataset_auto_streams,
+    locality_report,
+    rank_streams,
+    stream_window,
+)
 from .mixture_order import (
     BATCHING,
     MixtureOrder,
@@ -41,6 +52,7 @@ from .state import (
 )
 
 __all__ = [
+    "AUTO_STREAMS",
     "BATCHING",
     "DEFAULT_STREAMS",
     "DEFAULT_WINDOW",
@@ -54,6 +66,8 @@ __all__ = [
     "SchedulePart",
     "ScheduledOrder",
     "StreamedOrder",
+    "auto_streams",
+    "dataset_auto_streams",
     "epoch_position",
     "epoch_start",
     "epoch_total",
@@ -66,10 +80,12 @@ __all__ = [
     "proportional_counts",
     "range_counts",
     "rank_streams",
+    "resolve_streams",
     "resolve_window",
     "schedule_parts",
     "shuffle_quality",
     "source_pieces",
     "step_spread",
+    "stream_window",
     "window_permute",
 ]

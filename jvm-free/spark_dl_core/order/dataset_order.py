@@ -37,8 +37,7 @@ import hashlib
 import threading
 import weakref
 from collections.abc import Callable
-from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -48,9 +47,6 @@ try:  # the same permutation computed in C (csrc/shuffle.c); numpy below is the 
     from .. import _shuffle
 except ImportError:  # pragma: no cover - a build without the C extensions
     _shuffle = None  # type: ignore[assignment]
-
-if TYPE_CHECKING:
-    from ..shard_source import ShardSource
 
 DEFAULT_WINDOW = 4
 # Up to this many ranks, a rank reads enough of each window that computing the window's
@@ -62,7 +58,11 @@ DENSE_WORLD = 8
 # 1: materialized permutation per window (spark-dl 0.1). 2: lazy Feistel window permutation.
 # 3: shuffled orders drawn from fixed streams of shards (``order.locality``); its order with
 # ``streams=1`` is version 2's, so a version 2 state resumes with ``streams=1``.
-ORDER_VERSION = 3
+# 4: each stream shuffles windows of ``shuffle_window // streams`` pieces (at least 1), and
+# ``streams=0`` (the default) is ``auto_streams`` of the dataset. A version 3 order with
+# window ``w`` and ``P`` streams is version 4's with window ``w * P`` (the same windows per
+# stream), so a version 3 state resumes exactly (``LoaderState.from_dict``).
+ORDER_VERSION = 4
 _ROUNDS = 6
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -418,114 +418,3 @@ _RUNNING: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 def _join_running() -> None:
     for thread in list(_RUNNING):
         thread.join()
-
-
-def _prepare_next_epoch(dataset: weakref.ref[Any], key: tuple[Any, ...]) -> None:
-    """Make the next epoch's order (same dataset and settings) and start its first
-    windows on a thread: the pass now ending is in its last window."""
-    source = dataset()
-    _, seed, epoch, shuffle, window, batch_size, streams = key
-    if source is None or not shuffle:
-        return
-    order = _order_of(source, seed, epoch + 1, shuffle, window, batch_size, streams)
-    prepare = getattr(order, "prepare", None)
-    if prepare is not None:
-        prepare()
-
-
-_ORDERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], _Order]] = weakref.WeakKeyDictionary()
-
-
-def streamed(dataset: ShardSource, shuffle: bool, streams: int) -> bool:
-    """Whether ``dataset``'s order with these settings is drawn from streams
-    (:mod:`~spark_dl_core.order.locality`): a shuffled plain source with ``streams > 1``;
-    its order then depends on the batch size. A mixture makes its own order."""
-    return bool(shuffle) and int(streams) > 1 and not dataset.orders_itself
-
-
-def _order_of(
-    dataset: ShardSource,
-    seed: int,
-    epoch: int,
-    shuffle: bool,
-    window: int,
-    batch_size: int = 0,
-    streams: int = 1,
-) -> _Order:
-    """The dataset's global order for these settings; the last two are kept per dataset, so
-    a loader and its resumed or re-planned passes share one O(shards) order. A source that
-    ``orders_itself`` (a mixture, a run carried on) makes its own, which may depend on the
-    batch size; a shuffled plain source with ``streams > 1`` is read from streams of its shards."""
-    own = dataset.orders_itself
-    by_streams = streamed(dataset, shuffle, streams)
-    if not by_streams:
-        streams = 1
-        if not (own and dataset.order_uses_batch_size):
-            batch_size = 0
-    key = (
-        dataset.fingerprint,
-        int(seed),
-        int(epoch),
-        bool(shuffle),
-        int(window),
-        int(batch_size),
-        int(streams),
-    )
-    kept = _ORDERS.setdefault(dataset, {})
-    order = kept.get(key)
-    if order is None:
-        if own:
-            order = dataset.make_order(
-                int(seed), int(epoch), bool(shuffle), int(window), batch_size
-            )
-        elif by_streams:
-            from .locality import StreamedOrder
-
-            order = StreamedOrder(
-                np.diff(dataset.shard_offsets),
-                dataset.fingerprint,
-                int(seed),
-                int(epoch),
-                int(window),
-                int(streams),
-                int(batch_size),
-            )
-        else:
-            order = GlobalOrder(
-                np.diff(dataset.shard_offsets), dataset.fingerprint, seed, epoch, shuffle, window
-            )
-        while len(kept) >= 2:
-            kept.pop(next(iter(kept)))
-        kept[key] = order
-        then = getattr(order, "then", None)
-        if then is not None:  # the next epoch's first windows start during this one's last
-            then(partial(_prepare_next_epoch, weakref.ref(dataset), key))
-    return order
-
-
-def global_order(
-    shard_sizes: np.ndarray,
-    fingerprint: str,
-    seed: int,
-    epoch: int,
-    shuffle: bool,
-    window: int = DEFAULT_WINDOW,
-    *,
-    streams: int = 1,
-    batch_size: int = 0,
-) -> np.ndarray:
-    """Every sample index once, materialized: for small datasets, tests and quality figures.
-    ``streams > 1`` (with ``batch_size``): the streamed order a loader with those settings
-    reads (:mod:`~spark_dl_core.order.locality`).
-
-    Loaders never call this; they ask :class:`GlobalOrder` for the positions they need.
-    """
-    if shuffle and streams > 1:
-        from .locality import StreamedOrder
-
-        streamed_order = StreamedOrder(
-            np.asarray(shard_sizes), fingerprint, seed, epoch, window, streams, batch_size
-        )
-        return streamed_order.take(0, streamed_order.total, dense=True)
-    order = GlobalOrder(shard_sizes, fingerprint, seed, epoch, shuffle, window)
-    return order.take(0, order.total)

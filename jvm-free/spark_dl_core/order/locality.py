@@ -16,6 +16,19 @@ permutation of the shards, in bit-reversed order of their numbers when ``P`` is 
 two: the streams of one rank (equal low bits) then lie side by side, and only the shards at
 the ``W - 1`` boundaries between ranks are shared by two of them.
 
+Memory (order version 4): a rank reading P streams holds each one's current window, so each
+stream shuffles windows of ``shuffle_window // P`` pieces (at least 1, :func:`stream_window`):
+the streams' windows together are the old window whenever ``P <= shuffle_window``, and
+``P`` pieces when ``P`` is larger, whatever the world size. With fixed streams a stream must
+keep its window's shards until it moves on, so one rank alone (``W = 1``) holds about
+``max(shuffle_window, P)`` shards at once; ``P`` is therefore bounded (at most
+:data:`MAX_AUTO_STREAMS` by default), never a share of the dataset.
+
+``streams=0`` (the default, :data:`AUTO_STREAMS`) takes :func:`auto_streams` of the
+dataset's shard count: the largest power of two up to 64 that leaves every stream at least
+:data:`SHARDS_PER_STREAM` shards. It is derived from the dataset only (never the world size),
+so every rank and every resume resolves the same number, and a state records it.
+
 The order depends on (fingerprint, seed, epoch, shuffle window, P, B) only: a step's rows
 (global batches ``kW .. kW + W - 1``) are the same at every world size, and a position counts
 samples of the same order whatever the world size, so elastic resume stays exact.
@@ -25,18 +38,60 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import SpecError
 from .dataset_order import DENSE_WORLD, GlobalOrder, _rng
 
-# One stream (the version 2 order) unless a run asks for more: a rank reading P streams holds
-# each one's current window, so one rank alone holds P x shuffle_window shards at once, which
-# breaks the loader's memory bound (peak RSS flat in dataset size) for P > 1. Clusters set
-# streams=64 (any world size dividing 64 reads 1/W of the shards).
-DEFAULT_STREAMS = 1
+if TYPE_CHECKING:
+    from ..shard_source import ShardSource
+
+# ``streams=0``: as many streams as the dataset's shards allow (:func:`auto_streams`), the
+# default. Each stream's window is ``shuffle_window // streams`` pieces (at least one), so one
+# rank reading every stream holds about max(shuffle_window, streams) shards, bounded whatever
+# the dataset's size: any world size dividing the streams reads 1/W of the shards.
+AUTO_STREAMS = 0
+DEFAULT_STREAMS = AUTO_STREAMS
+# The automatic count: a power of two (so every power-of-two world size up to it divides it),
+# at most 64, and at most one stream per SHARDS_PER_STREAM shards: a stream then spans many
+# shards, so the two it may share with its neighbours at its ends cost a few percent of a
+# rank's reads, and one rank alone holds at most ~1/8 of a small dataset's shards.
+MAX_AUTO_STREAMS = 64
+SHARDS_PER_STREAM = 16
+# ... and few enough that one rank reading every stream (W = 1, about 1.5 x streams shards
+# held at once) holds at most this many bytes of shards: with 64 MiB shards 8 streams, with
+# 8 MiB shards or smaller 64. A run of more ranks than the streams passes ``streams=`` itself.
+AUTO_STREAMS_HELD_BYTES = 1 << 30
+HELD_SHARDS_PER_STREAM = 1.5
+
+
+def auto_streams(num_shards: int, shard_bytes: float = 0.0) -> int:
+    """The streams ``streams=0`` takes for a dataset of ``num_shards`` shards (or blocks) of
+    ``shard_bytes`` each on average (uncompressed; 0: unknown, no byte bound): the largest
+    power of two ``<= min(64, num_shards // 16, AUTO_STREAMS_HELD_BYTES // (1.5 x
+    shard_bytes))``, at least 1 (one stream: the window shuffle over all shards). A function
+    of the dataset only, never of the world size."""
+    most = min(MAX_AUTO_STREAMS, int(num_shards) // SHARDS_PER_STREAM)
+    if shard_bytes > 0:
+        most = min(most, int(AUTO_STREAMS_HELD_BYTES // (HELD_SHARDS_PER_STREAM * shard_bytes)))
+    return 1 << (most.bit_length() - 1) if most >= 1 else 1
+
+
+def dataset_auto_streams(dataset: ShardSource) -> int:
+    """:func:`auto_streams` of a source: its shard count and mean uncompressed shard bytes
+    (``shards.raw_bytes``: MDS shard files, Parquet row groups)."""
+    shards = len(dataset.shard_offsets) - 1
+    raw = np.asarray(dataset.shards.raw_bytes, dtype=np.float64)
+    return auto_streams(shards, float(raw.mean()) if len(raw) else 0.0)
+
+
+def stream_window(window: int, streams: int) -> int:
+    """Pieces of shards in each stream's shuffle window: ``window // streams``, at least 1, so
+    the windows a rank reading every stream holds together are ``window`` shards (``streams
+    <= window``) or ``streams`` pieces (more streams), never ``streams x window``."""
+    return int(window) if streams <= 1 else max(1, int(window) // int(streams))
 
 
 def stream_lengths(total: int, streams: int, batch_size: int) -> np.ndarray:
@@ -152,7 +207,8 @@ class StreamedOrder:
         return self.total
 
     def stream(self, s: int) -> GlobalOrder:
-        """Stream ``s``'s order this epoch (its own key, so streams shuffle apart)."""
+        """Stream ``s``'s order this epoch (its own key, so streams shuffle apart), in
+        windows of :func:`stream_window` pieces."""
         order = self._orders.get(s)
         if order is None:
             sizes, bases = self.pieces[s]
@@ -162,7 +218,7 @@ class StreamedOrder:
                 self.seed,
                 self.epoch,
                 True,
-                self.window,
+                stream_window(self.window, self.streams),
                 bases=bases,
             )
             self._orders[s] = order

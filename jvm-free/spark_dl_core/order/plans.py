@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from ..errors import SpecError
-from .dataset_order import DENSE_WORLD, _Materialized, _Order, _order_of
+from .choice import _order_of
+from .dataset_order import DENSE_WORLD, _Materialized, _Order
 from .locality import StreamedOrder, locality_report
 from .state import resolve_window
 

@@ -7,15 +7,19 @@ moved between epochs only when every rank's share of the epoch is consumed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..errors import PackError, SpecError
-from .dataset_order import DEFAULT_WINDOW, ORDER_VERSION, streamed
-from .locality import DEFAULT_STREAMS
+from .choice import resolve_streams, streamed
+from .dataset_order import DEFAULT_WINDOW, ORDER_VERSION
+from .locality import AUTO_STREAMS, stream_window
 
-# The order version before streams: its order is version 3's with ``streams=1``.
+# The order version before streams: its order is this version's with ``streams=1``.
 STREAMLESS_VERSION = 2
+# The version whose streams each shuffled windows of the whole ``shuffle_window``: its order
+# with window ``w`` and ``P`` streams is this version's with window ``w * P``.
+WHOLE_WINDOW_STREAMS_VERSION = 3
 
 if TYPE_CHECKING:
     from ..shard_source import ShardSource
@@ -39,8 +43,9 @@ class LoaderState:
     consumed: int
     version: int = ORDER_VERSION
     # Streams the shuffled order is drawn from (``order.locality``); 1: no streams, the
-    # order of version 2 (a version 2 state is read as ``streams=1``).
-    streams: int = DEFAULT_STREAMS
+    # order of version 2 (a version 2 state is read as ``streams=1``). Loaders record the
+    # number their setting resolved to; 0 (automatic) is resolved against the dataset.
+    streams: int = AUTO_STREAMS
     # Packed loaders: {"settings": pack settings, "rows": global rows consumed, "version"}
     # (see spark_dl_core.loaders.packing); ``consumed`` is then 0.
     pack: dict[str, Any] | None = None
@@ -67,6 +72,14 @@ class LoaderState:
         if version == STREAMLESS_VERSION and "streams" not in state:
             # version 2's order is this version's order with one stream
             state = {**state, "version": ORDER_VERSION, "streams": 1}
+            version = ORDER_VERSION
+        if version == WHOLE_WINDOW_STREAMS_VERSION:
+            # version 3's streams each shuffled windows of shuffle_window pieces: this
+            # version's order with a window streams times as large (stream_window)
+            streams = int(state.get("streams", 1))
+            window = int(state["shuffle_window"]) * max(1, streams)
+            state = {**state, "version": ORDER_VERSION, "streams": streams}
+            state["shuffle_window"] = window
             version = ORDER_VERSION
         if version != ORDER_VERSION:
             raise SpecError(
@@ -100,6 +113,9 @@ class LoaderState:
         itself, or the variant of itself that continues the run (then the fingerprint is
         not compared), or raises. ``strict`` (the default) refuses any other fingerprint.
         """
+        if self.streams == AUTO_STREAMS:  # made by hand: the dataset's automatic streams
+            own = resolve_streams(dataset, self.shuffle, AUTO_STREAMS)
+            return replace(self, streams=own).resume(dataset, strict, **settings)
         carry_on = dataset.carry_on
         if carry_on is None or self.fingerprint == dataset.fingerprint:
             self.check(dataset, **settings)
@@ -127,14 +143,29 @@ class LoaderState:
                 f"fingerprint {dataset.fingerprint[:16]}…: resuming would mix up samples"
             )
         streams = settings.pop("streams", None)
-        if streams is not None and streams != self.streams:
+        # 0 (automatic): the loader takes the state's streams (``adopted``)
+        if streams not in (None, AUTO_STREAMS) and streams != self.streams:
             before = " (saved before order version 3: its order is streams=1)" * (self.streams == 1)
             raise SpecError(
                 f"loader state was saved with streams={self.streams}{before}, the loader has "
                 f"streams={streams}: each gives another order, so the position would repeat "
                 f"or skip samples; pass streams={self.streams} to resume exactly"
             )
-        by_batch = dataset.order_uses_batch_size or streamed(dataset, self.shuffle, self.streams)
+        by_streams = streamed(dataset, self.shuffle, self.streams)
+        by_batch = dataset.order_uses_batch_size or by_streams
+        window = settings.pop("shuffle_window", None)
+        if window is not None and (
+            stream_window(window, self.streams) != stream_window(self.shuffle_window, self.streams)
+            if by_streams
+            else window != self.shuffle_window
+        ):
+            per = stream_window(self.shuffle_window, self.streams)
+            why = f" ({self.streams} streams of {per}-piece windows)" * by_streams
+            raise SpecError(
+                f"loader state was saved with shuffle_window={self.shuffle_window}{why}, the "
+                f"loader has shuffle_window={window}; pass shuffle_window={self.shuffle_window} "
+                "to resume exactly"
+            )
         for name, value in settings.items():
             if name == "batch_size" and not by_batch:
                 continue  # positions count samples: the batch size may change on resume

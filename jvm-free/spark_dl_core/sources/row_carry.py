@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ..errors import RowsDroppedWarning, SpecError
-from ..order.dataset_order import GlobalOrder, _order_of
+from ..order.choice import _order_of
+from ..order.dataset_order import GlobalOrder
 from ..order.locality import StreamedOrder
 from ..order.state import epoch_total
 

@@ -41,7 +41,7 @@ from ...order import (
     resolve_window,
 )
 from ..frameworks import register_framework
-from ..position import resumed, saved_state
+from ..position import adopted, resumed, saved_state
 from ..reader import BatchReader
 from ..settings import (
     PAD_MASK,
@@ -226,7 +226,8 @@ def make_tf_dataset(
         state = resume if resume is not None else state
     epoch, consumed = settings.epoch, 0
     if state is not None:
-        _, dataset, epoch, consumed = resumed(dataset, settings, state, strict)
+        loaded, dataset, epoch, consumed = resumed(dataset, settings, state, strict)
+        settings = adopted(settings, loaded, dataset)
 
     def plan_for(epoch: int, consumed: int) -> EpochPlan:
         return settings.epoch_plan(dataset, epoch, consumed, rank, world_size)

@@ -24,7 +24,7 @@ from ...order import (
     epoch_start,
     plan_position,
 )
-from ..position import resumed, saved_state
+from ..position import adopted, resumed, saved_state
 from ..reader import BatchReader
 from ..settings import (
     PAD_MASK,
@@ -620,12 +620,16 @@ class TorchLoader:
         """Make ``state`` the saved position; raises if it is for another dataset or order.
 
         ``drop_last`` may change: the position is counted in samples; so may the batch
-        size with ``streams=1`` (a streamed order, the default, depends on it).
+        size with ``streams=1`` (a streamed order depends on it). With ``streams=0`` (the
+        default) the loader reads on with the streams the state was saved with.
         ``strict=False``: a state of another version of the dataset (a mixture whose weights,
         sources or schedule changed) carries the run on if the dataset can honour it
         (docs/mixtures.md), else it raises naming why.
         """
-        _, dataset, epoch, consumed = resumed(self.dataset, self.settings, state, strict)
+        loaded, dataset, epoch, consumed = resumed(self.dataset, self.settings, state, strict)
+        settings = adopted(self.settings, loaded, dataset)
+        if settings != self.settings:  # the state's streams: workers must read its order
+            self.settings, self._pool = settings, None
         if dataset is not self.dataset:  # carried on: workers must read the new order
             self.dataset, self._pool = dataset, None
         self._set_position(epoch, consumed)
