@@ -206,6 +206,12 @@ class PackError(SpecError):
         self.field = field
 
 
+class RanksDisagreeError(SpecError):
+    """Ranks of one distributed run would read different orders of one loader (another
+    dataset version, seed, setting or saved position on some rank): samples would repeat or
+    be skipped across ranks. Raised on every rank before its first batch."""
+
+
 class SparkDLWarning(UserWarning):
     """Base class of every warning spark-dl gives on purpose: something the reader had to
     drop, repeat or change that the caller should know of (filter them by class)."""
@@ -224,3 +230,20 @@ class RowsDroppedWarning(SparkDLWarning):
         self.files = list(files)
         self.rows = int(rows)
         self.epoch = int(epoch)
+
+
+class RanksNotComparedWarning(SparkDLWarning):
+    """Some ranks of a distributed run did not start a loader within
+    ``SPARK_DL_RANKS_TIMEOUT_S`` seconds of this one (a rank joining late, or a loader only
+    some ranks iterate): their order settings were not compared with this rank's."""
+
+
+class CacheTooSmallWarning(SparkDLWarning):
+    """A remote source's node cache holds less than the shards this node's ranks read in an
+    epoch: each epoch downloads them again. ``node_bytes`` is this node's share of an epoch,
+    ``limit_bytes`` the cache's limit (``SPARK_DL_CACHE_BYTES``)."""
+
+    def __init__(self, message: str, *, node_bytes: int, limit_bytes: int) -> None:
+        super().__init__(message)
+        self.node_bytes = int(node_bytes)
+        self.limit_bytes = int(limit_bytes)

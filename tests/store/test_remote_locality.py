@@ -4,6 +4,7 @@ were touched and how local the rank's reads are."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,51 @@ def test_ranks_download_their_share_and_stats_say_so(s3: Any, tmp_path: Path) ->
                 assert stats["cache_hit_bytes"] > 0
             assert stats["locality"]["streams_read"] == 64 // world
     assert sorted(seen) == list(range(N))  # every row once in the epoch
+
+
+def test_a_node_cache_smaller_than_its_share_warns_once(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache that cannot keep this node's share of an epoch (each epoch would download it
+    again) warns once per source, naming the sizes and SPARK_DL_CACHE_BYTES; stats() gives
+    the node's share (this rank's times LOCAL_WORLD_SIZE) beside the limit. A cache that
+    keeps it, or a node of fewer ranks under the same limit, does not warn."""
+    from spark_dl_core.errors import CacheTooSmallWarning
+
+    _, options = s3
+    table = pa.table(
+        {"id": np.arange(4000, dtype=np.int64), "v": np.ones((4000, 16), np.float32).tolist()}
+    )
+    write_mds(table, "s3://bucket/small", DatasetSpec(shard_size="8KiB"), storage_options=options)
+
+    def epoch(limit: int, node: str, local_ranks: int) -> tuple[dict[str, Any], list[Any]]:
+        monkeypatch.setenv("SPARK_DL_CACHE_BYTES", str(limit))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_ranks))
+        ds = open_dataset(
+            "s3://bucket/small", cache_dir=str(tmp_path / node), storage_options=options
+        )
+        stored = int(np.sum(ds.shards.stored_bytes))
+        kw = {"shuffle": True, "seed": 1, "rank": 0, "world_size": 4, "streams": 4}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):  # two loaders of one source: one warning
+                loader = ds.to_torch(batch_size=50, even_batches=False, **kw)
+                assert sum(len(b["id"]) for b in loader) > 0
+        locality = loader.stats()["locality"]
+        assert locality["cache_limit_bytes"] == limit
+        assert abs(locality["node_share_bytes"] - stored * local_ranks * locality["data_share"]) < 1
+        return locality, [w for w in caught if w.category is CacheTooSmallWarning]
+
+    probe = open_dataset(
+        "s3://bucket/small", cache_dir=str(tmp_path / "probe"), storage_options=options
+    )
+    quarter = int(np.sum(probe.shards.stored_bytes)) // 4
+    _, small = epoch(quarter, "a", 4)  # 4 ranks here: the whole source, a quarter's cache
+    assert len(small) == 1
+    message = str(small[0].message)
+    assert "SPARK_DL_CACHE_BYTES" in message and "each epoch downloads it again" in message
+    assert small[0].message.limit_bytes == quarter
+    _, one_rank = epoch(quarter * 2, "b", 1)  # 1 rank here: about a quarter, twice the room
+    assert one_rank == []
+    _, roomy = epoch(1 << 40, "c", 4)
+    assert roomy == []

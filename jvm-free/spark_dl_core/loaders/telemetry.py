@@ -13,9 +13,13 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from ..errors import CacheTooSmallWarning
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -110,9 +114,14 @@ class PassStats:
         self.carry: Callable[[], dict[str, Any] | None] | None = None
 
     def follow(self, dataset: ShardSource, plan: EpochPlan) -> PassStats:
-        """Report a mixture's per-source counts and stage for this pass's ``plan``."""
+        """Report a mixture's per-source counts and stage for this pass's ``plan``, and how
+        local its reads are (with, for a remote source, its node's share of an epoch beside
+        the node cache's limit: :func:`node_cache_share`)."""
         self.tally = SourceTally(dataset, plan, self.epoch)
         self.locality = plan.locality()
+        share = node_cache_share(dataset, self.locality)
+        if share is not None:
+            self.locality.update(share)
         self.carry = dataset.carry_report
         return self
 
@@ -174,3 +183,35 @@ class PassStats:
         events = (self.spans.events if self.spans else []) + self.worker_events
         with open(path, "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+
+
+# sources already warned of a cache smaller than their node's share (once per process)
+_WARNED_SMALL: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def node_cache_share(dataset: ShardSource, locality: dict[str, Any]) -> dict[str, float] | None:
+    """A remote source: the stored bytes this node's ranks read an epoch (this rank's share
+    times the ranks on the node, ``LOCAL_WORLD_SIZE``, at most the whole source) and the
+    node cache's byte limit; warns once (:class:`~spark_dl_core.errors.CacheTooSmallWarning`)
+    where the cache cannot hold that share, since each epoch then downloads it again. None
+    for a local source or one that orders itself (a mixture)."""
+    downloads = dataset.download_stats()
+    if not downloads or "cache_limit_bytes" not in downloads or dataset.orders_itself:
+        return None
+    stored = float(np.sum(dataset.shards.stored_bytes))
+    ranks_here = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    node = min(stored, stored * float(locality["data_share"]) * ranks_here)
+    limit = float(downloads["cache_limit_bytes"])
+    if node > limit - limit / 8 and dataset not in _WARNED_SMALL:  # the cache's evict mark
+        _WARNED_SMALL.add(dataset)
+        gib = 1 << 30
+        message = (
+            f"{dataset.shown}: this node's ranks read about {node / gib:.2f} GiB of it an "
+            f"epoch ({ranks_here} rank(s) here, each {locality['data_share']:.0%} of the "
+            f"source), more than its node cache keeps ({limit / gib:.2f} GiB, less an "
+            "eighth of room): each epoch downloads it again. Raise SPARK_DL_CACHE_BYTES (or "
+            "the cache's limit_bytes), or read on more nodes"
+        )
+        warning = CacheTooSmallWarning(message, node_bytes=int(node), limit_bytes=int(limit))
+        warnings.warn(warning, stacklevel=4)
+    return {"node_share_bytes": node, "cache_limit_bytes": limit}

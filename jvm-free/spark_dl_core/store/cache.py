@@ -565,7 +565,7 @@ class ShardCache:
             job.done.set()
 
     def stats(self) -> dict[str, float]:
-        """Cumulative download telemetry of this process."""
+        """Cumulative download telemetry of this process, and the cache's byte limit."""
         with self._mutex:
             busy = self.download_s
             if self._active:
@@ -575,6 +575,7 @@ class ShardCache:
                 "fetched_bytes": float(self.fetched_bytes),
                 "download_s": busy,
                 "network_wait_s": self.network_wait_s,
+                "cache_limit_bytes": float(self.limit),
             }
 
     def _check(self, shown: str, basename: str, temp: str, nbytes: int) -> None:

@@ -36,6 +36,7 @@ from ..settings import (
     settings_from,
 )
 from ..telemetry import PassStats, Spans
+from .agreement import check_ranks_agree, order_record
 from .shared import _in_slab, _Leases, _PassControl, _shared_bytes, _SlabItem, _Slabs
 from .tensors import JaggedTensors, _warm_nested, take_rows, to_device, to_tensors
 
@@ -388,6 +389,7 @@ class TorchLoader:
         self._done: _Pass | None = None  # the latest pass, once it has finished
         self._stats: PassStats | None = None
         self._pool: _Workers | None = None  # persistent DataLoader workers, once started
+        self._agreed = False  # the ranks' orders compared (on the first pass)
         self.sampler = EpochHook(self)  # where trainers call set_epoch (as on a sampler)
         self._set_position(settings.epoch, 0)  # validates the order settings eagerly
         self._start_ahead()
@@ -517,6 +519,10 @@ class TorchLoader:
         return len(self._plan_for)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        if not self._agreed:  # before any read: ranks of another order must not start
+            record = order_record(self.dataset, self.settings, self.epoch, self._consumed)
+            check_ranks_agree(record, self.rank, self.world_size, self.dataset.shown)
+            self._agreed = True
         plan = self._plan_for
         live = _Pass(plan, self.epoch)
         self._live = live

@@ -23,6 +23,7 @@ from ..packing import PackedPlan, packed_plan, packed_source, packed_state, resu
 from ..settings import TORCH_ONLY, LoaderSettings, check_epoch, settings_from
 from ..telemetry import PassStats
 from . import resolve_rank, to_device
+from .agreement import check_ranks_agree, order_record
 from .shared import _PassControl
 
 if TYPE_CHECKING:
@@ -104,6 +105,7 @@ class PackedTorchLoader:
         self._stats: PassStats | None = None
         self._fill = (0, 0)  # real tokens, all tokens of the latest pass
         self._pool: _Pool | None = None  # persistent DataLoader workers, once started
+        self._agreed = False  # the ranks' orders compared (on the first pass)
         self._set_position(settings.epoch, 0)
 
     def _plan(self, epoch: int, rows: int) -> PackedPlan:
@@ -164,6 +166,10 @@ class PackedTorchLoader:
         return len(self._plan_for)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        if not self._agreed:  # before any read: ranks of another order must not start
+            record = order_record(self.dataset, self.settings, self.epoch, self._rows)
+            check_ranks_agree(record, self.rank, self.world_size, self.dataset.shown)
+            self._agreed = True
         plan = self._plan_for
         live = _Pass(plan, self.epoch)
         self._live = live
