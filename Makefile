@@ -17,7 +17,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 # Delta Lake's jars for spark_dl.with_delta (fetched by Maven below)
 export SPARK_DL_DELTA_JARS := $(abspath $(DELTA_JARS))
 
-.PHONY: install mosaic-env browser-env demo test lint typecheck pytest bench fuzz clean
+.PHONY: install mosaic-env browser-env bench-envs demo test lint typecheck pytest bench bench-all fuzz clean
 
 install: $(VENV)/.installed $(JVM_JAR) $(DELTA_JARS)/.fetched
 
@@ -65,6 +65,25 @@ $(MOSAIC_VENV)/.installed: tests/interop/mosaic-requirements.txt
 	$(MOSAIC_VENV)/bin/python -m pip install -q --no-deps mosaicml-streaming==0.13.0
 	touch $@
 
+# Side environments for the anchors the benches measure (never needed by the library): each
+# sees the main environment's packages (torch, numpy...) through a .pth file and adds its own.
+LITDATA_VENV := .venv-litdata
+ANCHORS_VENV := .venv-ray
+SITE = $(1)/bin/python -c "import site; print(site.getsitepackages()[0])"
+bench-envs: mosaic-env $(LITDATA_VENV)/.installed $(ANCHORS_VENV)/.installed
+
+$(LITDATA_VENV)/.installed: $(VENV)/.installed
+	$(PYTHON) -m venv $(LITDATA_VENV)
+	$(call SITE,$(VENV)) > $$($(call SITE,$(LITDATA_VENV)))/project.pth
+	$(LITDATA_VENV)/bin/python -m pip install -q -c constraints.txt litdata==0.2.76
+	touch $@
+
+$(ANCHORS_VENV)/.installed: $(VENV)/.installed
+	$(PYTHON) -m venv $(ANCHORS_VENV)
+	$(call SITE,$(VENV)) > $$($(call SITE,$(ANCHORS_VENV)))/project.pth
+	$(ANCHORS_VENV)/bin/python -m pip install -q -c constraints.txt "ray[data]==2.60.0" "daft==0.7.26"
+	touch $@
+
 # Debian's Chromium, for the dataset card's headless-browser test (tests/test_card.py); where
 # it cannot be installed (no root or sudo, no apt) the test skips and says why.
 browser-env:
@@ -92,11 +111,16 @@ test: lint typecheck pytest
 bench: install
 	$(PY) bench/format_bench.py
 
+# Every shape's bench against its anchors, one after another: one table of ratios, dated,
+# in bench-output/all.md (docs/performance.md quotes it). BENCH_ARGS=--quick for a smoke run.
+bench-all: install bench-envs
+	$(PY) bench/all.py $(BENCH_ARGS)
+
 # Randomly corrupted datasets read in worker processes: prints the outcome counts.
 FUZZ_CASES ?= 100000
 fuzz: install
 	$(PY) bench/fuzz.py --cases $(FUZZ_CASES)
 
 clean:
-	rm -rf $(VENV) $(MOSAIC_VENV) .pytest_cache .mypy_cache .ruff_cache demo-output bench-output \
+	rm -rf $(VENV) $(MOSAIC_VENV) $(LITDATA_VENV) $(ANCHORS_VENV) .pytest_cache .mypy_cache .ruff_cache demo-output bench-output \
 	  $(JVM_JAR) build/jvm $(DELTA_JARS)

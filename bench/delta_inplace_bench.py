@@ -59,12 +59,10 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 DIM = 32
 FILES = 8
 HERE = os.path.dirname(os.path.abspath(__file__))
-ANCHORS_PYTHON = os.environ.get("SPARK_DL_ANCHORS_PYTHON", "/work/main/.venv-ray/bin/python")
-ANCHORS_INSTALL = (
-    "python3 -m venv .venv-ray && echo $PWD/.venv/lib/python3.11/site-packages > "
-    ".venv-ray/lib/python3.11/site-packages/project.pth && "
-    ".venv-ray/bin/pip install 'ray[data]==2.60.0' 'daft==0.7.26'"
+ANCHORS_PYTHON = os.environ.get(
+    "SPARK_DL_ANCHORS_PYTHON", os.path.join(os.path.dirname(HERE), ".venv-ray", "bin", "python")
 )
+ANCHORS_INSTALL = "make bench-envs"
 
 
 def build(path: str, rows: int) -> None:
