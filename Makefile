@@ -66,7 +66,8 @@ $(MOSAIC_VENV)/.installed: tests/interop/mosaic-requirements.txt
 	touch $@
 
 # Side environments for the anchors the benches measure (never needed by the library): each
-# sees the main environment's packages (torch, numpy...) through a .pth file and adds its own.
+# sees the main environment's packages (torch, numpy...) through a .pth file and adds its own
+# (torch pinned as the main environment's).
 LITDATA_VENV := .venv-litdata
 ANCHORS_VENV := .venv-ray
 SITE = $(1)/bin/python -c "import site; print(site.getsitepackages()[0])"
@@ -75,13 +76,15 @@ bench-envs: mosaic-env $(LITDATA_VENV)/.installed $(ANCHORS_VENV)/.installed
 $(LITDATA_VENV)/.installed: $(VENV)/.installed
 	$(PYTHON) -m venv $(LITDATA_VENV)
 	$(call SITE,$(VENV)) > $$($(call SITE,$(LITDATA_VENV)))/project.pth
-	$(LITDATA_VENV)/bin/python -m pip install -q -c constraints.txt litdata==0.2.76
+	grep '^torch==' constraints.txt > $(LITDATA_VENV)/torch-pin.txt
+	$(LITDATA_VENV)/bin/python -m pip install -q -c $(LITDATA_VENV)/torch-pin.txt litdata==0.2.76
 	touch $@
 
 $(ANCHORS_VENV)/.installed: $(VENV)/.installed
 	$(PYTHON) -m venv $(ANCHORS_VENV)
 	$(call SITE,$(VENV)) > $$($(call SITE,$(ANCHORS_VENV)))/project.pth
-	$(ANCHORS_VENV)/bin/python -m pip install -q -c constraints.txt "ray[data]==2.60.0" "daft==0.7.26"
+	grep '^torch==' constraints.txt > $(ANCHORS_VENV)/torch-pin.txt
+	$(ANCHORS_VENV)/bin/python -m pip install -q -c $(ANCHORS_VENV)/torch-pin.txt "ray[data]==2.60.0" "daft==0.7.26"
 	touch $@
 
 # Debian's Chromium, for the dataset card's headless-browser test (tests/test_card.py); where
