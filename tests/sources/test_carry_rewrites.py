@@ -8,6 +8,7 @@ after any carry, and ``set_epoch`` of the carried epoch reads what is left of it
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -214,3 +215,37 @@ def test_followed_export_without_row_tracking_warns(compacted: str, tmp_path: Pa
     assert len(said) == 1 and said[0].rows == FILES * ROWS - len(seen)
     assert len(said[0].files) == FILES
     assert loader.stats()["carry"]["dropped"] == said[0].rows and loader.epoch == 1
+
+
+def test_row_tracking_with_a_file_missing_its_row_ids_is_refused(tmp_path: Path) -> None:
+    """Row tracking on, but an OPTIMIZE's new file written without a baseRowId (a writer
+    that broke the rowTracking feature): its rows have no stable ids, so the carry fails
+    naming the table, the version carried to, the commit, the file and the feature, where
+    dropping would lose rows silently and value matching could repeat them. A rewrite made
+    before row tracking was enabled is not refused (its rows are dropped and said)."""
+    from spark_dl_core.tables.delta.row_ids import RowIdsMissingError
+
+    table = str(tmp_path / "broken")
+    _four_files(table)
+    m = enable_row_tracking(table)
+    n = rewrite(table, "OPTIMIZE")
+    commit = Path(table, "_delta_log", f"{n:020}.json")
+    lines = [json.loads(line) for line in commit.read_text().splitlines()]
+    for action in lines:
+        action.get("add", {}).pop("baseRowId", None)
+    commit.write_text("\n".join(json.dumps(a) for a in lines) + "\n")
+    (added,) = [a["add"]["path"] for a in lines if "add" in a]
+    state, _ = saved(lambda: open_delta(table, version=m), 2, 1)
+    with pytest.raises(RowIdsMissingError) as got:
+        _carry(lambda: open_delta(table, version=n), state)  # load_state_dict raises
+    text = str(got.value)
+    assert table in text and f"version {n}" in text and "rowTracking" in text
+    assert added in text and "baseRowId" in text
+
+    before = str(tmp_path / "before")  # rewritten while untracked, tracking enabled after
+    _four_files(before)
+    DeltaTable(before).optimize.compact()
+    late = enable_row_tracking(before)
+    state, seen = saved(lambda: open_delta(before, version=3), 2, 1)
+    _, said = _carry(lambda: open_delta(before, version=late), state)
+    assert len(said) == 1 and said[0].rows == FILES * ROWS - len(seen)

@@ -25,12 +25,18 @@ from typing import Any
 
 import numpy as np
 
-from .log import file_key, import_deltalake, log_location, log_uri
+from .log import DeltaSnapshotError, file_key, import_deltalake, log_location, log_uri
 from .snapshot import DeltaSnapshot, table_filesystem
 
 ENABLED = "delta.enableRowTracking"
 SUSPENDED = "delta.rowTrackingSuspended"
 MATERIALIZED = "delta.rowTracking.materializedRowIdColumnName"
+
+
+class RowIdsMissingError(DeltaSnapshotError):
+    """A table with row tracking on whose log names a data file without a ``baseRowId`` (the
+    ``rowTracking`` feature requires one): a run cannot be carried on by row ids across it.
+    Names the table, the version carried to, the commit and the file."""
 
 
 @dataclass
@@ -47,6 +53,10 @@ class DeltaRowIds:
     old_keys: Mapping[str, str]
     added: Sequence[tuple[str, str]]
     _filesystem: Any = field(default=None, repr=False)
+    # file key -> (version, action) of a commit between that named it without a baseRowId
+    # (and none gave it one): the table breaks rowTracking, its rows have no stable ids
+    unnamed: dict[str, tuple[int, str]] = field(default_factory=dict)
+    new_version: int = -1
 
     def ids_of(self, files: Sequence[str], file: np.ndarray, rows: np.ndarray) -> np.ndarray:
         out = np.full(len(rows), -1, dtype=np.int64)
@@ -85,6 +95,17 @@ class DeltaRowIds:
         ``baseRowId``, or the file cannot be read)."""
         base = self.base_row_ids.get(key)
         if base is None:
+            if key in self.unnamed:
+                version, kind = self.unnamed[key]
+                raise RowIdsMissingError(
+                    self.table_uri,
+                    f"row tracking is on ({ENABLED}=true), but the commit of version {version} "
+                    f"{kind}s data file {key!r} without a baseRowId, as the rowTracking table "
+                    "feature requires of writers: its rows have no stable ids, so a run carried "
+                    "on across it could repeat or drop them. Resume with this version's own "
+                    "state, or start the epoch afresh",
+                    asked=f"version {self.new_version}",
+                )
             return None
         import pyarrow.parquet as pq
 
@@ -127,15 +148,15 @@ def table_row_ids(
         configuration = dict(table.metadata().configuration)
     except Exception:
         return None
-    if configuration.get(ENABLED, "").lower() != "true":
-        return None
-    if configuration.get(SUSPENDED, "").lower() == "true":
+    if not _tracking_on(configuration):
         return None
     found = DeltaRowIds(
         table_uri, storage_options, {}, configuration.get(MATERIALIZED), old_keys, added
     )
+    found.new_version = new_version
     filesystem, prefix = found._open_filesystem()
     base = table_uri.rstrip("/")
+    tracking = _tracking_at(deltalake, table_uri, storage_options, old_version)
     for version in range(old_version + 1, new_version + 1):
         log = f"{base}/_delta_log/{version:020}.json"
         try:
@@ -143,11 +164,38 @@ def table_row_ids(
                 text = stream.read().decode()
         except OSError:
             return None
-        for line in text.splitlines():
-            action = json.loads(line) if line.strip() else {}
+        actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+        for action in actions:  # row tracking as this commit leaves it
+            if "metaData" in action:
+                tracking = _tracking_on(action["metaData"].get("configuration") or {})
+        for action in actions:
             for kind in ("add", "remove"):
                 entry = action.get(kind)
-                if entry is not None and entry.get("baseRowId") is not None:
-                    key = file_key(log_location(log_uri(base, entry["path"])))
+                if entry is None:
+                    continue
+                key = file_key(log_location(log_uri(base, entry["path"])))
+                if entry.get("baseRowId") is not None:
                     found.base_row_ids[key] = int(entry["baseRowId"])
+                elif tracking:  # only a commit under row tracking must name its files
+                    found.unnamed.setdefault(key, (version, kind))
     return found
+
+
+def _tracking_on(configuration: Mapping[str, str]) -> bool:
+    """Whether a table configuration has row tracking on (enabled, not suspended)."""
+    return (
+        configuration.get(ENABLED, "").lower() == "true"
+        and configuration.get(SUSPENDED, "").lower() != "true"
+    )
+
+
+def _tracking_at(
+    deltalake: Any, table_uri: str, storage_options: dict[str, str] | None, version: int
+) -> bool:
+    """Whether row tracking was on at ``version`` (False where that version cannot be read:
+    its commits then name no file the carry would refuse)."""
+    try:
+        table = deltalake.DeltaTable(table_uri, version=version, storage_options=storage_options)
+        return _tracking_on(dict(table.metadata().configuration))
+    except Exception:
+        return False
