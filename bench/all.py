@@ -51,6 +51,22 @@ BENCHES = [
         ("--rows", "250000", "--rounds", "1"),
     ),
     Bench(
+        "streams",
+        "loader_bench.py",
+        "the default streamed order vs one stream (68 shards of 2 MiB: 4 streams)",
+        ("--shard-size", "2MiB", "--skip", "pyarrow,mem_seq,mem_shuf,mosaic"),
+        (
+            "--shard-size",
+            "512KiB",
+            "--rows",
+            "250000",
+            "--rounds",
+            "1",
+            "--skip",
+            "pyarrow,mem_seq,mem_shuf,mosaic",
+        ),
+    ),
+    Bench(
         "shapes",
         "shapes_bench.py",
         "images vs files and Mosaic, token documents, equal-length arrays",

@@ -8,6 +8,8 @@ Compares, in one run, with alternating rounds and medians:
 - ``mem_seq``: sequential slices of a preloaded tensor (upper limit)
 - ``mem_shuf``: a preloaded tensor gathered by a random permutation, batch by batch
 - ``mosaic``: Mosaic ``StreamingDataset`` + DataLoader(2 workers), if ``.venv-mosaic`` exists
+- ``one_w0`` / ``one_w2``: ``ours_w0`` / ``ours_w2`` with ``streams=1``, run where the default
+  order reads several streams (``--shard-size 2MiB``): what the streams cost or save
 
 ``--baseline OTHER/jvm-free`` adds ``base_w0`` / ``base_w2``: the same two loaders run from
 another source tree (e.g. ``git archive main``), for before/after ratios under one load.
@@ -38,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BATCH = 1024
 
 
-def make_data(directory: Path, rows: int) -> None:
+def make_data(directory: Path, rows: int, shard_size: str = "8MiB") -> None:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -55,7 +57,7 @@ def make_data(directory: Path, rows: int) -> None:
             "label": pa.array(np.arange(rows, dtype=np.int64)),
         }
     )
-    write_mds(table, str(directory / "mds"), DatasetSpec(shard_size="8MiB"), mode="overwrite")
+    write_mds(table, str(directory / "mds"), DatasetSpec(shard_size=shard_size), mode="overwrite")
     pq.write_table(table, directory / "data.parquet", row_group_size=65536)
     np.save(directory / "x.npy", x)
     (directory / "done").write_text("ok")
@@ -86,9 +88,9 @@ def run_one(name: str, directory: Path) -> dict[str, float]:
     start = time.perf_counter()  # loader time, not interpreter start or module imports
     first = None
     samples = 0
-    if name.startswith("ours"):
+    if name.startswith(("ours", "one")):
         ds = open_dataset(str(directory / "mds"))
-        workers = 2 if name == "ours_w2" else 0
+        workers = 2 if name.endswith("_w2") else 0
         prefetch = int(os.environ.get("SPARK_DL_BENCH_PREFETCH_MIB", "1024")) << 20
         batches = ds.to_torch(
             batch_size=BATCH,
@@ -96,6 +98,7 @@ def run_one(name: str, directory: Path) -> dict[str, float]:
             seed=0,
             num_workers=workers,
             prefetch_bytes=prefetch,
+            streams=1 if name.startswith("one") else 0,  # one stream: the order before v4
         )
         for b in batches:
             first = first or time.perf_counter()
@@ -219,6 +222,12 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="peak RSS at 1/4 and full size")
     parser.add_argument("--prefetch-mib", type=int, default=None, help="loader prefetch budget")
     parser.add_argument(
+        "--shard-size",
+        default="8MiB",
+        help="the MDS shards' size: 2MiB makes ~68 shards of 1M rows, so the default order "
+        "reads 4 streams; one_w0/one_w2 (streams=1) run beside ours_w0/ours_w2",
+    )
+    parser.add_argument(
         "--baseline",
         help="a source tree's jvm-free/ dir: also run ours_w0/ours_w2 from it (base_w0/base_w2)",
     )
@@ -233,12 +242,22 @@ def main() -> None:
     if args.memory:
         memory(args.rows, args.rounds)
         return
-    directory = Path(args.dir or Path(tempfile.gettempdir()) / f"spark-dl-bench-{args.rows}")
+    sized = "" if args.shard_size == "8MiB" else f"-{args.shard_size}"
+    default_dir = Path(tempfile.gettempdir()) / f"spark-dl-bench-{args.rows}{sized}"
+    directory = Path(args.dir or default_dir)
     directory.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    make_data(directory, args.rows)
+    make_data(directory, args.rows, args.shard_size)
     print(f"data ready in {time.perf_counter() - t:.1f}s at {directory}")
+    from spark_dl_core import open_dataset
+    from spark_dl_core.order import resolve_streams
+
+    opened = open_dataset(str(directory / "mds"))
+    streams = resolve_streams(opened, True, 0)
+    print(f"{opened.num_shards} shards: the default order reads {streams} stream(s)")
     names = ["ours_w2", "ours_w0", "pyarrow", "mem_seq", "mem_shuf"]
+    if streams > 1:  # the same loaders in the one-stream order, for the streams' cost
+        names += ["one_w2", "one_w0"]
     if (ROOT / ".venv-mosaic" / "bin" / "python").exists():
         names.append("mosaic")
     else:
@@ -278,6 +297,8 @@ def main() -> None:
         ("mem_shuf", "mem_seq"),
         ("ours_w0", "base_w0"),
         ("ours_w2", "base_w2"),
+        ("ours_w0", "one_w0"),
+        ("ours_w2", "one_w2"),
     ]:
         if a in rate and b in rate:
             print(f"  {a} / {b}: {rate[a] / rate[b]:.2f}x")
