@@ -66,13 +66,15 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading, SourceCapabilities):
         allow_unsafe: bool = False,
         storage_options: dict[str, Any] | None = None,
         version: int | str | None = None,
+        node_cache: bool | None = None,
     ) -> None:
         check_path(path)
         self.path = str(path)
-        # remote stores serve shard files through the local cache (see cached_store.shard_store)
-        self.store = shard_store(self.path, storage_options, cache_dir)
+        # remote stores (and network mounts) serve shard files through the node cache
+        self.store = shard_store(self.path, storage_options, cache_dir, node_cache)
         self.shown = self.store.display()  # the path with any credentials redacted
         self.cache_dir = cache_dir
+        self.node_cache = node_cache
         self.allow_unsafe = allow_unsafe
         self._compact: CompactIndex | None = None
         # a dataset that follows a Delta table: the table version opened and the shards
@@ -652,6 +654,7 @@ def open_dataset(
     allow_unsafe: bool = False,
     storage_options: dict[str, Any] | None = None,
     version: int | str | None = None,
+    node_cache: bool | None = None,
 ) -> Dataset:
     """Open an MDS dataset (ours or Mosaic's) at a local path or fsspec URL.
 
@@ -662,7 +665,10 @@ def open_dataset(
     Everything after the path is keyword-only, so ``open_dataset(a, b)`` is a
     ``TypeError`` rather than ``b`` silently taken as the cache directory.
     ``allow_unsafe`` permits decoding ``pkl`` columns, which runs code from the dataset.
-    ``cache_dir`` is where shards of remote datasets are kept locally.
+    ``cache_dir`` is where shards of remote datasets are kept locally. A local path on a
+    network or FUSE mount (NFS, SMB, Lustre, Databricks' ``/Volumes``) is read through that
+    node cache too, as a remote URL is; ``node_cache=True`` does so for any local path,
+    ``node_cache=False`` reads in place whatever holds the path.
     """
     return Dataset(
         path if not isinstance(path, os.PathLike) else os.fspath(path),
@@ -670,4 +676,5 @@ def open_dataset(
         allow_unsafe=allow_unsafe,
         storage_options=storage_options,
         version=version,
+        node_cache=node_cache,
     )

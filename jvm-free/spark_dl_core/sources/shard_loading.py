@@ -123,7 +123,7 @@ class ShardLoading:
         started = time.perf_counter()
         check = shard not in self._verified if verify_hashes is None else verify_hashes
         record = None
-        if check and verify_hashes is None and not self.store.remote:
+        if check and verify_hashes is None and self.store.in_place:
             data, status = self.store.map_file(stored.basename)
             record = self._verified_record(shard, status)
             if record is not None and os.path.exists(record):

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..format.index import ShardInfo
 from .cache import ShardCache, default_cache_dir
+from .network import network_mount
 from .storage import Store
 
 _CACHES: dict[tuple[int, str], ShardCache] = {}
@@ -78,6 +79,10 @@ class CachedStore(Store):
             config.setdefault("max_pool_connections", 64)
             self.storage_options["config_kwargs"] = config
 
+    @property
+    def in_place(self) -> bool:
+        return False  # shard files come through the cache, a local path's too
+
     def cache(self, hashes: Mapping[str, Mapping[str, str]] | None = None) -> ShardCache:
         """This process's cache of the store's shards."""
         return _cache_for(self, self.cache_dir, hashes or {})
@@ -104,12 +109,21 @@ class CachedStore(Store):
 
 
 def shard_store(
-    url: str, storage_options: dict[str, Any] | None = None, cache_dir: str | None = None
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | None = None,
+    node_cache: bool | None = None,
 ) -> Store:
-    """The store a reader opens: local paths as they are, remote URLs through the cache."""
+    """The store a reader opens: remote URLs through the node cache, local paths as they
+    are, unless on a network or FUSE mount (:func:`~.network.network_mount`; ``node_cache``
+    None, the default) or ``node_cache=True``: such a path's shards are copied to the node
+    cache once, in plan order and verified, as a remote URL's are, so a second epoch reads
+    local disk. ``node_cache=False`` reads a local path in place whatever holds it."""
     store = Store(url, storage_options)
     if not store.remote:
-        return store
+        wanted = network_mount(store.root) is not None if node_cache is None else node_cache
+        if not wanted:
+            return store
     return CachedStore(url, storage_options, cache_dir)
 
 

@@ -114,6 +114,12 @@ class Store:
         self.root = self.url if self.remote else os.path.abspath(_local_path(self.url))
 
     @property
+    def in_place(self) -> bool:
+        """Whether shard files are read where they lie (local files, memory-mapped), not
+        through the node cache."""
+        return not self.remote
+
+    @property
     def fs(self) -> Any:
         """The fsspec filesystem for a remote store (created on first use, per process:
         a forked DataLoader worker makes its own, async filesystems are not fork-safe)."""

@@ -167,6 +167,7 @@ def _reopen(plain: Dataset, version: int, rec: dict[str, Any], fingerprint: str)
             allow_unsafe=plain.allow_unsafe,
             storage_options=plain.store.storage_options,
             version=version,
+            node_cache=plain.node_cache,
         )
     except FollowError as exc:
         raise FollowError(

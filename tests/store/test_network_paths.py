@@ -1,0 +1,104 @@
+"""Local paths that are remote storage (issue 42, item 6): a path on a network or FUSE mount
+is found in the mount table and read through the node cache as an ``s3://`` URL is, so a
+second epoch reads local disk; ``node_cache=True`` does the same for any local path (this
+machine mounts no network filesystem, so the cache path is exercised on a local directory)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from spark_dl_core import DatasetSpec, open_dataset, write_mds
+from spark_dl_core.store.cached_store import CachedStore
+from spark_dl_core.store.network import mounts, network_mount
+
+pytest.importorskip("torch")
+
+# A mountinfo table as Linux writes it (fields: id, parent, dev, root, mount point, options,
+# optional fields, "-", type, source, super options), with the mounts a training node has.
+MOUNTINFO = """\
+22 1 259:1 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p1 rw
+30 22 0:26 / /tmp rw,nosuid shared:2 - tmpfs tmpfs rw
+41 22 0:40 / /mnt/nfs rw,relatime shared:20 - nfs4 server:/export rw,vers=4.2
+42 41 259:2 / /mnt/nfs/local rw shared:21 - ext4 /dev/nvme1n1 rw
+43 22 0:41 / /Volumes rw,nosuid,nodev master:3 - fuse.dbfs dbfs rw,user_id=0
+44 22 0:42 / /data/my\\040share rw - cifs //host/share rw
+45 22 0:43 / /lustre rw - lustre 10.0.0.1@tcp:/fs rw
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "found"),
+    [
+        ("/mnt/nfs/dataset", ("/mnt/nfs", "nfs4")),
+        ("/mnt/nfs", ("/mnt/nfs", "nfs4")),
+        ("/mnt/nfs/local/dataset", None),  # a local disk mounted inside the NFS mount
+        ("/mnt/nfsother/x", None),  # a prefix of the name is not the mount
+        ("/Volumes/main/default/vol/ds", ("/Volumes", "fuse.dbfs")),
+        ("/data/my share/ds", ("/data/my share", "cifs")),
+        ("/lustre/project", ("/lustre", "lustre")),
+        ("/tmp/x", None),
+        ("/home/user", None),
+    ],
+)
+def test_network_mounts_are_found_by_the_longest_mount_point(
+    path: str, found: tuple[str, str] | None
+) -> None:
+    assert network_mount(path, MOUNTINFO) == found
+
+
+def test_this_machines_mount_table_reads() -> None:
+    """The real table parses, and the test's own temp directory is local here."""
+    table = Path("/proc/self/mountinfo").read_text()
+    assert any(point == "/" for point, _ in mounts(table))
+    assert network_mount(os.getcwd()) is None
+
+
+def _rows(n: int) -> pa.Table:
+    return pa.table({"id": np.arange(n, dtype=np.int64), "v": np.ones((n, 8), np.float32).tolist()})
+
+
+def test_node_cache_copies_a_local_path_once(tmp_path: Path) -> None:
+    """node_cache=True: the first epoch copies the shards to the node cache (verified), the
+    second reads only the cache; the rows are the dataset's, as read in place. The default
+    reads this local directory in place."""
+    path = str(tmp_path / "ds")
+    write_mds(_rows(3000), path, DatasetSpec(shard_size="8KiB", hashes=["xxh64"]))
+    stored = sum(f.stat().st_size for f in Path(path).glob("*.mds"))
+    assert not isinstance(open_dataset(path).store, CachedStore)
+    assert open_dataset(path).download_stats() is None
+    ds = open_dataset(path, node_cache=True, cache_dir=str(tmp_path / "node"))
+    assert isinstance(ds.store, CachedStore)
+    loader = ds.to_torch(batch_size=100, shuffle=True, seed=2, columns=["id"])
+    first = sorted(i for b in loader for i in b["id"].tolist())
+    assert first == list(range(3000))
+    assert loader.stats()["download_bytes"] == stored
+    loader.set_epoch(1)
+    second = sorted(i for b in loader for i in b["id"].tolist())
+    stats = loader.stats()
+    assert second == first and stats["download_bytes"] == 0 and stats["cache_hit_bytes"] > 0
+    cached = list((tmp_path / "node").rglob("*.mds"))
+    assert len(cached) == ds.num_shards
+    assert not isinstance(open_dataset(path, node_cache=False).store, CachedStore)
+
+
+def test_each_rank_copies_only_its_share(tmp_path: Path) -> None:
+    """Two ranks, each its own node cache: each copies about half of the shards (its
+    streams'), and together they read every row once."""
+    path = str(tmp_path / "ds")
+    write_mds(_rows(6000), path, DatasetSpec(shard_size="4KiB"))
+    stored = sum(f.stat().st_size for f in Path(path).glob("*.mds"))
+    seen, pulled = [], []
+    for rank in range(2):
+        ds = open_dataset(path, node_cache=True, cache_dir=str(tmp_path / f"node{rank}"))
+        assert ds.num_shards >= 32  # the default order reads several streams
+        kw = {"shuffle": True, "seed": 5, "rank": rank, "world_size": 2, "columns": ["id"]}
+        loader = ds.to_torch(batch_size=50, even_batches=False, **kw)
+        seen += [i for b in loader for i in b["id"].tolist()]
+        pulled.append(loader.stats()["download_bytes"])
+    assert sorted(seen) == list(range(6000))
+    assert all(p <= 0.6 * stored for p in pulled) and sum(pulled) <= 1.1 * stored
