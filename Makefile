@@ -17,7 +17,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 # Delta Lake's jars for spark_dl.with_delta (fetched by Maven below)
 export SPARK_DL_DELTA_JARS := $(abspath $(DELTA_JARS))
 
-.PHONY: install mosaic-env browser-env bench-envs demo test lint typecheck pytest bench bench-all fuzz clean
+.PHONY: install mosaic-env browser-env fuse-env bench-envs demo test lint typecheck pytest bench bench-all fuzz clean
 
 install: $(VENV)/.installed $(JVM_JAR) $(DELTA_JARS)/.fetched
 
@@ -96,6 +96,16 @@ browser-env:
 	  $$SUDO apt-get install -y -qq --no-install-recommends chromium; \
 	} || echo "browser-env: chromium not installed; the headless-browser card test will skip"
 
+# libfuse3 and fusermount3 (Debian's fuse3), for the test that mounts a real FUSE filesystem
+# (tests/store/test_network_paths.py); where they cannot be installed, or the machine allows no
+# mount, that test skips and says why.
+fuse-env:
+	@command -v fusermount3 >/dev/null 2>&1 || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	  $$SUDO apt-get install -y -qq --no-install-recommends fuse3 || \
+	  { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends fuse3; }; \
+	} || echo "fuse-env: fuse3 not installed; the FUSE mount test will skip"
+
 demo: install
 	$(PY) -m spark_dl.demo
 
@@ -106,7 +116,7 @@ lint: install
 typecheck: install
 	$(PY) -m mypy jvm-free/spark_dl_core spark_dl pyspark_spark_dl.py
 
-pytest: install mosaic-env browser-env
+pytest: install mosaic-env browser-env fuse-env
 	$(PY) -m pytest -q tests
 
 test: lint typecheck pytest

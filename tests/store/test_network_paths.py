@@ -6,7 +6,12 @@ machine mounts no network filesystem, so the cache path is exercised on a local 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -102,3 +107,62 @@ def test_each_rank_copies_only_its_share(tmp_path: Path) -> None:
         pulled.append(loader.stats()["download_bytes"])
     assert sorted(seen) == list(range(6000))
     assert all(p <= 0.6 * stored for p in pulled) and sum(pulled) <= 1.1 * stored
+
+
+@pytest.fixture
+def fuse_mount(tmp_path: Path) -> Any:
+    """A directory and its read-only FUSE passthrough, mounted for the test by a real FUSE
+    daemon (tests/store/fuse_passthrough.py); skipped, saying why, where the machine has no
+    libfuse3 (make fuse-env), no /dev/fuse, or refuses the mount."""
+    if shutil.which("fusermount3") is None:
+        pytest.skip("no fusermount3: libfuse3 is not installed (make fuse-env installs fuse3)")
+    pytest.importorskip("mfusepy", reason="mfusepy (a dev dependency) is not installed")
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("no /dev/fuse on this machine: FUSE filesystems cannot be mounted")
+    source, mount = tmp_path / "source", tmp_path / "mount"
+    source.mkdir()
+    mount.mkdir()
+    daemon = Path(__file__).with_name("fuse_passthrough.py")
+    log = (tmp_path / "fuse.log").open("w")
+    proc = subprocess.Popen([sys.executable, str(daemon), str(source), str(mount)], stderr=log)
+    deadline = time.monotonic() + 20
+    while network_mount(str(mount)) is None and proc.poll() is None:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if network_mount(str(mount)) is None:
+        proc.kill()
+        said = (tmp_path / "fuse.log").read_text()[-500:]
+        pytest.skip(f"the FUSE mount was refused here: {said}")
+    try:
+        yield source, mount
+    finally:  # lazily: a dataset object of the test may still map a file there
+        subprocess.run(["fusermount3", "-u", "-z", str(mount)], check=False, capture_output=True)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def test_a_dataset_on_a_fuse_mount_is_read_through_the_node_cache(
+    fuse_mount: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A real FUSE mount (every read through the daemon): open_dataset finds it in the mount
+    table and, with no option, reads through the node cache: the first epoch copies the
+    stored bytes once, the second reads local disk; the rows are the dataset's."""
+    source, mount = fuse_mount
+    write_mds(_rows(2000), str(source / "ds"), DatasetSpec(shard_size="8KiB"))
+    stored = sum(f.stat().st_size for f in (source / "ds").glob("*.mds"))
+    point, fstype = network_mount(str(mount / "ds")) or ("", "")
+    assert point == str(mount) and fstype.startswith("fuse")
+    ds = open_dataset(str(mount / "ds"), cache_dir=str(tmp_path / "node"))
+    assert isinstance(ds.store, CachedStore)
+    loader = ds.to_torch(batch_size=100, shuffle=True, seed=1, columns=["id"])
+    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(2000))
+    assert loader.stats()["download_bytes"] == stored
+    loader.set_epoch(1)
+    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(2000))
+    assert loader.stats()["download_bytes"] == 0
+    assert not isinstance(open_dataset(str(mount / "ds"), node_cache=False).store, CachedStore)
