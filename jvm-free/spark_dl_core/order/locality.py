@@ -225,16 +225,26 @@ class StreamedOrder:
         return order
 
     def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
-        """Ids at positions ``start:stop``: each global batch's part from its stream."""
+        """Ids at positions ``start:stop``: each global batch's part from its stream. The
+        batches one stream serves in the range are consecutive in that stream's order (all
+        but its last are whole), so each stream is asked once, for one run of positions,
+        and the batches are cut from those runs."""
         if stop <= start:
             return np.empty(0, dtype=np.int64)
         size, p = self.batch_size, self.streams
+        first, last = start // size, (stop - 1) // size
+        runs: dict[int, tuple[np.ndarray, int]] = {}
+        for g in range(first, min(last, first + p - 1) + 1):  # each stream's first batch
+            end = g + ((last - g) // p) * p  # its last batch in the range
+            lo = (g // p) * size + max(start, g * size) - g * size
+            hi = (end // p) * size + min(stop, end * size + size) - end * size
+            runs[g % p] = (self.stream(g % p).take(lo, hi, dense), lo)
         parts = []
-        for g in range(start // size, (stop - 1) // size + 1):
+        for g in range(first, last + 1):
+            ids, lo = runs[g % p]
             at = g * size
-            a, z = max(start, at) - at, min(stop, at + size) - at
-            base = (g // p) * size
-            parts.append(self.stream(g % p).take(base + a, base + z, dense))
+            base = (g // p) * size - lo
+            parts.append(ids[base + max(start, at) - at : base + min(stop, at + size) - at])
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def ids(self, positions: np.ndarray) -> np.ndarray:
