@@ -49,7 +49,7 @@ _EXTENSION = images._jpeg
 
 def _set(region: bool, resampler: str) -> None:
     if region and _EXTENSION is None:
-        raise SystemExit("the C extension spark_dl_core._jpeg is not built")
+        raise SystemExit("the C extension spark_dl_core.media._jpeg is not built")
     images._jpeg = image_decode._jpeg = _EXTENSION if region else None
     images._torch_resize = functional.interpolate if resampler == "torch" else None
 

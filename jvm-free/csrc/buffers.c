@@ -1,5 +1,5 @@
 /*
- * spark_dl_core._buffers: copy many byte ranges between buffers in one call.
+ * spark_dl_core.format._buffers: copy many byte ranges between buffers in one call.
  *
  * A batch of token documents is a few thousand ranges of a shard, each copied to its place
  * in the batch's values buffer. Per range, numpy slicing costs about a microsecond of

@@ -1,5 +1,5 @@
 /*
- * spark_dl_core._jpeg: decode a region of a JPEG at a reduced DCT scale.
+ * spark_dl_core.media._jpeg: decode a region of a JPEG at a reduced DCT scale.
  *
  * A thin layer over the system libjpeg(-turbo) API. The caller names the region in
  * *scaled* output pixels (the image as it is at scale/8); libjpeg-turbo decodes only the

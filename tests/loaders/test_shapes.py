@@ -484,7 +484,7 @@ def test_range_copies_match_numpy_slicing(length: int) -> None:
         finally:
             buffers._buffers = saved
     if buffers._buffers is None:
-        pytest.skip("spark_dl_core._buffers was not built (no C compiler at install)")
+        pytest.skip("spark_dl_core.format._buffers was not built (no C compiler at install)")
     with pytest.raises(ValueError, match="outside a buffer"):
         buffers._buffers.copy_ranges(
             np.zeros(4, np.uint8), np.array([2]), src, np.array([0]), np.array([3])

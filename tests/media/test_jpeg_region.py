@@ -1,4 +1,4 @@
-"""Region JPEG decoding (the optional C extension spark_dl_core._jpeg) and its use in the
+"""Region JPEG decoding (the optional C extension spark_dl_core.media._jpeg) and its use in the
 CPU image pipeline: the pixels a region decode returns are exactly a full decode's."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from spark_dl_core.media.images import ImageError, ImagePipeline, pixel_box, reg
 from spark_dl_core.ops.transforms import parse_transforms
 
 try:
-    from spark_dl_core import _jpeg
+    from spark_dl_core.media import _jpeg
 except ImportError:  # built at install only where a compiler and libjpeg-turbo headers exist
     _jpeg = None  # type: ignore[assignment]
 
 pytestmark = pytest.mark.skipif(
     _jpeg is None,
-    reason="the C extension spark_dl_core._jpeg was not built "
+    reason="the C extension spark_dl_core.media._jpeg was not built "
     "(no C compiler or libjpeg-turbo headers when the package was installed)",
 )
 

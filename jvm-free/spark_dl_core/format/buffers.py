@@ -12,7 +12,7 @@ from typing import cast
 import numpy as np
 
 try:  # the optional C extension: many range copies in one call, GIL released
-    from .. import _buffers
+    from . import _buffers
 except ImportError:  # pragma: no cover - built where a compiler is (see jvm-free/setup.py)
     _buffers = None  # type: ignore[assignment]
 

@@ -15,7 +15,7 @@ from ..errors import ReencodeError, optional_import
 from ..ops.registry import register_op
 
 try:  # region decoding over libjpeg-turbo: an optional C extension, built at install
-    from .. import _jpeg as jpeg_ext
+    from . import _jpeg as jpeg_ext
 except ImportError:  # pragma: no cover - depends on the build
     jpeg_ext = None  # type: ignore[assignment]
 

@@ -1,5 +1,5 @@
 """Decoding one image's bytes into pixels on the CPU: a JPEG by the optional C extension
-(``spark_dl_core._jpeg``, libjpeg-turbo, over a region at a reduced DCT scale) or
+(``spark_dl_core.media._jpeg``, libjpeg-turbo, over a region at a reduced DCT scale) or
 simplejpeg, anything else by PIL; the warnings that leave wrong pixels behind are errors.
 Also the count of images this process decoded (tests count decodes per sample)."""
 

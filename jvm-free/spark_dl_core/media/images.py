@@ -10,7 +10,7 @@ compile into an :class:`ImagePipeline`. Per batch it
    seed, epoch, global sample index), so a sample gets the same crop on any world size,
    worker count and after resume. The same plan drives the CPU and the GPU path;
 2. decodes each image once. A JPEG is decoded by the optional C extension
-   ``spark_dl_core._jpeg`` (libjpeg-turbo) *only over the box*: the columns and rows the
+   ``spark_dl_core.media._jpeg`` (libjpeg-turbo) *only over the box*: the columns and rows the
    crop needs, at the smallest DCT scale (1/8, 1/4, 1/2, 1) that keeps the box at least
    as large as the output. Without the extension (or for other formats) the whole image
    is decoded, at reduced scale where possible (simplejpeg's ``min_height``/
