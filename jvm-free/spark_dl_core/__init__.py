@@ -1,7 +1,7 @@
 """spark-dl-core: Mosaic-compatible MDS datasets and reproducible loaders, without a JVM."""
 
 from ._version import __version__
-from .card import install as _install_card
+from .card import notebook_card as _notebook_card
 from .errors import (
     DatasetError,
     EncodingError,
@@ -12,23 +12,24 @@ from .errors import (
     SpecError,
     UnsafeEncodingError,
 )
-from .loaders.loading import install as _install_loading
+from .loaders import loading as _loading
 from .loaders.settings import LoaderSettings, PackSpec
 from .maintenance import VacuumReport, vacuum
 from .mixture.dataset import Mixture
 from .mixture.open import mix, open_mixture
 from .mixture.spec import MixtureSpec, Source
-from .sources.dataset import Dataset, open_dataset
+from .sources.dataset import Dataset
+from .sources.dataset import install as _install
 from .spec import DatasetSpec, parse_size
 from .store.indexing import write_compact_index
-from .tables.delta.follow_carry import install as _install_follow_carry
 from .tables.delta.table import open_delta
 from .tables.iceberg.table import open_iceberg
+from .tables.kinds import open_dataset
 from .writer import ShardWriter, WriteResult, write_mds
 
-_install_loading()  # Dataset.iter_batches / to_torch / to_tf / sample_order / to_arrow
-_install_card()  # Dataset._repr_html_: the dataset card in notebooks
-_install_follow_carry()  # followed datasets' loaders carry a run on to another version
+# The one hook: Dataset's loading methods (iter_batches / to_torch / to_tf / sample_order /
+# to_arrow) and its notebook card (_repr_html_), from the rooms above it that build on it.
+_install(loading=_loading, card=_notebook_card)
 
 
 __all__ = [

@@ -7,7 +7,8 @@ for audio columns and frame strips for video columns (with the ``media`` extra).
 self-contained HTML page: styles inline, pictures as data URIs or inline SVG, no network.
 Also :func:`describe_value`, the short text a binary value shows as (``<jpeg 400x300, 73
 KB>``, ``<wav 16000 Hz 1 ch 2.50 s, 78 KB>``).
-:func:`install` gives :class:`Dataset` its notebook view (``_repr_html_``).
+:func:`notebook_card` is :class:`Dataset`'s notebook view (``_repr_html_``; the package face
+hands it to the dataset room).
 """
 
 from __future__ import annotations
@@ -773,11 +774,6 @@ def _media_previews(ds: Dataset, name: str, kind: str, indices: np.ndarray) -> s
     )
 
 
-def _repr_html_(self: Dataset) -> str:
+def notebook_card(ds: Dataset) -> str:
     """The card (a fragment) in a notebook cell, from a small sample."""
-    return card_html(self, rows=128, thumbs=12, page=False)
-
-
-def install() -> None:
-    """Give :class:`Dataset` (and so mixtures) its notebook view."""
-    Dataset._repr_html_ = _repr_html_  # type: ignore[attr-defined]
+    return card_html(ds, rows=128, thumbs=12, page=False)

@@ -3,15 +3,14 @@
 
 :class:`~spark_dl_core.sources.dataset.Dataset` is the room of files, shards and decoded samples; it
 knows nothing of orders, readers, loader settings or frameworks. Its loading methods hand
-over to the functions here, which :func:`install` registers with the dataset room when the
-package is imported (``spark_dl_core/__init__.py``), so imports run one way: this room
-imports the dataset, the order, the reader, the settings and the framework registry, and
-none of them imports it.
+over to the functions here, which the package face (``spark_dl_core/__init__.py``) hands to
+the dataset room (``sources.dataset.install``), so imports run one way: this room imports
+the dataset, the order, the reader, the settings and the framework registry, and none of
+them imports it.
 """
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +20,7 @@ import pyarrow as pa
 from ..meta import column_names
 from ..ops.arrow import arrow_schema, batch_to_arrow
 from ..order import DEFAULT_STREAMS, EpochPlan
-from ..sources.dataset import Batch, Dataset, install_loading
+from ..sources.dataset import Batch, Dataset
 from .frameworks import adapter
 from .packing import iter_packed
 from .position import adopted, resumed
@@ -220,8 +219,3 @@ def to_framework(
     chosen = settings_from(settings, kwargs)
     name = framework if chosen.pack is None else f"{framework}_packed"
     return adapter(name)(ds, chosen, **extra)
-
-
-def install() -> None:
-    """Give :class:`Dataset` (and so mixtures) its loading methods."""
-    install_loading(sys.modules[__name__])

@@ -14,8 +14,8 @@ from pydantic import ValidationError
 from ..errors import MixtureError
 from ..order import BATCHING
 from ..shard_source import TableSnapshot
-from ..sources.dataset import Dataset, open_dataset
-from ..tables.kinds import REOPEN
+from ..sources.dataset import Dataset
+from ..tables.kinds import REOPEN, open_dataset
 from .dataset import Mixture
 from .spec import (
     MIXTURE_VERSION,

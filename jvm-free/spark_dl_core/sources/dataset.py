@@ -2,13 +2,15 @@
 
 A :class:`Dataset`'s other jobs live beside it, as mixins it inherits: loading its shards
 with size and hash checks (:mod:`.shard_loading`), ``ds[...]`` (:mod:`.random_access`), and
-what a dataset that follows a Delta table adds (:mod:`.followed_version`).
+what a dataset that follows a Delta table adds (:mod:`.followed_version`). Its loading
+methods and its notebook card are implemented in rooms above this one, which the package
+face hands in (:func:`install`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -67,6 +69,7 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading, SourceCapabilities):
         storage_options: dict[str, Any] | None = None,
         version: int | str | None = None,
         node_cache: bool | None = None,
+        carrier: Any = None,
     ) -> None:
         check_path(path)
         self.path = str(path)
@@ -81,6 +84,7 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading, SourceCapabilities):
         # assembled from others (see spark_dl_core.versions); None / {} otherwise
         self.version: int | None = None
         self._virtual: dict[str, list[Piece]] = {}
+        self.carrier = carrier  # a followed version's runs carried on (see FollowedVersion)
         asked = version_number(version, f"open_dataset({self.shown!r})")
         self.shards, self.meta, self._index_text = self._load(asked)
         self.layout = self._layout()
@@ -528,8 +532,8 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading, SourceCapabilities):
         return out
 
     # The loading methods below hand over to spark_dl_core.loaders.loading, a room above this one
-    # (orders, readers, loader settings, framework adapters) that installs itself when the
-    # package is imported (install_loading); this room imports none of those.
+    # (orders, readers, loader settings, framework adapters) that the package face hands in
+    # (install); this room imports none of those.
 
     def iter_batches(self, batch_size: int | None = None, **settings: Any) -> Iterator[Batch]:
         """Batches (dicts of numpy arrays) of one rank's share of one epoch.
@@ -568,17 +572,24 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading, SourceCapabilities):
         :mod:`spark_dl_core.loaders.tf_loader.loader`); ``state=`` resumes from a loader state."""
         return _loading.to_framework("tf", self, batch_size, **settings)
 
+    def _repr_html_(self) -> str:
+        """The dataset card (a fragment) in a notebook cell: see :mod:`spark_dl_core.card`."""
+        return _card(self)
 
-# Dataset's loading methods' implementation (spark_dl_core.loaders.loading): see install_loading.
+
+# What Dataset's loading methods and notebook card run, from rooms above this one: see install.
 _loading: Any = None
+_card: Callable[[Any], str] = repr
 
 
-def install_loading(functions: Any) -> None:
-    """Give :class:`Dataset`'s loading methods their implementation.
-    ``spark_dl_core.loaders.loading`` (a room above this one) calls it when the package is
-    imported, so the dataset room reaches no orders, readers or frameworks itself."""
-    global _loading
-    _loading = functions
+def install(loading: Any, card: Callable[[Any], str]) -> None:
+    """Give :class:`Dataset` its loading methods' implementation (``loading``:
+    :mod:`spark_dl_core.loaders.loading`) and its notebook card (``card``:
+    :func:`spark_dl_core.card.notebook_card`). The package face (``spark_dl_core/__init__.py``)
+    calls it once, naming both, so the dataset room reaches no orders, readers, frameworks or
+    media itself."""
+    global _loading, _card
+    _loading, _card = loading, card
 
 
 def _merge(parts: list[tuple[np.ndarray, Batch]], n: int) -> Batch:
@@ -645,36 +656,3 @@ def _as_objects(values: list[Any]) -> np.ndarray:
     for i, v in enumerate(values):
         out[i] = v
     return out
-
-
-def open_dataset(
-    path: str | os.PathLike[str],
-    *,
-    cache_dir: str | None = None,
-    allow_unsafe: bool = False,
-    storage_options: dict[str, Any] | None = None,
-    version: int | str | None = None,
-    node_cache: bool | None = None,
-) -> Dataset:
-    """Open an MDS dataset (ours or Mosaic's) at a local path or fsspec URL.
-
-    A dataset that follows a Delta table (``write_mds(..., mode="update")``) opens at the
-    latest table version it holds; ``version`` (an int, or its digits as a string) opens
-    another version it still holds.
-
-    Everything after the path is keyword-only, so ``open_dataset(a, b)`` is a
-    ``TypeError`` rather than ``b`` silently taken as the cache directory.
-    ``allow_unsafe`` permits decoding ``pkl`` columns, which runs code from the dataset.
-    ``cache_dir`` is where shards of remote datasets are kept locally. A local path on a
-    network or FUSE mount (NFS, SMB, Lustre, Databricks' ``/Volumes``) is read through that
-    node cache too, as a remote URL is; ``node_cache=True`` does so for any local path,
-    ``node_cache=False`` reads in place whatever holds the path.
-    """
-    return Dataset(
-        path if not isinstance(path, os.PathLike) else os.fspath(path),
-        cache_dir=cache_dir,
-        allow_unsafe=allow_unsafe,
-        storage_options=storage_options,
-        version=version,
-        node_cache=node_cache,
-    )

@@ -1,13 +1,13 @@
 """What a dataset that follows a Delta table adds to a plain one: the table version it
-opened (from the version's manifest, :mod:`spark_dl_core.versions`) and the hooks through
-which a loader carries a run on from another version (:mod:`..tables.delta.follow_carry`, installed
-when the package is imported)."""
+opened (from the version's manifest, :mod:`spark_dl_core.versions`) and its carrier, through
+which a loader carries a run on from another version: handed in by the face that opens it
+(:func:`spark_dl_core.tables.kinds.open_dataset` hands :mod:`..tables.delta.follow_carry`'s)."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 from ..format.compact import ShardTable
 from ..store.storage import Store
@@ -16,11 +16,14 @@ from ..versions import Piece, read_version
 
 class FollowedVersion:
     """Mixin of :class:`~.dataset.Dataset`: ``version`` is the table version opened (None
-    for a dataset that follows no table), ``_virtual`` its shards assembled from others."""
+    for a dataset that follows no table), ``_virtual`` its shards assembled from others,
+    ``carrier`` how a run over a version carries on to another (``record``, ``carry_on``,
+    ``row_layout``; None: opened by hand, a state of another version is refused)."""
 
     store: Store
     version: int | None
     _virtual: dict[str, list[Piece]]
+    carrier: Any
 
     def _open_followed(
         self, version: int | None
@@ -32,9 +35,6 @@ class FollowedVersion:
             return None
         self.version, self._virtual = held.version, held.virtual
         return ShardTable.from_infos(held.shards), held.meta, held.index_text
-
-    # tables.delta.follow_carry, installed when the package is imported (it builds on Dataset)
-    carrier: ClassVar[Any] = None
 
     def position_record(self, epoch: int, consumed: int) -> dict[str, Any] | None:
         if self.version is None or self.carrier is None:

@@ -14,7 +14,6 @@ held (a vacuum that let it go is a :class:`FollowError` naming it).
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +21,6 @@ import numpy as np
 from ...errors import FollowError
 from ...order.state import epoch_total
 from ...sources.dataset import Dataset
-from ...sources.followed_version import FollowedVersion
 from ...sources.row_carry import (
     CarriedRows,
     RowCarry,
@@ -168,6 +166,7 @@ def _reopen(plain: Dataset, version: int, rec: dict[str, Any], fingerprint: str)
             storage_options=plain.store.storage_options,
             version=version,
             node_cache=plain.node_cache,
+            carrier=plain.carrier,
         )
     except FollowError as exc:
         raise FollowError(
@@ -211,7 +210,11 @@ class CarriedFollow(CarriedRows, Dataset):
         )
 
 
-def install() -> None:
-    """Make :class:`FollowedVersion` carry runs on through this module (the package calls this
-    when imported: that class's module cannot import this one, which builds on it)."""
-    FollowedVersion.carrier = sys.modules[__name__]
+class FollowCarrier:
+    """The carrier of a dataset that follows a Delta table (``FollowedVersion.carrier``):
+    handed in by the face that opens it (``tables/kinds.open_dataset``), as a class so that
+    a dataset pickled for a DataLoader worker names it."""
+
+    record = staticmethod(record)
+    carry_on = staticmethod(carry_on)
+    row_layout = staticmethod(row_layout)

@@ -85,6 +85,7 @@ class DeltaKind:
     since: Callable[..., DeltaSnapshot]  # (snapshot, since, deltalake)
     reopen: Callable[..., DeltaSnapshot]  # open_delta's signature
     carrier: Any  # record / carry_on / row_layout of a run over a version read in place
+    follows: Any  # the same, over a version of an MDS dataset following the table
 
 
 @dataclass
@@ -386,10 +387,15 @@ class DeltaSnapshot(ReadInPlace):
 
         Reuse is keyed by lineage and spec: a pinned export is written once.
         """
-        from ...sources.dataset import open_dataset
+        from ...sources.dataset import Dataset as _Dataset
         from ...spec import DatasetSpec as _Spec
 
         spec_obj = spec if isinstance(spec, _Spec) else _Spec(**(spec or {}))
+        carrier = None if self.kind is None else self.kind.follows
+
+        def open_dataset(path: str, **kwargs: Any) -> Dataset:  # as the public face opens it
+            return _Dataset(path, carrier=carrier, **kwargs)
+
         try:
             existing = open_dataset(out_path, **open_kwargs)
             if existing.source == self.lineage() and existing.spec == spec_obj.canonical():

@@ -11,6 +11,7 @@ from typing import Any
 
 from . import carry
 from .follow import update_mds
+from .follow_carry import FollowCarrier
 from .in_place import DeltaDataset
 from .log import Timestamp
 from .since import new_since
@@ -55,6 +56,7 @@ DELTA = DeltaKind(
     since=new_since,
     reopen=open_delta,
     carrier=carry,
+    follows=FollowCarrier,
 )
 
 
