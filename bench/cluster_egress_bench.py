@@ -195,6 +195,7 @@ def main() -> None:
     parser.add_argument("--options", default="{}")
     parser.add_argument("--rows", type=int, default=16384)
     parser.add_argument("--streams", type=int, default=0)
+    parser.add_argument("--kinds", default="mds,delta", help="comma-separated: mds, delta")
     args = parser.parse_args()
     if args.rank_worker:
         return rank_worker(args)
@@ -214,7 +215,7 @@ def main() -> None:
             f"{'case':28} {'epoch 0':>8} {'epoch 1':>8} {'epoch 2':>8} {'3 epochs':>9}"
             "  landed per node"
         )
-        for kind in ("mds", "delta"):
+        for kind in args.kinds.split(","):
             url = f"s3://bench/{kind}-{args.streams}"
             _write_data(kind, url, args.rows, direct, delta_options(host, port))
             stored = _stored_bytes(fs, f"bench/{kind}-{args.streams}")

@@ -185,3 +185,37 @@ def test_damaged_inline_deletion_vector_on_s3_is_refused_naming_it(s3: Any, tmp_
         open_delta("s3://bucket/dv-damaged", storage_options=options)
     text = str(err.value)
     assert "inline deletion vector" in text and add["path"] in text and "sizeInBytes" in text
+
+
+def test_footer_tails_follow_the_first_footer_and_a_longer_one_still_reads(
+    s3: Any, tmp_path: Path
+) -> None:
+    """Every node reads every file's footer, so the tail fetched for it is sized from the
+    first footer read (twice its length, 4 KiB steps), not a fixed 64 KiB that would cost
+    several percent of a table of small files per node. A footer longer than its guess (a
+    file of many more row groups) is fetched once more, exactly, and reads right."""
+    from spark_dl_core.tables.parquet.remote import FOOTER_PROBE, TAIL_ALIGN
+
+    _fs, options = s3
+    uri = "s3://bucket/tails"
+    _write(uri, options, files=3)  # 4 row groups a file: footers of ~1-2 KiB
+    snap = open_delta(uri, storage_options=options)
+    ds = snap.dataset(cache=False, span_dir=str(tmp_path / "small"), plan_cache=False)
+    assert len(ds) == 3 * PER
+    footers = ds.download_stats()
+    assert footers is not None
+    assert footers["download_bytes"] <= FOOTER_PROBE + 2 * TAIL_ALIGN, footers
+    # A file of 400 one-row groups after them: its footer outgrows the guess.
+    ids = np.arange(3 * PER, 4 * PER, dtype=np.int64)
+    x = pa.FixedSizeListArray.from_arrays(pa.array(_x(ids).ravel()), WIDTH)
+    many = pa.table({"id": ids, "x": x.cast(pa.list_(pa.float32()))})
+    props = WriterProperties(max_row_group_size=1)
+    write_deltalake(uri, many, mode="append", storage_options=options, writer_properties=props)
+    snap = open_delta(uri, storage_options=options)
+    ds = snap.dataset(cache=False, span_dir=str(tmp_path / "mixed"), plan_cache=False)
+    assert ds.num_shards == 3 * 4 + PER
+    remote = ds._remote_files()
+    assert remote is not None
+    (big,) = [remote.footer(i) for i in range(4) if remote.footer(i).num_row_groups == PER]
+    assert big.serialized_size > 2 * TAIL_ALIGN  # longer than its guess
+    assert sorted(_ids(ds.to_torch(batch_size=64, shuffle=True, seed=1))) == list(range(4 * PER))
