@@ -166,3 +166,60 @@ def test_a_dataset_on_a_fuse_mount_is_read_through_the_node_cache(
     assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(2000))
     assert loader.stats()["download_bytes"] == 0
     assert not isinstance(open_dataset(str(mount / "ds"), node_cache=False).store, CachedStore)
+
+
+def _delta(path: Path, n: int) -> int:
+    """A Delta table of ``n`` rows in 4 files of several row groups; its data files' bytes."""
+    from deltalake import WriterProperties, write_deltalake
+
+    props = WriterProperties(max_row_group_size=250)
+    for part in np.array_split(np.arange(n, dtype=np.int64), 4):
+        v = np.random.default_rng(len(part)).random((len(part), 32), dtype=np.float32)
+        table = pa.table({"id": part, "v": list(v)})
+        write_deltalake(str(path), table, mode="append", writer_properties=props)
+    return sum(f.stat().st_size for f in path.glob("*.parquet"))
+
+
+def test_a_delta_table_on_a_fuse_mount_is_read_through_the_node_cache(
+    fuse_mount: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A Delta table read in place from a real FUSE mount goes through the span cache, as
+    an ``s3://`` table does, with no option: the first epoch copies its row groups (and
+    footers) once, the second reads local disk; ``node_cache=False`` reads it in place."""
+    pytest.importorskip("deltalake")
+    from spark_dl_core import open_delta
+
+    source, mount = fuse_mount
+    stored = _delta(source / "t", 2000)
+    snap = open_delta(str(mount / "t"))
+    ds = snap.dataset(cache=False, span_dir=str(tmp_path / "spans"), plan_cache=False)
+    assert ds.through_spans
+    loader = ds.to_torch(batch_size=100, shuffle=True, seed=1, columns=["id"])
+    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(2000))
+    first = loader.stats()["download_bytes"]
+    assert 0 < first <= 1.1 * stored  # its row groups and footers, once
+    loader.set_epoch(1)
+    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(2000))
+    assert loader.stats()["download_bytes"] == 0  # the second epoch reads local disk
+    assert not snap.dataset(cache=False, node_cache=False, plan_cache=False).through_spans
+
+
+def test_each_rank_of_a_local_delta_table_copies_only_its_share(tmp_path: Path) -> None:
+    """``node_cache=True`` on a local Delta table: two ranks, each its own span cache, each
+    copy about half of the row groups, and together read every row once."""
+    pytest.importorskip("deltalake")
+    from spark_dl_core import open_delta
+
+    stored = _delta(tmp_path / "t", 8000)  # 32 row groups: the default order has streams
+    assert not open_delta(str(tmp_path / "t")).dataset(cache=False).through_spans
+    seen, pulled = [], []
+    for rank in range(2):
+        ds = open_delta(str(tmp_path / "t")).dataset(
+            cache=False, node_cache=True, span_dir=str(tmp_path / f"node{rank}"), plan_cache=False
+        )
+        kw = {"shuffle": True, "seed": 5, "rank": rank, "world_size": 2, "columns": ["id", "v"]}
+        loader = ds.to_torch(batch_size=50, even_batches=False, **kw)
+        seen += [i for b in loader for i in b["id"].tolist()]
+        pulled.append(loader.stats()["download_bytes"])
+    assert sorted(seen) == list(range(8000))
+    assert all(p <= 0.6 * stored for p in pulled) and sum(pulled) <= 1.1 * stored, pulled

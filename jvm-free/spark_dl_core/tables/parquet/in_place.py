@@ -41,7 +41,7 @@ from .cache import Reservation, RowGroupCache
 from .filter import kept_digest
 from .footer import read_group
 from .plan import RowGroupPlanning, _mask, _RowGroup
-from .remote import RemoteFiles, default_span_dir, is_remote_table
+from .remote import RemoteFiles, default_span_dir, read_through_spans
 from .table_files import TableError, TableFiles, first_line
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -79,6 +79,9 @@ class InPlaceDataset(RowGroupPlanning, Dataset):
     ``<tmp>/spark-dl-cache/<hash of the table URI and "#inplace">``). ``span_dir``: where a
     remote table's footers and row groups are fetched to, once per machine (default
     ``<tmp>/spark-dl-cache/<hash of the table URI and "#spans">``; see :mod:`.remote`).
+    ``node_cache``: read a local table's files through that span cache too, as a remote
+    table's: None (the default) when the table lies on a network or FUSE mount
+    (``/Volumes``, NFS), True always, False never (see :func:`.remote.read_through_spans`).
     ``plan_cache``: keep the footers' row-group metadata on local disk, so the next open of
     this or a later version reads one file, not every footer (a directory, default
     ``<tmp>/spark-dl-cache/<hash of the table URI and "#plan">``; False: read every footer).
@@ -98,8 +101,10 @@ class InPlaceDataset(RowGroupPlanning, Dataset):
         cache_dir: str | None = None,
         span_dir: str | None = None,
         plan_cache: bool | str = True,
+        node_cache: bool | None = None,
     ) -> None:
         self.snapshot = snapshot
+        self.through_spans = read_through_spans(snapshot, node_cache)
         self.user_spec = spec if isinstance(spec, DatasetSpec) else DatasetSpec(**(spec or {}))
         self.path = snapshot.shown  # TABLE@vN (TABLE@vM..vN: the rows new since version M)
         self.shown = self.path
@@ -377,7 +382,7 @@ class InPlaceDataset(RowGroupPlanning, Dataset):
 
     def _remote_files(self) -> RemoteFiles | None:
         """This process's reader of the table's remote files (None for a local table)."""
-        if not is_remote_table(self.snapshot):
+        if not self.through_spans:
             return None
         self._own_process()
         with self._lock:

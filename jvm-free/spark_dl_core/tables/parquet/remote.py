@@ -37,6 +37,7 @@ import pyarrow as pa
 from ...errors import ShardError
 from ...store.cache import ShardCache
 from ...store.cached_store import cache_for
+from ...store.network import network_mount
 from ...store.storage import Store, is_remote
 from .footer import read_group
 from .table_files import file_key, first_line
@@ -245,7 +246,7 @@ class RemoteFiles:
         self._lock = threading.Lock()
         self._tails: dict[int, int] = {}  # per file: the tail bytes its footer is read with
         self._learnt: tuple[int, int] | None = None  # a footer's length and its file's size
-        prefix = snap.table_uri.split("://", 1)[0] + "://"
+        prefix = _scheme_prefix(snap.table_uri)
         self.paths = [file_key(u)[len(prefix) :] for u in snap.files]
         self.sizes = [int(snap.file_size(u) or 0) for u in snap.files]
         store = _SpanStore(table_store(snap.table_uri, snap.storage_options))
@@ -423,6 +424,27 @@ def is_remote_table(snap: Any) -> bool:
     return is_remote(snap.table_uri) and not snap.table_uri.startswith("file:")
 
 
+def _scheme_prefix(uri: str) -> str:
+    """What a remote URI's paths drop for its fsspec filesystem (``s3://``); ``""`` for a
+    local table, whose files are plain paths (:func:`file_key`)."""
+    if "://" not in uri or uri.startswith("file:"):
+        return ""
+    return uri.split("://", 1)[0] + "://"
+
+
+def read_through_spans(snap: Any, node_cache: bool | None) -> bool:
+    """Whether a snapshot's files are read through the span cache (in plan order, only the
+    row groups a rank reads, kept on the node's disk) rather than where they lie: always on
+    an object store; for a local path, when it lies on a network or FUSE mount
+    (``/Volumes``, NFS, s3fs: :func:`~spark_dl_core.store.network.network_mount`) with
+    ``node_cache`` None (the default), or whenever ``node_cache`` is True."""
+    if is_remote_table(snap):
+        return True
+    if node_cache is not None:
+        return bool(node_cache)
+    return network_mount(file_key(snap.table_uri)) is not None
+
+
 def default_span_dir(table_uri: str) -> str:
     """``<tmp>/spark-dl-cache/<hash of the table URI and "#spans">``: one per machine."""
     from ...store.cache import default_cache_dir
@@ -436,5 +458,6 @@ __all__ = [
     "default_span_dir",
     "fsspec_options",
     "is_remote_table",
+    "read_through_spans",
     "remote_filesystem",
 ]
