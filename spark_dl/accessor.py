@@ -34,9 +34,22 @@ class DLAccessor:
 
     def __init__(self, df: Any) -> None:
         self._df = df
+        self._pinned: Any = None  # see _frame
         # a session created after ``import spark_dl`` in an environment where Spark cannot
         # discover the source by itself (spark-dl only on a path) still gets it
         register_source(df.sparkSession, force=False)
+
+    def _frame(self) -> Any:
+        """The DataFrame written and loaded: a plain delta-spark scan (a catalog table, a
+        ``VERSION AS OF``, a ``versionAsOf`` load) as the pinned read of its snapshot
+        (:mod:`spark_dl.delta_scan`), so it records its table and version like a
+        ``read_delta`` DataFrame; any other DataFrame as it is."""
+        if self._pinned is None:
+            from .delta_scan import pin_delta_scan
+
+            pinned = pin_delta_scan(self._df)
+            self._pinned = self._df if pinned is None else pinned
+        return self._pinned
 
     def resolved_spec(self, spec: SpecLike = None, *, infer_shapes: bool = True) -> DatasetSpec:
         """``spec`` with ``json`` for ragged nested arrays, which no inferred encoding can
@@ -58,14 +71,14 @@ class DLAccessor:
         else:
             resolved = self.resolved_spec(spec, infer_shapes=infer_shapes and mode != "append")
             given = resolved.model_dump_json()
-        writer = self._df.write.format(FORMAT).option("spec", given)
+        writer = self._frame().write.format(FORMAT).option("spec", given)
         for key, value in (storage_options or {}).items():
             writer = writer.option(f"storage.{key}", value)
         writer.mode(mode).save(path)
 
     def converter(self, spec: SpecLike = None, *, cache_dir: str | None = None) -> Converter:
         """The DataFrame materialized once (cached by plan and spec) as an MDS dataset."""
-        return make_converter(self._df, as_spec(spec), cache_dir)
+        return make_converter(self._frame(), as_spec(spec), cache_dir)
 
     def _loader_source(self, spec: SpecLike, cache_dir: str | None, in_place: InPlace) -> Any:
         """What the loader reads: the pinned Delta version itself (``in_place``, see
@@ -74,7 +87,7 @@ class DLAccessor:
             from .delta_inplace import NotInPlaceError, in_place_snapshot
 
             try:
-                return in_place_snapshot(self._df).dataset(as_spec(spec))
+                return in_place_snapshot(self._frame()).dataset(as_spec(spec))
             except NotInPlaceError as exc:
                 if in_place is True:
                     raise
@@ -136,9 +149,10 @@ class DLAccessor:
             verify_hashes: check shard hashes as they are read.
             prefetch_bytes, prefetch_factor, pin_memory, multiprocessing_context,
             progress: loader tuning, as in the core.
-            in_place: read a ``spark_dl.read_delta`` DataFrame (alone, or a select of its
-                columns) from the table's files with no Spark job and no copy, as
-                ``open_delta(uri, version).dataset(spec).to_torch`` does; anything else
+            in_place: read a ``spark_dl.read_delta`` DataFrame, or a delta-spark one of a
+                catalog table or a version (alone, or a select of its columns; see
+                :mod:`spark_dl.delta_scan`) from the table's files with no Spark job and no
+                copy, as ``open_delta(uri, version).dataset(spec).to_torch`` does; anything else
                 raises ``NotInPlaceError`` saying why (``"auto"``: warns and copies).
                 ``cache_dir`` is the copy's: unused in place.
         """

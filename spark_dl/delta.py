@@ -146,7 +146,28 @@ def read_delta(
     drift when new commits land. ``engine`` forces a path (``"spark"`` needs delta-spark).
     Errors name the table, the asked version and the versions available.
     """
-    uri = os.fspath(path)
+    return read_pinned(
+        spark,
+        os.fspath(path),
+        version,
+        timestamp=timestamp,
+        engine=engine,
+        storage_options=storage_options,
+    )
+
+
+def read_pinned(
+    spark: SparkSession,
+    uri: str,
+    version: int | None,
+    *,
+    timestamp: Timestamp | None = None,
+    engine: Engine = "auto",
+    storage_options: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> DataFrame:
+    """:func:`read_delta`, with ``extra`` keys added to the recorded lineage (the catalog
+    name of a table pinned from a DataFrame over it: :mod:`spark_dl.delta_scan`)."""
     use_spark = engine == "spark" or (engine == "auto" and session_reads_delta(spark))
     files: tuple[str, ...] | None
     schema: pa.Schema | None = None
@@ -163,6 +184,7 @@ def read_delta(
         lineage["reader"] = reader
         files = tuple(snapshot.file_names) if reader != "spark-arrow" else None
         schema = snapshot.output_schema
+    lineage.update(extra or {})
     # Same snapshot, same token: equal plans keep equal semantic hashes (converter cache).
     identity = json.dumps([lineage, files, df.schema.json()], sort_keys=True, default=str)
     token = ALIAS_PREFIX + hashlib.sha256(identity.encode()).hexdigest()[:16]

@@ -135,6 +135,13 @@ def _wrap_writer_class(cls: Any) -> None:
         if frame is None:
             return None
         from .delta import canonical_files, delta_fields, file_order_block, source_option
+        from .delta_scan import pin_delta_scan
+
+        # a catalog table or time-travel read of delta-spark: written as its pinned read
+        pinned = pin_delta_scan(frame)
+        if pinned is not None:
+            frame = pinned
+        plain = None if pinned is None else orig_format(pinned.write, FORMAT)
 
         if "source" not in recorded:
             found = source_option(frame)
@@ -145,11 +152,11 @@ def _wrap_writer_class(cls: Any) -> None:
             if fields is not None:
                 extra["delta_schema"] = schema_to_text(fields)
         files = canonical_files(frame)
-        if not files or "canonical_files" in recorded:
-            return None
-        ordered = _canonical_frame(frame, file_order_block(frame))
-        if ordered is None:
-            return None
+        ordered = None
+        if files and "canonical_files" not in recorded:
+            ordered = _canonical_frame(frame, file_order_block(frame))
+        if ordered is None or files is None:
+            return None if plain is None else orig_options(plain, **recorded, **extra)
         writer = orig_format(ordered.write, FORMAT)
         return orig_options(writer, **recorded, **extra, canonical_files=json.dumps(list(files)))
 
