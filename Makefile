@@ -9,6 +9,8 @@ JVM_JAR := spark_dl/jvm/spark-dl-jvm.jar
 JVM_SOURCES := $(wildcard spark_dl/jvm/*.java)
 DELTA_JARS := build/delta-jars
 DELTA_PY := import spark_dl.delta_session as d; print(d
+ICEBERG_JARS := build/iceberg-jars
+ICEBERG_PY := import spark_dl.iceberg_session as i; print(i
 # Spark's Python workers must run the interpreter that has our packages.
 export PYSPARK_PYTHON := $(PY)
 export PYSPARK_DRIVER_PYTHON := $(PY)
@@ -16,10 +18,12 @@ export SPARK_DL_MOSAIC_PYTHON := $(abspath $(MOSAIC_VENV))/bin/python
 export TF_CPP_MIN_LOG_LEVEL := 2
 # Delta Lake's jars for spark_dl.with_delta (fetched by Maven below)
 export SPARK_DL_DELTA_JARS := $(abspath $(DELTA_JARS))
+# Iceberg's Spark runtime for spark_dl.with_iceberg (fetched by Maven below)
+export SPARK_DL_ICEBERG_JARS := $(abspath $(ICEBERG_JARS))
 
 .PHONY: install mosaic-env browser-env fuse-env bench-envs demo test lint typecheck pytest bench bench-all fuzz clean
 
-install: $(VENV)/.installed $(JVM_JAR) $(DELTA_JARS)/.fetched
+install: $(VENV)/.installed $(JVM_JAR) $(DELTA_JARS)/.fetched $(ICEBERG_JARS)/.fetched
 
 $(VENV)/.installed: pyproject.toml jvm-free/pyproject.toml jvm-free/setup.py $(wildcard jvm-free/csrc/*.c) constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +57,17 @@ $(DELTA_JARS)/.fetched: spark_dl/jvm/delta/pom.xml $(VENV)/.installed
 	mvn -q -B -f spark_dl/jvm/delta/pom.xml $$($(PY) -c "$(DELTA_PY).maven_properties())") \
 	  dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(DELTA_JARS))
 	$(PY) -c "$(DELTA_PY).prune_shipped('$(DELTA_JARS)'))"
+	touch $@
+
+# Iceberg's Spark runtime (one shaded jar) for the pinned PySpark, fetched once with the
+# machine's Maven; where it was built for an older Spark (4.1's runtime on Spark 4.2) a small
+# compatibility jar is built beside it with javac (spark_dl/jvm/iceberg/, docs/iceberg.md).
+$(ICEBERG_JARS)/.fetched: spark_dl/jvm/iceberg/pom.xml $(wildcard spark_dl/jvm/iceberg/*.java) $(VENV)/.installed
+	@rm -rf $(ICEBERG_JARS) && mkdir -p $(ICEBERG_JARS)
+	mvn -q -B -f spark_dl/jvm/iceberg/pom.xml $$($(PY) -c "$(ICEBERG_PY).maven_properties())") \
+	  dependency:copy-dependencies -DincludeScope=runtime -DexcludeTransitive=true \
+	  -DoutputDirectory=$(abspath $(ICEBERG_JARS))
+	$(PY) -c "$(ICEBERG_PY).build_compat('$(ICEBERG_JARS)'))"
 	touch $@
 
 # A side environment with Mosaic Streaming, the interoperability oracle. It cannot share

@@ -20,6 +20,7 @@ from .converter import Converter
 from .datasource import MDSDataSource, install_save_modes, register_source
 from .delta import read_delta
 from .delta_session import delta_jars, with_delta
+from .iceberg_session import iceberg_jars, with_iceberg
 from .mixtures import mix
 from .sql import register_dataset, run_sql_file
 
@@ -56,6 +57,7 @@ __all__ = [
     "Source",
     "__version__",
     "delta_jars",
+    "iceberg_jars",
     "mix",
     "open_dataset",
     "read_delta",
@@ -63,5 +65,6 @@ __all__ = [
     "register_dataset",
     "run_sql_file",
     "with_delta",
+    "with_iceberg",
     "write_mds",
 ]
