@@ -1,12 +1,14 @@
 """What a source of shards provides: the one contract the order, the reader and the loaders
 hold every kind of source to.
 
-Three kinds implement it: an MDS dataset (:class:`~spark_dl_core.sources.dataset.Dataset`),
-a mixture of sources (:class:`~spark_dl_core.mixture.dataset.Mixture`), and a Delta snapshot
-read in place. A source is a sequence of samples cut into shards: ``shard_offsets[i]`` is the
-first global sample index of shard ``i``; the order shuffles shards and samples within them
-by ``fingerprint``; the reader loads a shard (:meth:`ShardSource.load_shard`) and decodes
-rows by ``layout``. Nothing here imports another room, so any room may type against it.
+Every kind implements it through the shared base
+:class:`~spark_dl_core.sources.dataset.Dataset`: an MDS dataset
+(:class:`~spark_dl_core.sources.mds.MdsDataset`), a table read in place (Delta, Iceberg), and a
+mixture of sources (:class:`~spark_dl_core.mixture.dataset.Mixture`). A source is a sequence of
+samples cut into shards: ``shard_offsets[i]`` is the first global sample index of shard ``i``;
+the order shuffles shards and samples within them by ``fingerprint``; the reader loads a shard
+(:meth:`ShardSource.load_shard`) and decodes rows by ``layout``. Nothing here imports another
+room, so any room may type against it.
 """
 
 from __future__ import annotations
@@ -166,8 +168,8 @@ class TableSnapshot(Protocol):
 
 class SourceCapabilities:
     """The optional parts of :class:`ShardSource`, each with a plain dataset's answer. Every
-    kind of source derives from this (through the MDS ``Dataset``) and overrides what it does
-    otherwise, so the order, the loaders and resume read these directly: nothing probes a
+    kind of source derives from this (through the shared base ``Dataset``) and overrides what
+    it does otherwise, so the order, the loaders and resume read these directly: nothing probes a
     source for what it can do."""
 
     # The source makes its own order (:meth:`make_order`: a mixture merging its sources',

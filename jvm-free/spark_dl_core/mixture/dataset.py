@@ -72,11 +72,6 @@ class Mixture(Dataset):
         self.shown = self.path
         self.cache_dir = None
         self.allow_unsafe = all(d.allow_unsafe for d in datasets)
-        self.meta = None
-        self._index_text = None
-        self._compact = None
-        self._verified: set[int] = set()
-        self._warned_unverifiable = False
         self.source_column = spec.source_column
         self.derived = () if self.source_column is None else (self.source_column,)
         labels = [self._label(i) for i in range(len(datasets))]
@@ -477,9 +472,11 @@ class Mixture(Dataset):
         total: dict[str, float] | None = None
         for source in self.sources:
             stats = source.download_stats()
-            if stats is None or id(source.store) in seen:
+            # MDS sources on one store share its cache's counters: counted once
+            shared = id(getattr(source, "store", source))
+            if stats is None or shared in seen:
                 continue
-            seen.add(id(source.store))
+            seen.add(shared)
             total = {k: (total or {}).get(k, 0.0) + v for k, v in stats.items()}
         return total
 

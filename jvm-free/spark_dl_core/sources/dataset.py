@@ -1,16 +1,18 @@
-"""Reading MDS datasets: open, validate, and decode samples batch by batch into numpy.
+"""The shared base of every kind of source: :class:`Dataset`, a source of shards read as
+one id space, and decoding its samples batch by batch into numpy.
 
-A :class:`Dataset`'s other jobs live beside it, as mixins it inherits: loading its shards
-with size and hash checks (:mod:`.shard_loading`), ``ds[...]`` (:mod:`.random_access`), and
-what a dataset that follows a Delta table adds (:mod:`.followed_version`). Its loading
-methods and its notebook card are implemented in rooms above this one, which the package
-face hands in (:func:`install`).
+A kind of source (the MDS dataset, :mod:`.mds`; a table read in place, ``tables/``; a
+mixture, ``mixture/``) derives from :class:`Dataset` and overrides only the defaults it
+answers otherwise: how it opens, its fingerprint, plans and forms, where a sample lives, how
+a shard loads. ``ds[...]`` is a mixin it inherits (:mod:`.random_access`), as are the
+defaults of :class:`~spark_dl_core.shard_source.SourceCapabilities`. Its loading methods and
+its notebook card are implemented in rooms above this one, which the package face hands in
+(:func:`install`).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import Any
 
@@ -19,7 +21,6 @@ import pyarrow as pa
 
 from ..errors import (
     ColumnNotFoundError,
-    DatasetError,
     SampleIndexError,
     ShardError,
 )
@@ -31,138 +32,32 @@ from ..format.buffers import (
     gather_fixed,
     offsets_from_lengths,
 )
-from ..format.compact import CompactIndex, ShardTable
-from ..format.encodings import DecodeOptions, Encoding, ImageMode, get_encoding
-from ..format.index import INDEX_FILE, ShardInfo
+from ..format.compact import ShardTable
+from ..format.encodings import DecodeOptions, Encoding, ImageMode
 from ..format.shard import Layout, ShardData
-from ..meta import (
-    ColumnPlan,
-    column_names,
-    plans_from_meta,
-    read_meta,
-    stored_layout,
-)
+from ..meta import ColumnPlan, column_names
 from ..shard_source import Batch, SourceCapabilities
-from ..store.cached_store import shard_store
-from ..store.indexing import index_fingerprint
-from ..store.storage import check_path
-from ..versions import Piece, version_number
-from .followed_version import FollowedVersion
 from .random_access import RandomAccess
-from .shard_loading import ShardLoading
 
 # column -> numpy array, or a Jagged batch (token sequences) inside the loaders
 
 
-class Dataset(RandomAccess, FollowedVersion, ShardLoading, SourceCapabilities):
-    """An MDS dataset on storage: its shards, columns and fingerprint.
+class Dataset(RandomAccess, SourceCapabilities):
+    """A source of shards: its samples, columns and fingerprint, and their decoding.
 
-    Written by spark-dl or by Mosaic Streaming's MDSWriter. Use :func:`open_dataset`.
+    Every kind derives from it (``isinstance(ds, Dataset)`` holds for an MDS dataset, a
+    table read in place and a mixture alike). Use :func:`~spark_dl_core.open_dataset`,
+    ``open_delta(...).dataset()``, :func:`~spark_dl_core.mix`...
     """
 
-    def __init__(
-        self,
-        path: str,
-        *,
-        cache_dir: str | None = None,
-        allow_unsafe: bool = False,
-        storage_options: dict[str, Any] | None = None,
-        version: int | str | None = None,
-        node_cache: bool | None = None,
-        carrier: Any = None,
-    ) -> None:
-        check_path(path)
-        self.path = str(path)
-        # remote stores (and network mounts) serve shard files through the node cache
-        self.store = shard_store(self.path, storage_options, cache_dir, node_cache)
-        self.shown = self.store.display()  # the path with any credentials redacted
-        self.cache_dir = cache_dir
-        self.node_cache = node_cache
-        self.allow_unsafe = allow_unsafe
-        self._compact: CompactIndex | None = None
-        # a dataset that follows a Delta table: the table version opened and the shards
-        # assembled from others (see spark_dl_core.versions); None / {} otherwise
-        self.version: int | None = None
-        self._virtual: dict[str, list[Piece]] = {}
-        self.carrier = carrier  # a followed version's runs carried on (see FollowedVersion)
-        asked = version_number(version, f"open_dataset({self.shown!r})")
-        self.shards, self.meta, self._index_text = self._load(asked)
-        self.layout = self._layout()
-        self.shard_offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
-        np.cumsum(self.shards.samples, out=self.shard_offsets[1:])
-        self._verified: set[int] = set()  # shards checked once in this process
-        self._warned_unverifiable = False
-        self._accessed: tuple[int, ShardData] | None = None  # last shard ``ds[...]`` read
-
-    # -- opening
-
-    def _load(self, version: int | None) -> tuple[ShardTable, dict[str, Any] | None, bytes | None]:
-        if version is not None:  # a version held by a dataset that follows a table
-            asked = self._open_followed(version)
-            assert asked is not None  # a version not held is a FollowError
-            return asked
-        # The compact index when present: per-shard JSON is never parsed on open. Read first,
-        # so an unreachable store is reported for the dataset's index, not its _follow/.
-        committed = read_meta(self.store, compact=True, cache_dir=self.cache_dir)
-        held = self._open_followed(None)  # a followed table's dataset: its latest manifest
-        if held is not None:
-            return held
-        if committed is None:
-            raise DatasetError(self._why_no_index())
-        self._compact = committed.compact
-        found: Any = committed.shards
-        shards = found if isinstance(found, ShardTable) else ShardTable.from_infos(list(found))
-        return shards, committed.meta, committed.index_text
-
-    def _why_no_index(self) -> str:
-        """Why nothing is committed at this path, in the words a user can act on."""
-        store, shown = self.store, self.store.display()
-        if os.path.basename(store.root) == INDEX_FILE:
-            parent = shown[: -len(INDEX_FILE)].rstrip("/") or "/"
-            return f"{shown} names the index file; open the dataset directory {parent}"
-        if not store.remote:
-            if os.path.isfile(store.root):
-                return f"{shown} is a file, not a dataset directory (one holding {INDEX_FILE})"
-            if not os.path.exists(store.root):
-                return f"{shown} does not exist"
-        return f"{store.display(INDEX_FILE)} does not exist: no dataset is committed at {shown}"
-
-    def _layout(self) -> Layout:
-        if self._compact is not None and len(self.shards):  # one column layout by construction
-            return self._layout_of([self.shards[0]])
-        return self._layout_of(self.shards)
-
-    def _layout_of(self, shards: Sequence[ShardInfo]) -> Layout:
-        if not shards:
-            plans = self.plans
-            return stored_layout(plans) if plans else Layout((), ())
-        first = shards[0]
-        for i, shard in enumerate(shards):
-            if (shard.column_names, shard.column_encodings, shard.column_sizes) != (
-                first.column_names,
-                first.column_encodings,
-                first.column_sizes,
-            ):
-                raise DatasetError(
-                    f"{self.shown}: shard {i} ({shard.stored.basename}) has columns "
-                    f"{dict(zip(shard.column_names, shard.column_encodings))}, shard 0 has "
-                    f"{dict(zip(first.column_names, first.column_encodings))}"
-                )
-        encodings = []
-        for name, enc, size in zip(first.column_names, first.column_encodings, first.column_sizes):
-            try:
-                encoding = get_encoding(enc)
-            except ValueError as exc:
-                raise DatasetError(f"{self.shown}: column {name!r}: {exc}") from None
-            if encoding.size != size:
-                raise DatasetError(
-                    f"{self.shown}: column {name!r} ({enc}) lists size {size}, "
-                    f"the encoding has {encoding.size}"
-                )
-            encodings.append(encoding)
-        if len(set(first.column_names)) != len(first.column_names):
-            raise DatasetError(f"{self.shown}: column names repeat: {first.column_names}")
-        return Layout(tuple(first.column_names), tuple(encodings))
+    # What each kind sets when it opens.
+    path: str
+    shown: str  # the path with any credentials redacted
+    allow_unsafe: bool
+    shards: ShardTable
+    layout: Layout
+    shard_offsets: np.ndarray  # the first global sample of each shard, and the total
+    _accessed: tuple[int, ShardData] | None  # the last shard ``ds[...]`` read
 
     # -- facts
 
@@ -180,25 +75,21 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading, SourceCapabilities):
 
     @cached_property
     def plans(self) -> list[ColumnPlan] | None:
-        """Our record of each column's Arrow type and null mask (None for Mosaic datasets)."""
-        return plans_from_meta(self.meta) if self.meta else None
+        """Our record of each column's Arrow type and null mask (None: none recorded)."""
+        return None
 
     @cached_property
     def fingerprint(self) -> str:
-        """Identifies content and spec; for datasets not written by spark-dl, the index."""
-        if self.meta and self.meta.get("fingerprint"):
-            return str(self.meta["fingerprint"])
-        if self._index_text is None and self._compact is not None:
-            return self._compact.fingerprint  # computed from index.json when it was built
-        return index_fingerprint(self._index_text or b"")
+        """Identifies the source's content and spec: each kind computes its own."""
+        raise NotImplementedError(f"{type(self).__name__} names no fingerprint")
 
     @property
     def spec(self) -> dict[str, Any] | None:
-        return self.meta.get("spec") if self.meta else None
+        return None
 
     @property
     def source(self) -> dict[str, Any]:
-        return dict(self.meta.get("source") or {}) if self.meta else {}
+        return {}
 
     def encoding(self, column: str) -> Encoding:
         return self.layout.encodings[self.layout.names.index(column)]
@@ -216,24 +107,7 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading, SourceCapabilities):
         None)``, each batch dense when its values share one shape (as Mosaic's reader
         leaves it to the user). Fixed-width and other columns are not listed.
         """
-        forms: dict[str, tuple[str, tuple[int, ...] | None]] = {}
-        plans = {p.name: p for p in self.plans or []}
-        shard_meta = self.meta["shards"] if self.meta else []
-        for name, encoding in zip(self.layout.names, self.layout.encodings):
-            if encoding.size is not None or not encoding.ndarray:
-                continue
-            recorded = [(m.get("shapes") or {}).get(name, "?") for m in shard_meta]
-            plan = plans.get(name)
-            if plan is None:
-                forms[name] = ("auto", None)
-                continue
-            if recorded and all(isinstance(r, list) and r == recorded[0] for r in recorded):
-                forms[name] = ("dense", tuple(recorded[0]))
-            elif plan is not None and _list_depth(plan.arrow_type) == 1:
-                forms[name] = ("jagged", None)
-            else:
-                forms[name] = ("objects", None)
-        return forms
+        return {}
 
     def _conform(self, name: str, value: Any, file: str) -> Any:
         """Give a decoded variable ndarray column its dataset-wide form (see :attr:`forms`)."""
@@ -282,16 +156,42 @@ class Dataset(RandomAccess, FollowedVersion, ShardLoading, SourceCapabilities):
         raise ColumnNotFoundError(f"{self.shown} has no derived column {name!r}")
 
     def locate(self, sample: int) -> tuple[str, int]:
-        """The shard file holding global sample ``sample`` and its index within it."""
+        """The shard holding global sample ``sample`` (as a person finds it) and its index
+        within it."""
         shard = int(np.searchsorted(self.shard_offsets, sample, side="right") - 1)
-        file = self.store.display(self.shards[shard].stored.basename)
-        return file, sample - int(self.shard_offsets[shard])
+        return f"shard {shard}", sample - int(self.shard_offsets[shard])
 
     def __repr__(self) -> str:
         return (
-            f"<Dataset {self.shown!r}: {len(self)} samples, {self.num_shards} shards, "
-            f"columns={self.columns}>"
+            f"<{type(self).__name__} {self.shown!r}: {len(self)} samples, "
+            f"{self.num_shards} shards, columns={self.columns}>"
         )
+
+    # -- shards: each kind loads its own
+
+    def load_shard(
+        self,
+        shard: int,
+        verify_hashes: bool | None = None,
+        timings: dict[str, float] | None = None,
+    ) -> ShardData:
+        """One shard, decoded from storage as MDS shard bytes: each kind loads its own."""
+        raise NotImplementedError(f"{type(self).__name__} loads no shard")
+
+    def stored_bytes(self, shard: int) -> np.ndarray:
+        """One shard's stored bytes: each kind reads its own."""
+        raise NotImplementedError(f"{type(self).__name__} stores no shard")
+
+    def prefetch_shards(self, shards: list[int], threads: int | None = None) -> bool:
+        """Start fetching these shards in the background (False: nothing to fetch)."""
+        return False
+
+    def release_shards(self, shards: list[int]) -> None:
+        """Forget background fetches of these shards (a reader that stops early)."""
+
+    def download_stats(self) -> dict[str, float] | None:
+        """This process's download telemetry (None: nothing downloaded)."""
+        return None
 
     # -- decoding
 

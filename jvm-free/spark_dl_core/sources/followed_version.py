@@ -15,7 +15,7 @@ from ..versions import Piece, read_version
 
 
 class FollowedVersion:
-    """Mixin of :class:`~.dataset.Dataset`: ``version`` is the table version opened (None
+    """Mixin of :class:`~.mds.MdsDataset`: ``version`` is the table version opened (None
     for a dataset that follows no table), ``_virtual`` its shards assembled from others,
     ``carrier`` how a run over a version carries on to another (``record``, ``carry_on``,
     ``row_layout``; None: opened by hand, a state of another version is refused)."""

@@ -33,7 +33,7 @@ from ..versions import Piece, assemble
 
 
 class ShardLoading:
-    """Mixin of :class:`~.dataset.Dataset`: its shards read, checked and decompressed.
+    """Mixin of :class:`~.mds.MdsDataset`: its shards read, checked and decompressed.
 
     The dataset sets these attributes when it opens (a mixture or a table read in place
     overrides the loading methods instead)."""

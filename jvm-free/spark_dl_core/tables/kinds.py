@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..sources.dataset import Dataset
+from ..sources.mds import MdsDataset
 from .delta.follow_carry import FollowCarrier
 from .delta.table import reopen_in_place as reopen_delta
 from .iceberg.table import reopen_in_place as reopen_iceberg
@@ -30,7 +31,7 @@ def open_dataset(
     storage_options: dict[str, Any] | None = None,
     version: int | str | None = None,
     node_cache: bool | None = None,
-) -> Dataset:
+) -> MdsDataset:
     """Open an MDS dataset (ours or Mosaic's) at a local path or fsspec URL.
 
     A dataset that follows a Delta table (``write_mds(..., mode="update")``) opens at the
@@ -46,7 +47,7 @@ def open_dataset(
     node cache too, as a remote URL is; ``node_cache=True`` does so for any local path,
     ``node_cache=False`` reads in place whatever holds the path.
     """
-    return Dataset(
+    return MdsDataset(
         path if not isinstance(path, os.PathLike) else os.fspath(path),
         cache_dir=cache_dir,
         allow_unsafe=allow_unsafe,

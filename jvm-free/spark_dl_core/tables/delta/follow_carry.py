@@ -20,7 +20,7 @@ import numpy as np
 
 from ...errors import FollowError
 from ...order.state import epoch_total
-from ...sources.dataset import Dataset
+from ...sources.mds import MdsDataset
 from ...sources.row_carry import (
     CarriedRows,
     RowCarry,
@@ -45,7 +45,7 @@ def _deleted_rows(ranges: list[list[int]]) -> np.ndarray:
     return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges])
 
 
-def row_layout(ds: Dataset) -> RowLayout:
+def row_layout(ds: MdsDataset) -> RowLayout:
     """Each sample's data file (its key in the manifest) and row in it: a file's shards hold
     its live rows (those its deletion vector at this version keeps), in file order."""
     held = read_version(ds.store, ds.version)
@@ -88,11 +88,11 @@ def row_layout(ds: Dataset) -> RowLayout:
     )
 
 
-def _table(ds: Dataset) -> str:
+def _table(ds: MdsDataset) -> str:
     return str(ds.source.get("table"))
 
 
-def record(ds: Dataset, epoch: int, consumed: int) -> dict[str, Any]:
+def record(ds: MdsDataset, epoch: int, consumed: int) -> dict[str, Any]:
     """What a loader state records of a position over a followed version: the table and
     version (to reopen it from the directory), the epoch's size, and the carry if any."""
     out: dict[str, Any] = {
@@ -107,7 +107,7 @@ def record(ds: Dataset, epoch: int, consumed: int) -> dict[str, Any]:
     return out
 
 
-def _state_version(ds: Dataset, rec: dict[str, Any], fingerprint: str) -> int | None:
+def _state_version(ds: MdsDataset, rec: dict[str, Any], fingerprint: str) -> int | None:
     """The version a state was saved on: its record's, else the held version whose
     fingerprint is the state's (a state saved over a plain export the dataset adopted)."""
     if rec.get("kind") == "delta" and rec.get("version") is not None:
@@ -126,7 +126,7 @@ def _named(rec: dict[str, Any], table: str | None, version: int | None) -> str:
     return f"table {table!r} version {version}{how}"
 
 
-def carry_on(ds: Dataset, state: LoaderState, strict: bool) -> tuple[Any, int, int]:
+def carry_on(ds: MdsDataset, state: LoaderState, strict: bool) -> tuple[Any, int, int]:
     """(the dataset to read, epoch, consumed) for a state whose fingerprint is not ``ds``'s
     (see :func:`.carry.carry_on`, which this follows for a followed export)."""
     plain = ds.plain if isinstance(ds, CarriedFollow) else ds
@@ -153,13 +153,13 @@ def carry_on(ds: Dataset, state: LoaderState, strict: bool) -> tuple[Any, int, i
     return carry_from(plain, CarriedFollow, state, old, rec, theirs, here)
 
 
-def _reopen(plain: Dataset, version: int, rec: dict[str, Any], fingerprint: str) -> Any:
+def _reopen(plain: MdsDataset, version: int, rec: dict[str, Any], fingerprint: str) -> Any:
     """Version ``version`` of ``plain``'s directory, as the state was saved on it; refused
     unless it is still held and its fingerprint is the state's."""
     table = _table(plain)
     here = f"table {table!r} version {plain.version}"
     try:
-        old: Any = Dataset(
+        old: Any = MdsDataset(
             plain.path,
             cache_dir=plain.cache_dir,
             allow_unsafe=plain.allow_unsafe,
@@ -189,7 +189,7 @@ def _reopen(plain: Dataset, version: int, rec: dict[str, Any], fingerprint: str)
     return old
 
 
-class CarriedFollow(CarriedRows, Dataset):
+class CarriedFollow(CarriedRows, MdsDataset):
     """A followed export's version continuing a run from another version it holds."""
 
     def open_old(self) -> Any:

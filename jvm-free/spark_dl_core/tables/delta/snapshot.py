@@ -387,14 +387,14 @@ class DeltaSnapshot(ReadInPlace):
 
         Reuse is keyed by lineage and spec: a pinned export is written once.
         """
-        from ...sources.dataset import Dataset as _Dataset
+        from ...sources.mds import MdsDataset
         from ...spec import DatasetSpec as _Spec
 
         spec_obj = spec if isinstance(spec, _Spec) else _Spec(**(spec or {}))
         carrier = None if self.kind is None else self.kind.follows
 
         def open_dataset(path: str, **kwargs: Any) -> Dataset:  # as the public face opens it
-            return _Dataset(path, carrier=carrier, **kwargs)
+            return MdsDataset(path, carrier=carrier, **kwargs)
 
         try:
             existing = open_dataset(out_path, **open_kwargs)

@@ -115,11 +115,6 @@ class InPlaceDataset(RowGroupPlanning, Dataset):
             where = plan_cache if isinstance(plan_cache, str) else None
             self.plan_dir = where or default_cache_dir(f"{snapshot.table_uri}#plan")
         self.allow_unsafe = allow_unsafe
-        self.meta = None
-        self._index_text = None
-        self._compact = None
-        self._verified: set[int] = set()
-        self._warned_unverifiable = False
         self._accessed = None
         self._cached_shards = max(1, int(cached_shards))
         self._asked_forms = dict(forms or {})
@@ -308,18 +303,6 @@ class InPlaceDataset(RowGroupPlanning, Dataset):
             width = _one_width(self._leaf_values.get(plan.name, []))
             forms[plan.name] = ("dense", (width,)) if width else ("jagged", None)
         return forms
-
-    # -- a run carried on to another version: none here (a format that can overrides these)
-
-    def position_record(self, epoch: int, consumed: int) -> dict[str, Any] | None:
-        return None
-
-    @property
-    def carry_on(self) -> Callable[[Any, bool], tuple[Any, int, int]] | None:
-        return None  # the loader compares fingerprints, as for any dataset
-
-    def row_layout(self) -> Any:
-        return None
 
     def locate(self, sample: int) -> tuple[str, int]:
         shard = int(np.searchsorted(self.shard_offsets, sample, side="right") - 1)
