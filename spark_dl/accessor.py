@@ -7,6 +7,7 @@ and only uses public DataFrame API, so it behaves the same on both. It sits on t
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Sequence
 from typing import Any, Literal, TypeAlias
@@ -35,6 +36,7 @@ class DLAccessor:
     def __init__(self, df: Any) -> None:
         self._df = df
         self._pinned: Any = None  # see _frame
+        self._iceberg: Any = None  # the Iceberg snapshot a plain Iceberg scan reads
         # a session created after ``import spark_dl`` in an environment where Spark cannot
         # discover the source by itself (spark-dl only on a path) still gets it
         register_source(df.sparkSession, force=False)
@@ -43,13 +45,31 @@ class DLAccessor:
         """The DataFrame written and loaded: a plain delta-spark scan (a catalog table, a
         ``VERSION AS OF``, a ``versionAsOf`` load) as the pinned read of its snapshot
         (:mod:`spark_dl.delta_scan`), so it records its table and version like a
-        ``read_delta`` DataFrame; any other DataFrame as it is."""
+        ``read_delta`` DataFrame; a plain scan of an Iceberg table as the read of the
+        snapshot Spark resolved (:mod:`spark_dl.iceberg_scan`); any other DataFrame as it is."""
         if self._pinned is None:
             from .delta_scan import pin_delta_scan
 
             pinned = pin_delta_scan(self._df)
+            if pinned is None:
+                from .iceberg_scan import pin_iceberg_scan
+
+                iceberg = pin_iceberg_scan(self._df)
+                if iceberg is not None:
+                    pinned, self._iceberg = iceberg
             self._pinned = self._df if pinned is None else pinned
         return self._pinned
+
+    def lineage(self) -> dict[str, Any] | None:
+        """The table and snapshot this DataFrame reads, as a dataset written from it records
+        them: a pinned Delta read (``read_delta``, a delta-spark scan) or a plain Iceberg scan
+        (``kind: iceberg``, ``table``, ``snapshot_id``, ``metadata``); None otherwise."""
+        frame = self._frame()
+        if self._iceberg is not None:
+            return dict(self._iceberg.lineage())
+        from .delta import lineage_for
+
+        return lineage_for(frame)
 
     def resolved_spec(self, spec: SpecLike = None, *, infer_shapes: bool = True) -> DatasetSpec:
         """``spec`` with ``json`` for ragged nested arrays, which no inferred encoding can
@@ -72,6 +92,8 @@ class DLAccessor:
             resolved = self.resolved_spec(spec, infer_shapes=infer_shapes and mode != "append")
             given = resolved.model_dump_json()
         writer = self._frame().write.format(FORMAT).option("spec", given)
+        if self._iceberg is not None:  # Delta's reads are found by the writer itself
+            writer = writer.option("source", json.dumps(self._iceberg.lineage(), sort_keys=True))
         for key, value in (storage_options or {}).items():
             writer = writer.option(f"storage.{key}", value)
         writer.mode(mode).save(path)
@@ -85,7 +107,11 @@ class DLAccessor:
         :mod:`spark_dl.delta_inplace`), else the converter's cached MDS copy."""
         if in_place:
             from .delta_inplace import NotInPlaceError, in_place_snapshot
+            from .iceberg_scan import iceberg_in_place
 
+            iceberg = iceberg_in_place(self._df)
+            if iceberg is not None:
+                return iceberg.dataset(as_spec(spec))
             try:
                 return in_place_snapshot(self._frame()).dataset(as_spec(spec))
             except NotInPlaceError as exc:
@@ -152,7 +178,9 @@ class DLAccessor:
             in_place: read a ``spark_dl.read_delta`` DataFrame, or a delta-spark one of a
                 catalog table or a version (alone, or a select of its columns; see
                 :mod:`spark_dl.delta_scan`) from the table's files with no Spark job and no
-                copy, as ``open_delta(uri, version).dataset(spec).to_torch`` does; anything else
+                copy, as ``open_delta(uri, version).dataset(spec).to_torch`` does; an
+                Iceberg table's scan likewise through ``open_iceberg`` at the snapshot Spark
+                resolved (:mod:`spark_dl.iceberg_scan`, classic sessions); anything else
                 raises ``NotInPlaceError`` saying why (``"auto"``: warns and copies).
                 ``cache_dir`` is the copy's: unused in place.
         """

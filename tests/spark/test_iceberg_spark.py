@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -156,3 +157,57 @@ def test_v3_deletion_vectors(iceberg: Any) -> None:
     assert formats == {"PUFFIN"}
     counts = _agree(iceberg, t)
     assert list(counts.values())[:2] == [80, 53]
+
+
+def _ids(loader: Any) -> list[int]:
+    return [int(i) for batch in loader for i in batch["id"]]
+
+
+def test_df_dl_on_iceberg_scans(iceberg: Any, tmp_path: Path) -> None:
+    """``spark.table``, a ``versionAsOf`` read and SQL ``VERSION AS OF`` reach ``df.dl`` as
+    the snapshot Spark resolved: the lineage names the table and snapshot, ``in_place=True``
+    reads its files through ``open_iceberg`` (no copy), ``write_mds`` records it; a filter
+    is refused in place."""
+    from spark_dl.delta_inplace import NotInPlaceError
+    from spark_dl_core import open_dataset
+
+    t = "iceberg.db.loader"
+    _sql(
+        iceberg,
+        f"""CREATE TABLE {t} (id BIGINT, x DOUBLE, cat STRING) USING iceberg
+            TBLPROPERTIES ('format-version'='2', 'write.delete.mode'='merge-on-read')""",
+        f"INSERT INTO {t} SELECT id, id / 2, concat('c', id % 3) FROM range(0, 50)",
+        f"DELETE FROM {t} WHERE id % 4 = 0",
+        f"INSERT INTO {t} SELECT id, id / 2, concat('c', id % 3) FROM range(50, 60)",
+    )
+    first, deleted, last = _snapshots(iceberg, t)
+    latest = iceberg.table(t)
+    lineage = latest.dl.lineage()
+    assert lineage is not None
+    assert (lineage["kind"], lineage["table"], lineage["snapshot_id"]) == ("iceberg", t, last)
+    copies = tmp_path / "copies"
+    loader = latest.dl.to_torch(8, shuffle=True, seed=1, in_place=True, cache_dir=str(copies))
+    want = sorted(r["id"] for r in latest.select("id").collect())
+    assert sorted(_ids(loader)) == want and not copies.exists()  # nothing materialized
+
+    old = iceberg.read.option("versionAsOf", deleted).table(t).select("id", "x")
+    assert old.dl.lineage()["snapshot_id"] == deleted  # type: ignore[index]
+    batch = next(iter(old.dl.to_torch(100, in_place=True)))
+    assert sorted(batch) == ["id", "x"]
+    assert sorted(int(i) for i in batch["id"]) == [i for i in range(50) if i % 4]
+
+    # Iceberg 1.12 refuses its own "snapshot-id" option here: Spark's versionAsOf it is
+    by_option = iceberg.read.format("iceberg").option("versionAsOf", deleted).load(t)
+    assert by_option.dl.lineage()["snapshot_id"] == deleted  # type: ignore[index]
+    sql = iceberg.sql(f"SELECT * FROM {t} VERSION AS OF {first}")
+    assert sql.dl.lineage()["snapshot_id"] == first  # type: ignore[index]
+    sql.dl.write_mds(str(tmp_path / "mds"))
+    iceberg.sql(f"DELETE FROM {t} WHERE id < 10")  # a commit after the scan: not written
+    written = open_dataset(str(tmp_path / "mds"))
+    assert sorted(written.to_arrow()["id"].to_pylist()) == list(range(50))
+    source = written.source
+    assert (source["table"], source["snapshot_id"]) == (t, first)
+
+    with pytest.raises(NotInPlaceError):
+        old.filter("id > 3").dl.to_torch(8, in_place=True)
+    assert old.filter("id > 3").dl.lineage() is None

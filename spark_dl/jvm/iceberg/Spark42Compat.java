@@ -9,7 +9,8 @@
 //  - CatalogV2Util.structTypeToV2Columns(StructType) gained a boolean parameter with a
 //    default (NoSuchMethodError when a table is resolved): each call passes the default.
 //  - CatalogManager became an interface ("Found interface ... CatalogManager, but class was
-//    expected", in Iceberg's SQL extensions): its calls become interface calls.
+//    expected", in Iceberg's SQL extensions; "must be InterfaceMethodref" for its static
+//    SESSION_CATALOG_NAME in format("iceberg") loads): its calls become interface calls.
 // Usage: java -cp <spark jars> Spark42Compat <runtime jar> <output folder>
 import java.io.InputStream;
 import java.nio.charset.StandardCharsets;
@@ -95,8 +96,8 @@ public class Spark42Compat {
                       Opcodes.INVOKESTATIC, UTIL, COLUMNS + "$default$2", "()Z", false);
                   md = NEW;
                 }
-                if (owner.equals(MANAGER) && op == Opcodes.INVOKEVIRTUAL) {
-                  op = Opcodes.INVOKEINTERFACE;
+                if (owner.equals(MANAGER)) { // its static methods are an interface's too
+                  op = op == Opcodes.INVOKEVIRTUAL ? Opcodes.INVOKEINTERFACE : op;
                   itf = true;
                 }
                 super.visitMethodInsn(op, owner, mn, md, itf);
