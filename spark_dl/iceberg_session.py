@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -140,7 +141,9 @@ def maven_properties() -> str:
 
 def build_compat(folder: str | os.PathLike[str]) -> str | None:
     """Build ``folder/spark-dl-iceberg-compat.jar`` where this PySpark needs it (javac and
-    java against PySpark's own jars); the jar's path, or None where none is needed."""
+    java against PySpark's own jars); the jar's path, or None where none is needed or it
+    cannot be built (no JDK: said on stderr, as for the JVM scan; ``with_iceberg`` then
+    refuses by name)."""
     artifact, version, compat = runtime_artifact()
     target = Path(folder) / COMPAT_JAR
     target.unlink(missing_ok=True)
@@ -152,7 +155,12 @@ def build_compat(folder: str | os.PathLike[str]) -> str | None:
     runtime = Path(folder) / f"{artifact}-{version}.jar"
     javac, java = shutil.which("javac"), shutil.which("java")
     if javac is None or java is None:
-        raise IcebergSetupError("javac and java are needed to build the Iceberg compatibility jar")
+        print(
+            "spark-dl: no javac; the Iceberg compatibility jar is not built, so "
+            f"with_iceberg is unavailable on Spark {_spark_version()}",
+            file=sys.stderr,
+        )
+        return None
     with tempfile.TemporaryDirectory() as tmp:
         tool, classes = Path(tmp, "tool"), Path(tmp, "classes")
         cp = f"{spark_jars}{os.pathsep}{runtime}"
