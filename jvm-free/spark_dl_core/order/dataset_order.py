@@ -32,11 +32,12 @@ samples is O(1) in ``consumed``.
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import hashlib
+import os
 import threading
-import weakref
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
@@ -225,7 +226,7 @@ class GlobalOrder:
         a pass does not stop at each later window's start for O(window samples) of work."""
         ahead = self.__dict__.get("_ahead")
         if ahead is not None and ahead[0] == w:
-            ahead[1].join()  # computed ahead: wait for it (it may be ending) rather than again
+            _wait_ahead(ahead[1])  # computed ahead: wait for it (it may be ending) rather than again
         ids = self.__dict__.setdefault("_dense", {}).get(w)
         if ids is None:
             ids = self._keep(w, self._compute_window(w))
@@ -274,16 +275,10 @@ class GlobalOrder:
         if w in self.__dict__.get("_dense", {}):
             return
         ahead = self.__dict__.get("_ahead")
-        if ahead is not None and (ahead[0] == w or ahead[1].is_alive()):
+        if ahead is not None and (ahead[0] == w or not ahead[1].done()):
             return
-        thread = threading.Thread(
-            target=lambda: self._keep(w, self._compute_window(w)),
-            name="spark-dl-order-ahead",
-            daemon=True,
-        )
-        self.__dict__["_ahead"] = (w, thread)
-        _RUNNING.add(thread)
-        thread.start()
+        job = _ahead_thread().submit(lambda: self._keep(w, self._compute_window(w)))
+        self.__dict__["_ahead"] = (w, job)
 
     def _window_members_ids(self, member: np.ndarray, first: int, last: int) -> np.ndarray:
         """:meth:`_ids_of` for positions ``member`` of permuted shards ``first..last-1``
@@ -409,12 +404,27 @@ class Once:
             fn()
 
 
-# Threads computing a window ahead: joined at interpreter exit (each is O(window) of C),
-# so none is still running while the interpreter is torn down.
-_RUNNING: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+# The thread computing windows ahead, one per process for every order: a thread started
+# per window cost ~4 ms each on a loaded 2-core machine (Thread.start waits until the new
+# thread runs), which a streamed order with windows of one shard paid at every shard. Its
+# work is joined at interpreter exit by concurrent.futures (each job is O(window) of C).
+_AHEAD: tuple[int, ThreadPoolExecutor] | None = None
+_AHEAD_LOCK = threading.Lock()
 
 
-@atexit.register
-def _join_running() -> None:
-    for thread in list(_RUNNING):
-        thread.join()
+def _ahead_thread() -> ThreadPoolExecutor:
+    """This process's window thread (a forked DataLoader worker makes its own: the
+    parent's executor thread does not exist there)."""
+    global _AHEAD
+    with _AHEAD_LOCK:
+        if _AHEAD is None or _AHEAD[0] != os.getpid():
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-dl-order-ahead")
+            _AHEAD = (os.getpid(), pool)
+        return _AHEAD[1]
+
+
+def _wait_ahead(job: Future[Any]) -> None:
+    """Wait for a window computed ahead; if it failed, the reader computes it again and
+    meets the error there."""
+    with contextlib.suppress(Exception):
+        job.result()
