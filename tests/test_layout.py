@@ -194,3 +194,18 @@ def test_docstring_references_name_real_modules() -> None:
                     where = f"{path.relative_to(CORE)}:{number}"
                     wrong.append(f"{where} :{role}:`{target}`: {problem}")
     assert not wrong, "references to modules that do not exist:\n" + "\n".join(wrong)
+
+
+def test_every_kind_of_source_derives_from_the_base_alone() -> None:
+    """Each kind of source derives from the shared base, and none from another kind: the MDS
+    dataset, a table read in place (the Delta and Iceberg datasets through it), a mixture."""
+    from spark_dl_core.mixture.dataset import Mixture
+    from spark_dl_core.sources.dataset import Dataset
+    from spark_dl_core.sources.mds import MdsDataset
+    from spark_dl_core.tables.parquet.in_place import InPlaceDataset
+
+    kinds = [MdsDataset, InPlaceDataset, Mixture]
+    for kind in kinds:
+        assert issubclass(kind, Dataset)
+        others = [o.__name__ for o in kinds if o is not kind and issubclass(kind, o)]
+        assert not others, f"{kind.__name__} derives from {others}"
