@@ -1,9 +1,13 @@
 """Deletion vectors committed by hand, as delta-spark writes them: deltalake 1.6.6's own
 ``DeltaTable.delete`` rewrites files even on a table with ``delta.enableDeletionVectors``, so
-tests (and the benches that reuse them) that need real deletion vectors write them here."""
+tests (and the benches that reuse them) that need real deletion vectors write them here.
+Also what the delta-spark oracle tests share: rows compared across readers, and tables
+written through SQL side by side with cheap session settings."""
 
 from __future__ import annotations
 
+import contextlib
+import decimal
 import importlib.util
 import json
 import os
@@ -12,6 +16,8 @@ import sys
 import time
 import uuid
 import zlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +143,58 @@ def delete_by_dv(table: str, ids: list[int]) -> None:
             old = before.get(os.path.basename(add["path"]), [])
             deleted[path] = sorted(set(old) | set(hit))
     commit_deletion_vectors(table, deleted)
+
+
+def normal_value(value: Any) -> Any:
+    """A value as compared across readers: timestamps with a zone as UTC instants, decimals
+    as text, structs as sorted (name, value) pairs, lists, tuples and maps as tuples."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, normal_value(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(normal_value(v) for v in value)
+    if getattr(value, "tzinfo", None) is not None:
+        return value.timestamp()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    return value
+
+
+def sorted_rows(table: Any, names: list[str]) -> list[tuple[Any, ...]]:
+    """``table``'s (a ``pyarrow.Table``) rows over ``names``, values as :func:`normal_value`,
+    in a canonical order: two readers of one snapshot give equal lists."""
+    columns = [table.column(n).to_pylist() for n in names]
+    rows = (tuple(normal_value(v) for v in row) for row in zip(*columns))
+    return sorted(rows, key=repr)
+
+
+@contextlib.contextmanager
+def cheap_delta_writes(spark: Any) -> Iterator[None]:
+    """Session settings for writing small Delta tables through SQL in tests: one shuffle
+    partition for each write and for Delta's log replay (a commit's state reconstruction),
+    and VACUUM's retention check off; restored afterwards."""
+    settings = {
+        "spark.sql.shuffle.partitions": "1",
+        "spark.databricks.delta.snapshotPartitions": "1",
+        "spark.databricks.delta.retentionDurationCheck.enabled": "false",
+    }
+    before = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+def write_concurrently(jobs: dict[str, Callable[[], Any]], workers: int = 4) -> dict[str, Any]:
+    """Run each table-writing job (SQL on one shared session, one table each) in a pool of
+    threads: a Delta commit through SQL is mostly driver latency (planning, log listing,
+    small jobs), so tables written side by side finish in a fraction of the serial time.
+    Returns each job's result by name; the first failure is raised."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+        return {name: future.result() for name, future in futures.items()}

@@ -11,16 +11,16 @@ must be refused with a typed spark_dl_core error naming the table, the version a
 
 from __future__ import annotations
 
-import decimal
 import os
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 pytest.importorskip("deltalake")
 pytest.importorskip("delta")
+
+from delta_helpers import cheap_delta_writes, sorted_rows, write_concurrently
 
 from spark_dl_core.tables.delta.log import DeltaSnapshotError
 from spark_dl_core.tables.delta.table import open_delta
@@ -214,31 +214,14 @@ def _write(spark: Any, name: str, path: str) -> str:
 
 @pytest.fixture(scope="module")
 def dat(_spark_sessions: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every case written once, in the shared classic session."""
+    """Every case written once, in the shared classic session (side by side: CI time)."""
     spark = _spark_sessions.get("classic")
     root = tmp_path_factory.mktemp("dat")
-    out: dict[str, Any] = {n: _write(spark, n, str(root / n)) for n in CASES}
+    jobs = {n: (lambda n=n: _write(spark, n, str(root / n))) for n in CASES}
+    with cheap_delta_writes(spark):
+        out: dict[str, Any] = write_concurrently(jobs)
     out["no_replay@checkpoint"] = _drop_replay(out["no_replay"])
     return out
-
-
-def _normal(value: Any) -> Any:
-    """A value as compared: timestamps with a zone as UTC instants, decimals as text,
-    structs as sorted (name, value) pairs, lists and maps as tuples."""
-    if isinstance(value, dict):
-        return tuple(sorted((k, _normal(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return tuple(_normal(v) for v in value)
-    if getattr(value, "tzinfo", None) is not None:
-        return value.timestamp()
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    return value
-
-
-def _rows(table: pa.Table, names: list[str]) -> list[tuple[Any, ...]]:
-    columns = [table.column(n).to_pylist() for n in names]
-    return sorted((tuple(_normal(v) for v in row) for row in zip(*columns)), key=repr)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -277,7 +260,7 @@ def test_dat_case_reads_as_spark_reads_it(
             refused.append(version)
             continue
         assert core.column_names == oracle.column_names, (case, version)
-        assert _rows(core, oracle.column_names) == _rows(oracle, oracle.column_names), (
+        assert sorted_rows(core, oracle.column_names) == sorted_rows(oracle, oracle.column_names), (
             case,
             version,
         )

@@ -11,7 +11,6 @@ with an error naming the feature.
 
 from __future__ import annotations
 
-import decimal
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,8 @@ import pytest
 
 pytest.importorskip("deltalake")
 pytest.importorskip("delta")
+
+from delta_helpers import cheap_delta_writes, sorted_rows, write_concurrently
 
 from spark_dl_core import open_dataset
 from spark_dl_core.tables.delta.snapshot import (
@@ -66,14 +67,7 @@ _ROW_EXPRESSIONS = {
 }
 
 
-@pytest.fixture(scope="module")
-def histories(_spark_sessions: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Four tables written by delta-spark, one commit per feature exercised."""
-    spark = _spark_sessions.get("classic")
-    root = tmp_path_factory.mktemp("delta_spark")
-    names = ("features", "clustered", "widened", "vacuumed")
-    features, clustered, widened, vacuumed = (str(root / n) for n in names)
-
+def _write_features(spark: Any, features: str) -> None:
     _sql(
         spark,
         f"""CREATE TABLE delta.`{features}` (
@@ -107,6 +101,8 @@ def histories(_spark_sessions: Any, tmp_path_factory: pytest.TempPathFactory) ->
         "SELECT id, 1, 'late', 'a b' FROM range(100, 110)"
     )
 
+
+def _write_clustered(spark: Any, clustered: str) -> None:
     _sql(
         spark,
         f"""CREATE TABLE delta.`{clustered}` (id BIGINT, small INT, v FLOAT)
@@ -129,6 +125,8 @@ def histories(_spark_sessions: Any, tmp_path_factory: pytest.TempPathFactory) ->
         f"ALTER TABLE delta.`{clustered}` DROP COLUMN v",
     )
 
+
+def _write_widened(spark: Any, widened: str) -> None:
     _sql(
         spark,
         f"""CREATE TABLE delta.`{widened}` (id BIGINT, small INT)
@@ -137,6 +135,11 @@ def histories(_spark_sessions: Any, tmp_path_factory: pytest.TempPathFactory) ->
         f"ALTER TABLE delta.`{widened}` ALTER COLUMN small TYPE BIGINT",
     )
 
+
+def _write_vacuumed(spark: Any, vacuumed: str) -> int:
+    """Three appends, a copy-on-write DELETE and an OPTIMIZE, then a VACUUM of every file
+    they no longer need (retention check off: :func:`cheap_delta_writes`); returns the
+    version before the vacuum."""
     spark.range(0, 30).selectExpr("id", "id * 2 AS x").write.format("delta").save(vacuumed)
     for start in (30, 60):
         spark.range(start, start + 30).selectExpr("id", "id * 2 AS x").write.format("delta").mode(
@@ -148,43 +151,31 @@ def histories(_spark_sessions: Any, tmp_path_factory: pytest.TempPathFactory) ->
         f"OPTIMIZE delta.`{vacuumed}`",
     )
     before_vacuum = _version(spark, vacuumed)
-    check = "spark.databricks.delta.retentionDurationCheck.enabled"
-    spark.conf.set(check, "false")
-    try:
-        spark.sql(f"VACUUM delta.`{vacuumed}` RETAIN 0 HOURS")
-    finally:
-        spark.conf.unset(check)
-    return {
-        "features": features,
-        "clustered": clustered,
-        "widened": widened,
-        "vacuumed": vacuumed,
-        "vacuumed_at": before_vacuum,
-        "root": root,
+    spark.sql(f"VACUUM delta.`{vacuumed}` RETAIN 0 HOURS")
+    return before_vacuum
+
+
+@pytest.fixture(scope="module")
+def histories(_spark_sessions: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Four tables written by delta-spark, one commit per feature exercised; the tables are
+    written side by side (CI time)."""
+    spark = _spark_sessions.get("classic")
+    root = tmp_path_factory.mktemp("delta_spark")
+    paths = {n: str(root / n) for n in ("features", "clustered", "widened", "vacuumed")}
+    writers = {
+        "features": _write_features,
+        "clustered": _write_clustered,
+        "widened": _write_widened,
+        "vacuumed": _write_vacuumed,
     }
+    jobs = {n: (lambda n=n: writers[n](spark, paths[n])) for n in writers}
+    with cheap_delta_writes(spark):
+        written = write_concurrently(jobs)
+    return {**paths, "vacuumed_at": written["vacuumed"], "root": root}
 
 
 def _spark_rows(spark: Any, path: str, version: int) -> pa.Table:
     return spark.read.format("delta").option("versionAsOf", version).load(path).toArrow()
-
-
-def _normal(value: Any) -> Any:
-    """A value as compared: timestamps as UTC instants, structs and lists as tuples."""
-    if isinstance(value, dict):
-        return tuple(sorted((k, _normal(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(_normal(v) for v in value)
-    if hasattr(value, "tzinfo") and getattr(value, "tzinfo", None) is not None:
-        return value.timestamp()
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    return value
-
-
-def _rows(table: pa.Table, names: list[str]) -> list[tuple[Any, ...]]:
-    """``table``'s rows over ``names`` in a canonical order."""
-    columns = [table.column(n).to_pylist() for n in names]
-    return sorted((tuple(_normal(v) for v in row) for row in zip(*columns)), key=lambda r: repr(r))
 
 
 def _versions(spark: Any, path: str) -> range:
@@ -202,15 +193,15 @@ def test_every_version_reads_as_spark_reads_it(
         oracle = _spark_rows(classic_spark, path, version)
         snap = open_delta(path, version=version)
         assert snap.schema.names == oracle.column_names, (name, version)
-        expected = _rows(oracle, oracle.column_names)
-        assert _rows(snap.to_arrow(), oracle.column_names) == expected, (name, version)
+        expected = sorted_rows(oracle, oracle.column_names)
+        assert sorted_rows(snap.to_arrow(), oracle.column_names) == expected, (name, version)
         # real tables hold nulls (a null partition value among them): kept as null masks
         in_place = snap.dataset(MASKED).to_arrow()
-        assert _rows(in_place, oracle.column_names) == expected, (name, version, "in place")
+        assert sorted_rows(in_place, oracle.column_names) == expected, (name, version, "in place")
         if version == _version(classic_spark, path):  # one export per table: the latest
             snap.write_mds(str(tmp_path / name), MASKED)
             exported = open_dataset(str(tmp_path / name)).to_arrow()
-            assert _rows(exported, oracle.column_names) == expected, (name, version, "export")
+            assert sorted_rows(exported, oracle.column_names) == expected, (name, version, "export")
         checked += 1
     assert checked >= 7
 
@@ -273,7 +264,7 @@ def test_vacuumed_version_is_refused_naming_it(
         _spark_rows(classic_spark, path, 1).num_rows  # noqa: B018
     latest = _version(classic_spark, path)
     oracle = _spark_rows(classic_spark, path, latest)
-    assert _rows(open_delta(path, version=latest).to_arrow(), ["id", "x"]) == _rows(
+    assert sorted_rows(open_delta(path, version=latest).to_arrow(), ["id", "x"]) == sorted_rows(
         oracle, ["id", "x"]
     )
 
@@ -296,8 +287,8 @@ def test_carry_follows_spark_row_ids_across_optimize_and_rewrites(
         "TBLPROPERTIES ('delta.enableRowTracking' = 'true', "
         "'delta.enableDeletionVectors' = 'false')"
     )
-    for start in range(0, 800, 200):  # four files
-        spark.sql(f"INSERT INTO delta.`{path}` SELECT id, 0.5 FROM range({start}, {start + 200})")
+    # four files of 200 rows in one commit: range's four partitions, one file each
+    spark.sql(f"INSERT INTO delta.`{path}` SELECT id, 0.5 FROM range(0, 800, 1, 4)")
     m = _version(spark, path)
     _sql(
         spark,
