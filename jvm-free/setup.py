@@ -3,10 +3,10 @@
 ``spark_dl_core.media._jpeg`` decodes a region of a JPEG at a reduced DCT scale over the system
 libjpeg-turbo (Debian/Ubuntu: ``apt-get install libjpeg62-turbo-dev`` or
 ``libjpeg-turbo8-dev``). ``spark_dl_core.format._buffers`` copies a batch's byte ranges (token
-documents), or its fixed-width rows from several shards, in one call. ``spark_dl_core._shuffle``
-builds a stratified mixture's batches from its sources' runs and shuffles each with its own
-keyed generator, in one call. Each lives in the room that uses it (order's still at the
-package root). All are optional: without a compiler,
+documents), or its fixed-width rows from several shards, in one call.
+``spark_dl_core.order._shuffle`` builds a stratified mixture's batches from its sources' runs
+and shuffles each with its own keyed generator, in one call. Each lives in the room that uses
+it. All are optional: without a compiler,
 headers or library the build prints a warning and goes on, and the pure numpy / simplejpeg /
 Pillow paths run instead.
 """
@@ -29,7 +29,7 @@ setup(
             optional=True,
         ),
         Extension(
-            "spark_dl_core._shuffle",
+            "spark_dl_core.order._shuffle",
             sources=["csrc/shuffle.c"],
             extra_compile_args=["-O3"],
             optional=True,

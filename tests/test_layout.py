@@ -21,7 +21,6 @@ CORE = Path(__file__).resolve().parent.parent / "jvm-free" / "spark_dl_core"
 RANKS = {
     "errors": 0,
     "_version": 0,
-    "_shuffle": 0,
     "format": 1,
     "shard_source": 2,
     "order": 3,

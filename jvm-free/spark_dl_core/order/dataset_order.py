@@ -45,7 +45,7 @@ import numpy as np
 from ..errors import SpecError
 
 try:  # the same permutation computed in C (csrc/shuffle.c); numpy below is the definition
-    from .. import _shuffle
+    from . import _shuffle
 except ImportError:  # pragma: no cover - a build without the C extensions
     _shuffle = None  # type: ignore[assignment]
 
@@ -226,7 +226,7 @@ class GlobalOrder:
         a pass does not stop at each later window's start for O(window samples) of work."""
         ahead = self.__dict__.get("_ahead")
         if ahead is not None and ahead[0] == w:
-            _wait_ahead(ahead[1])  # computed ahead: wait for it (it may be ending) rather than again
+            _wait_ahead(ahead[1])  # computed ahead: wait for it rather than compute it again
         ids = self.__dict__.setdefault("_dense", {}).get(w)
         if ids is None:
             ids = self._keep(w, self._compute_window(w))

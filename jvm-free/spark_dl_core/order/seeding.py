@@ -19,7 +19,7 @@ import numpy as np
 from .dataset_order import _key, _key_hasher, _rng
 
 try:  # optional C extension (csrc/shuffle.c): every slice in one call
-    from .. import _shuffle
+    from . import _shuffle
 except ImportError:  # not built: numpy's shuffle per slice
     _shuffle = None  # type: ignore[assignment]
 
