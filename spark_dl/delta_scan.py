@@ -191,7 +191,7 @@ def _connect_scan(df: Any) -> DeltaScan | None:
 def _reader_options(df: Any) -> tuple[dict[str, str], list[str]]:
     """The Delta reader's options (lower-cased keys) and paths in a Connect client plan whose
     leaf is ``spark.read.format("delta")...load(path)``; empty otherwise."""
-    plan = getattr(df, "_plan", None)
+    plan: Any = getattr(df, "_plan", None)
     while plan is not None and getattr(plan, "_child", None) is not None:
         plan = plan._child
     if type(plan).__name__ != "DataSource" or str(plan._format).lower() != "delta":
