@@ -7,6 +7,7 @@ touch these fixtures, so they do not start a JVM.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator
@@ -38,6 +39,15 @@ def _builder(builder: Any, tmp: str, connect: bool) -> Any:
     builder = spark_dl.with_delta(builder).config(
         "spark.sql.session.timeZone", _ZONES["connect" if connect else "classic"]
     )
+    # Iceberg's jars (not its extension or catalog) on every session: the first session
+    # launches the JVM, whose classpath a later session cannot extend for the driver, and
+    # tests/spark/test_iceberg_spark.py starts its own session with Iceberg configured
+    from spark_dl.iceberg_session import IcebergSetupError, iceberg_jars
+
+    with contextlib.suppress(IcebergSetupError):
+        earlier = [j for j in str(builder._options.get("spark.jars", "")).split(",") if j]
+        if jars := iceberg_jars():
+            builder = builder.config("spark.jars", ",".join([*earlier, *jars]))
     for key, value in _CONF.items():
         if not (connect and key.startswith("spark.ui")):  # static: Connect refuses them
             builder = builder.config(key, value)

@@ -39,13 +39,16 @@ except IcebergSetupError as exc:  # e.g. no JDK to build the compatibility jar w
 
 @pytest.fixture(scope="module")
 def iceberg(_spark_sessions: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A classic session with Iceberg; the suite's shared session is stopped first (one
-    SparkContext per process) and restarts for the next module that asks for it."""
+    """A classic session with Iceberg (and Delta); the suite's shared session is stopped
+    first (one SparkContext per process) and restarts for the next module that asks."""
     from pyspark.sql import SparkSession
 
     _spark_sessions.stop()
     root = tmp_path_factory.mktemp("iceberg_spark")
-    builder = spark_dl.with_iceberg(SparkSession.builder.master("local[2]"), root / "warehouse")
+    # Delta too, as the suite's sessions have it: whichever session starts first launches
+    # the JVM, and the driver's classpath is the one it launched with
+    builder = spark_dl.with_delta(SparkSession.builder.master("local[2]"))
+    builder = spark_dl.with_iceberg(builder, root / "warehouse")
     for key, value in {
         "spark.sql.shuffle.partitions": "2",
         "spark.default.parallelism": "2",
