@@ -308,7 +308,7 @@ def test_inline_deletion_vector_damaged(read: Any, table: Path, damage: str, why
         blob[-2:] = struct.pack("<H", 0)
     dv = fuzz.inline_dv([1, 2, 19])
     padded = bytes(blob) + b"\0" * (-len(blob) % 4)
-    text = base64.b85encode(padded).decode().translate(str.maketrans(fuzz._B85, fuzz._Z85))
+    text = base64.b85encode(padded).decode().translate(str.maketrans(fuzz.B85, fuzz.Z85))
     dv["pathOrInlineDv"] = text
     if damage == "cardinality":
         dv["cardinality"] = 5
@@ -418,7 +418,7 @@ def test_fuzz_counts_valid_log_changes_unchecked(pristine: dict[str, Path]) -> N
     text = original.decode()
 
     def changed(old: str, new: str) -> str | None:
-        return fuzz._valid_log_change(name, original, text.replace(old, new, 1).encode())
+        return fuzz.valid_log_change(name, original, text.replace(old, new, 1).encode())
 
     assert changed('"deletionVector"', '"deletionVecttr"') == "an add lost its deletion vector"
     assert "partition value" in str(changed('{"part": "a"}, "size"', '{"part": "Q"}, "size"'))
