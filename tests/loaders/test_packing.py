@@ -378,7 +378,7 @@ def _reference_best_fit(lengths: list[int], seq_len: int, window: int) -> list[t
 
 
 def test_bin_packing_matches_a_plain_best_fit() -> None:
-    from spark_dl_core.loaders.packing import pack_bin
+    from spark_dl_core.loaders.packed_epoch import pack_bin
 
     rng = np.random.default_rng(7)
     for case in range(200):
@@ -476,7 +476,7 @@ def test_positions_are_checked(dataset: Any) -> None:
 
 def _assembled(plan: Any, j: int, worker: int, workers: int) -> dict[str, Any]:
     """Batch ``j`` of ``plan``'s worker made row by row by ``assemble`` (the reference)."""
-    from spark_dl_core.loaders.packing import _until, assemble
+    from spark_dl_core.loaders.packed_rows import _until, assemble
 
     packing, B, W = plan.packing, plan.batch_size, plan.world_size
     a = plan.rows + (plan.rank + (worker + j * workers) * W) * B
@@ -505,10 +505,10 @@ def test_stretches_make_the_rows_assemble_makes(
     placed in whole-array steps): the same arrays as ``assemble`` makes batch by batch, over
     block and shard boundaries, ranks, workers, a resumed position, and stretches of one
     batch to many."""
-    from spark_dl_core.loaders import packing
+    from spark_dl_core.loaders import packed_rows, packing
     from spark_dl_core.loaders.settings import LoaderSettings
 
-    monkeypatch.setattr(packing, "STRETCH_TOKENS", stretch)
+    monkeypatch.setattr(packed_rows, "STRETCH_TOKENS", stretch)
     pack = {"column": "tokens", "seq_len": L, "mode": mode, "pad_id": 7}
     settings = LoaderSettings(
         batch_size=batch_size,
