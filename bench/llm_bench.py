@@ -4,7 +4,8 @@ Cases, each in a fresh subprocess (frameworks imported before the clock), in alt
 rounds; the table shows medians and the ratios the issue targets:
 
 packed ``concat`` (documents of 256-4096 uint16 tokens, seq_len 2048, batch 8, in-process,
-warm pass: the second pass of one loader, i.e. the next epoch):
+warm pass: the second pass of one loader, i.e. the next epoch; the ``workers`` group runs
+``pack_ours_w2`` / ``pack_litdata_w2``, the same two loaders with 2 DataLoader workers):
 - ``pack_ours``: ``ds.to_torch(shuffle=True, pack={"seq_len": 2048})``: input_ids, labels,
   position_ids (int64 [8, 2048]) and cu_seqlens + max_seqlen
 - ``pack_litdata``: LitData 0.2.76 ``StreamingDataset(item_loader=TokensLoader(
@@ -149,7 +150,9 @@ def _passes(make: Any, count: Any) -> dict[str, Any]:
     return out
 
 
-def case_pack_ours(directory: Path, mode: str = "concat", corpus: str = "mds") -> dict[str, Any]:
+def case_pack_ours(
+    directory: Path, mode: str = "concat", corpus: str = "mds", workers: int = 0
+) -> dict[str, Any]:
     import torch  # noqa: F401  (imported before the clock)
 
     from spark_dl_core import open_dataset
@@ -157,7 +160,7 @@ def case_pack_ours(directory: Path, mode: str = "concat", corpus: str = "mds") -
     def make() -> Any:
         ds = open_dataset(str(directory / corpus))
         pack = {"column": "tokens", "seq_len": SEQ, "mode": mode}
-        return ds.to_torch(batch_size=BATCH, shuffle=True, seed=0, pack=pack)
+        return ds.to_torch(batch_size=BATCH, shuffle=True, seed=0, pack=pack, num_workers=workers)
 
     stats: dict[str, Any] = {}
 
@@ -172,6 +175,10 @@ def case_pack_ours(directory: Path, mode: str = "concat", corpus: str = "mds") -
 
 def case_pack_ours_bin(directory: Path) -> dict[str, Any]:
     return case_pack_ours(directory, "bin")
+
+
+def case_pack_ours_w2(directory: Path) -> dict[str, Any]:
+    return case_pack_ours(directory, workers=2)
 
 
 def case_pack_limit(directory: Path) -> dict[str, Any]:
@@ -214,7 +221,7 @@ def case_litdata_write(directory: Path) -> dict[str, Any]:
     return {}
 
 
-def case_pack_litdata(directory: Path) -> dict[str, Any]:
+def case_pack_litdata(directory: Path, workers: int = 0) -> dict[str, Any]:
     import torch  # noqa: F401
     from litdata import StreamingDataLoader, StreamingDataset
     from litdata.streaming.item_loader import TokensLoader
@@ -226,7 +233,7 @@ def case_pack_litdata(directory: Path) -> dict[str, Any]:
             shuffle=True,
             seed=0,
         )
-        return StreamingDataLoader(ds, batch_size=BATCH, num_workers=0)
+        return StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers)
 
     def count(loader: Any) -> int:
         rows = 0
@@ -235,6 +242,10 @@ def case_pack_litdata(directory: Path) -> dict[str, Any]:
         return rows * SEQ
 
     return _passes(make, count)
+
+
+def case_pack_litdata_w2(directory: Path) -> dict[str, Any]:
+    return case_pack_litdata(directory, workers=2)
 
 
 def case_bin(directory: Path, mode: str = "bin") -> dict[str, Any]:
@@ -321,6 +332,8 @@ CASES = {
     "pack_ours_bin": case_pack_ours_bin,
     "pack_limit": case_pack_limit,
     "pack_litdata": case_pack_litdata,
+    "pack_ours_w2": case_pack_ours_w2,
+    "pack_litdata_w2": case_pack_litdata_w2,
     "litdata_write": case_litdata_write,
     "bin": case_bin,
     "bin_concat": case_bin_concat,
@@ -330,14 +343,16 @@ CASES = {
 }
 GROUPS = {
     "pack": ["pack_ours", "pack_litdata", "pack_ours_bin", "pack_limit"],
+    "workers": ["pack_ours_w2", "pack_litdata_w2"],
     "bin": ["bin", "bin_concat"],
     "tokenize": ["tok_plain", "tok_write", "tok_spark"],
 }
 
 
 def run_case(name: str, directory: Path) -> dict[str, Any] | None:
-    python = str(LITDATA_PYTHON) if name == "pack_litdata" else sys.executable
-    if name == "pack_litdata" and not LITDATA_PYTHON.exists():
+    theirs = name.startswith("pack_litdata")
+    python = str(LITDATA_PYTHON) if theirs else sys.executable
+    if theirs and not LITDATA_PYTHON.exists():
         return None
     out = subprocess.run(
         [python, __file__, "--case", name, "--dir", str(directory)],
@@ -366,7 +381,7 @@ def main() -> None:
         return
     directory = Path(args.dir or tempfile.mkdtemp(prefix="llm-bench-"))
     groups = args.only.split(",")
-    if not (directory / "mds").exists() and ({"pack", "bin"} & set(groups)):
+    if not (directory / "mds").exists() and ({"pack", "bin", "workers"} & set(groups)):
         make_docs(directory, args.docs)
     if "tokenize" in groups and not (directory / "tokenizer.json").exists():
         make_texts(directory, args.texts)
@@ -429,6 +444,7 @@ def report(results: dict[str, list[dict[str, Any]]], names: list[str], rounds: i
     for a, b, what in (
         ("pack_ours", "pack_litdata", "target >= 1.2x"),
         ("pack_ours_bin", "pack_litdata", "bin mode"),
+        ("pack_ours_w2", "pack_litdata_w2", "2 DataLoader workers each"),
     ):
         for key, label in (
             ("warm_tokens_per_s", "warm"),
