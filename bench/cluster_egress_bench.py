@@ -4,11 +4,14 @@ Each simulated node is a set of rank processes sharing one temp dir (its machine
 torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK). They read
 a real S3-compatible server (moto, its own process, on loopback) through a byte-counting
 proxy (tests/s3_helpers.ShapedLink, no delay), an MDS dataset and a Delta table read in
-place, 4 nodes x 1 rank and 2 nodes x 2 ranks, 3 reshuffled epochs. Printed: bytes pulled /
+place, and a mixture of three MDS sources (each sample once an epoch, ``batching=
+"stratified"``, kind ``mixture``), 4 nodes x 1 rank and 2 nodes x 2 ranks, 3 reshuffled
+epochs. Printed: bytes pulled /
 dataset bytes per epoch and in all, bytes landed per node; checked: every row served once
 per epoch, and each step's rows are the 1-rank order's batches kW..kW+W-1.
 
     .venv/bin/python bench/cluster_egress_bench.py [--rows 16384] [--streams 0]
+        [--kinds mds,delta,mixture]
 
 ``--streams 0`` (the default) is the loaders' default: as many streams as the dataset's
 shards allow (``order.auto_streams``), printed per case; 1 is the order without streams.
@@ -41,15 +44,8 @@ SEED = 0
 
 def rank_worker(args: argparse.Namespace) -> None:
     """One rank of one node, one epoch: its batches' ids and what it downloaded, as JSON."""
-    from spark_dl_core import open_dataset, open_delta
-
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    options = json.loads(args.options)
-    if args.kind == "mds":
-        ds: Any = open_dataset(args.url, cache_dir=args.cache, storage_options=options)
-    else:
-        snap = open_delta(args.url, storage_options=options)
-        ds = snap.dataset(cache=False, span_dir=args.cache)
+    ds = _open(args.kind, args.url, json.loads(args.options), args.cache)
     batches = [
         b["id"].tolist()
         for b in ds.iter_batches(
@@ -68,6 +64,50 @@ def rank_worker(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(out))
 
 
+# the mixture's sources: shares of the rows, each its own MDS dataset under the kind's url
+MIX_SOURCES = (("web", 0.5), ("code", 0.375), ("math", 0.125))
+
+
+def _mixture_parts(rows: int) -> list[tuple[str, int, int]]:
+    """(name, first row, rows) of each of the mixture's sources."""
+    out, at = [], 0
+    for name, share in MIX_SOURCES:
+        n = int(rows * share) if name != MIX_SOURCES[-1][0] else rows - at
+        out.append((name, at, n))
+        at += n
+    return out
+
+
+def _open(kind: str, url: str, options: dict[str, Any], cache: str | None) -> Any:
+    """The case's dataset (an MDS dataset, a Delta table read in place, the mixture), its
+    node cache under ``cache`` (None: the default)."""
+    from spark_dl_core import open_dataset, open_delta
+
+    if kind == "mds":
+        return open_dataset(url, cache_dir=cache, storage_options=options)
+    if kind == "mixture":
+        return _open_mixture(url, options, cache)
+    return open_delta(url, storage_options=options).dataset(cache=False, span_dir=cache)
+
+
+def _open_mixture(url: str, options: dict[str, Any], cache: str | None) -> Any:
+    """The mixture over the sources at ``url``: each at its size (every row once an epoch),
+    stratified batches."""
+    from spark_dl_core import Source, mix, open_dataset
+
+    sources = []
+    for name, _, _ in _mixture_parts(_rows_at(url)):
+        # one cache directory per source: an explicit cache_dir is one dataset's
+        where = None if cache is None else f"{cache}/{name}"
+        ds = open_dataset(f"{url}/{name}", cache_dir=where, storage_options=options)
+        sources.append(Source(ds, proportion=len(ds), name=name))
+    return mix(sources, batching="stratified")
+
+
+def _rows_at(url: str) -> int:
+    return int(url.rsplit("-rows", 1)[1].split("-")[0])
+
+
 def _write_data(
     kind: str, url: str, rows: int, options: dict[str, Any], delta: dict[str, str]
 ) -> None:
@@ -79,6 +119,12 @@ def _write_data(
     table = pa.table({"id": np.arange(rows, dtype=np.int64), "x": list(x)})
     if kind == "mds":
         write_mds(table, url, DatasetSpec(shard_size="128KiB"), storage_options=options)
+        return
+    if kind == "mixture":  # rows back to back over the sources: ids stay the rows' numbers
+        for name, first, n in _mixture_parts(rows):
+            part = table.slice(first, n)
+            spec = DatasetSpec(shard_size="128KiB")
+            write_mds(part, f"{url}/{name}", spec, storage_options=options)
         return
     from deltalake import WriterProperties, write_deltalake
 
@@ -100,12 +146,7 @@ def _du(path: Path) -> int:
 def _reference(
     kind: str, url: str, options: dict[str, Any], epoch: int, streams: int
 ) -> list[np.ndarray]:
-    from spark_dl_core import open_dataset, open_delta
-
-    if kind == "mds":
-        ds: Any = open_dataset(url, storage_options=options)
-    else:
-        ds = open_delta(url, storage_options=options).dataset(cache=False)
+    ds = _open(kind, url, options, None)
     order = ds.sample_order(batch_size=BATCH, shuffle=True, seed=SEED, epoch=epoch, streams=streams)
     # positions index the dataset's rows (a Delta table's in the log's file order): its ids
     ids = np.asarray(ds.read(np.arange(len(ds)), columns=["id"])["id"])
@@ -195,7 +236,9 @@ def main() -> None:
     parser.add_argument("--options", default="{}")
     parser.add_argument("--rows", type=int, default=16384)
     parser.add_argument("--streams", type=int, default=0)
-    parser.add_argument("--kinds", default="mds,delta", help="comma-separated: mds, delta")
+    parser.add_argument(
+        "--kinds", default="mds,delta,mixture", help="comma-separated: mds, delta, mixture"
+    )
     args = parser.parse_args()
     if args.rank_worker:
         return rank_worker(args)
@@ -216,22 +259,18 @@ def main() -> None:
             "  landed per node"
         )
         for kind in args.kinds.split(","):
-            url = f"s3://bench/{kind}-{args.streams}"
+            url = f"s3://bench/{kind}-{args.streams}-rows{args.rows}"
             _write_data(kind, url, args.rows, direct, delta_options(host, port))
-            stored = _stored_bytes(fs, f"bench/{kind}-{args.streams}")
+            stored = _stored_bytes(fs, url[len("s3://") :])
             if args.streams == 0:
-                from spark_dl_core import open_dataset, open_delta
-                from spark_dl_core.order import auto_streams
+                from spark_dl_core.order import resolve_streams
 
-                plain = direct if kind == "mds" else delta_options(host, port)
-                opened: Any = (
-                    open_dataset(url, storage_options=plain)
-                    if kind == "mds"
-                    else open_delta(url, storage_options=plain).dataset(cache=False)
-                )
+                plain = direct if kind != "delta" else delta_options(host, port)
+                opened = _open(kind, url, plain, None)
                 blocks = len(opened.shard_offsets) - 1
-                print(f"{kind}: {blocks} shards, automatic streams {auto_streams(blocks)}")
-            options = counted if kind == "mds" else counted_delta
+                auto = resolve_streams(opened, True, 0)
+                print(f"{kind}: {blocks} shards, automatic streams {auto}")
+            options = counted if kind != "delta" else counted_delta
             for nodes, per_node in ((4, 1), (2, 2)):
                 with tempfile.TemporaryDirectory() as work:
                     got = run_case(
@@ -239,7 +278,7 @@ def main() -> None:
                         nodes,
                         per_node,
                         url,
-                        direct if kind == "mds" else delta_options(host, port),
+                        direct if kind != "delta" else delta_options(host, port),
                         options,
                         link,
                         stored,

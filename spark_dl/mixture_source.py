@@ -4,7 +4,8 @@ The rows are the samples one epoch of the mixture reads (each source's exact sha
 repeats included), in that epoch's order, plus the mixture's source column when it has
 one, so ``SELECT source, count(*) ... GROUP BY source`` shows the per-source counts. Options:
 ``epoch`` (default 0), ``seed`` (0), ``shuffle`` (false), ``batch_size`` (1024; the order of
-stratified and per-source mixtures depends on it), ``follow`` (false: a source whose
+stratified and per-source mixtures, and of any shuffled one read from streams, depends on it),
+``streams`` (0: automatic, as a loader's), ``follow`` (false: a source whose
 fingerprint changed is refused, see :func:`spark_dl_core.open_mixture`).
 """
 
@@ -20,7 +21,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from spark_dl_core import Mixture, open_mixture
 from spark_dl_core.errors import SpecError
 from spark_dl_core.ops.arrow import arrow_schema, batch_to_arrow
-from spark_dl_core.order import DEFAULT_WINDOW
+from spark_dl_core.order import DEFAULT_WINDOW, resolve_streams
 
 from .types import conform, spark_arrow_schema, to_spark_schema
 
@@ -86,6 +87,7 @@ class MixtureReader(DataSourceReader):
         self.epoch = _int(self.options, "epoch", 0, 0)
         self.seed = _int(self.options, "seed", 0, 0)
         self.batch_size = _int(self.options, "batch_size", 1024, 1)
+        self.streams = _int(self.options, "streams", 0, 0)
         self.shuffle = _bool(self.options, "shuffle")
         mixture = _open(self.options)
         self.total = len(mixture)
@@ -103,8 +105,9 @@ class MixtureReader(DataSourceReader):
         mixture = _open(self.options)
         if mixture.fingerprint != self.fingerprint:
             raise SpecError(f"{mixture.shown} changed while it was being read; read it again")
+        streams = resolve_streams(mixture, self.shuffle, self.streams)  # as a loader's
         order = mixture.make_order(
-            self.seed, self.epoch, self.shuffle, DEFAULT_WINDOW, self.batch_size
+            self.seed, self.epoch, self.shuffle, DEFAULT_WINDOW, self.batch_size, streams
         )
         schema = _arrow(mixture)
         loaded: dict[int, Any] = {}

@@ -126,8 +126,13 @@ class ShardSource(Protocol):
     @property
     def order_uses_batch_size(self) -> bool: ...
 
+    @property
+    def streams_own_order(self) -> bool: ...
+
+    def auto_streams(self) -> int: ...
+
     def make_order(
-        self, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int
+        self, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int, streams: int = 1
     ) -> Any: ...
 
     @property
@@ -177,8 +182,18 @@ class SourceCapabilities:
     orders_itself: bool = False
     # That order depends on the batch size (a stratified or per-source mixture).
     order_uses_batch_size: bool = False
+    # That order can be drawn from fixed streams of its shards (a mixture: each source's cut
+    # into the same streams), so ``make_order`` takes ``streams`` and ``auto_streams`` says
+    # what ``streams=0`` means for it.
+    streams_own_order: bool = False
 
-    def make_order(self, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int) -> Any:
+    def auto_streams(self) -> int:
+        """The streams ``streams=0`` gives this source's own order: 1 (no streams)."""
+        return 1
+
+    def make_order(
+        self, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int, streams: int = 1
+    ) -> Any:
         raise NotImplementedError(f"{type(self).__name__} has no order of its own")
 
     @property

@@ -314,7 +314,7 @@ def test_plan_memory_does_not_grow_with_samples() -> None:
 def test_state_of_another_order_version_is_refused(fixed_ds: str) -> None:
     ds = open_dataset(fixed_ds)
     state = LoaderState(ds.fingerprint, 2, 0, True, 4, 100, False, 700).to_dict()
-    assert state["version"] == ORDER_VERSION == 4
+    assert state["version"] == ORDER_VERSION == 5
     old = {**state, "version": 1}
     with pytest.raises(SpecError, match="order version 1"):
         list(ds.iter_batches(100, shuffle=True, seed=2, state=old))

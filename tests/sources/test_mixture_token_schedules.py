@@ -43,11 +43,12 @@ def _mix(paths: dict[str, str], schedule: Any) -> Any:
 
 
 def _docs(m: Any, epochs: int, seed: int = 4) -> list[np.ndarray]:
-    """The run's documents in order (the unpacked order of ``m``)."""
+    """The run's documents in order (the unpacked order of ``m`` without streams, the one a
+    packed loader packs)."""
     return [
         d
         for e in range(epochs)
-        for b in m.iter_batches(batch_size=16, shuffle=True, seed=seed, epoch=e)
+        for b in m.iter_batches(batch_size=16, shuffle=True, seed=seed, epoch=e, streams=1)
         for d in b["tokens"]
     ]
 

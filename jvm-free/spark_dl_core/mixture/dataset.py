@@ -31,6 +31,8 @@ from ..order import (
     MixturePlan,
     ScheduledOrder,
     SchedulePart,
+    StreamedMixtureOrder,
+    auto_streams,
     proportional_counts,
     range_counts,
     schedule_parts,
@@ -144,9 +146,34 @@ class Mixture(Dataset):
     def order_uses_batch_size(self) -> bool:  # type: ignore[override]
         return self.mixture.batching != "random"
 
+    @property
+    def streams_own_order(self) -> bool:  # type: ignore[override]
+        """Its order is drawn from streams of its sources' shards (``order.mixture_streams``),
+        unless it carries a run on from another mixture (whose served positions count
+        unstreamed sources) or its schedule is in tokens (placed at documents by, and read
+        by, a packed loader, whose order is the unstreamed one)."""
+        return self.carry is None and self.placed is None and not self.in_tokens
+
+    def auto_streams(self) -> int:
+        """The streams ``streams=0`` gives: :func:`~spark_dl_core.order.auto_streams` of the
+        sources' shards together and the sum of their mean uncompressed shard bytes (a rank
+        reading every stream holds a window per stream of each source, so the byte bound
+        counts one shard of each). A function of the sources only, the same on every rank."""
+        shards = sum(d.num_shards for d in self.sources)
+        raw = [np.asarray(d.shards.raw_bytes, dtype=np.float64) for d in self.sources]
+        return auto_streams(shards, float(sum(r.mean() for r in raw if len(r))))
+
     def make_order(
-        self, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int
-    ) -> MixtureOrder | ScheduledOrder:
+        self,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        window: int,
+        batch_size: int,
+        streams: int = 1,
+    ) -> MixtureOrder | ScheduledOrder | StreamedMixtureOrder:
+        """This epoch's order: with ``streams > 1`` (shuffled) drawn from that many streams
+        of every source's shards (``order.mixture_streams``), else the unstreamed merge."""
         self._refuse_tokens()
         plan = MixturePlan(
             fingerprint=self.fingerprint,
@@ -156,6 +183,23 @@ class Mixture(Dataset):
             source_fingerprints=tuple(str(s.fingerprint) for s in self.mixture.sources),
             batching=self.mixture.batching,
         )
+        if shuffle and streams > 1:
+            if self.carry is not None:
+                raise MixtureError(
+                    f"streams={streams}: a mixture carrying a run on from another mixture's "
+                    "state reads its sources unstreamed; pass streams=1 (or 0)"
+                )
+            return StreamedMixtureOrder(
+                plan,
+                self._natural_parts,
+                int(self.mixture.epoch_size or 0) if self.stages is not None else len(self),
+                seed,
+                epoch,
+                shuffle,
+                window,
+                streams,
+                batch_size,
+            )
         if self.carry is not None:
             parts = self.epoch_parts(epoch)
             return ScheduledOrder(
@@ -280,6 +324,13 @@ class Mixture(Dataset):
                 f"fingerprint {self.fingerprint[:16]}…: resuming would mix up samples "
                 f"({differences(record, names, fingerprints)}); a changed mixture carries "
                 "the run on with load_state_dict(state, strict=False)"
+            )
+        if state.shuffle and state.streams > 1 and state.pack is None:
+            raise MixtureError(
+                f"loader state was read with streams={state.streams}: its sources' samples "
+                "came from streams of their shards, which a changed mixture cannot carry on "
+                f"from; resume it over the mixture that saved it ({state.fingerprint[:16]}…), "
+                "or carry on only runs read with streams=1"
             )
         return self._carry_from(state, record, names, fingerprints)
 

@@ -3,7 +3,8 @@
 ``dataset_order`` holds one dataset's lazy, two-level shuffled order; ``locality`` the order
 drawn from fixed streams of shards; ``choice`` picks one for a source and its settings
 (``streams=0``: automatic) and keeps it per dataset; ``mixture_order`` merges
-sources by exact counts; ``plans`` deals an epoch's global batches to ranks; ``state`` is
+sources by exact counts, ``mixture_streams`` draws that merge from fixed streams of every
+source's shards; ``plans`` deals an epoch's global batches to ranks; ``state`` is
 the resume position; ``quality`` measures how well an order is shuffled. Nothing here reads
 data or imports another room of the package.
 """
@@ -39,6 +40,7 @@ from .mixture_order import (
     schedule_parts,
     source_pieces,
 )
+from .mixture_streams import StreamedMixtureOrder, source_cut, split_counts
 from .plans import EpochPlan
 from .quality import shuffle_quality, step_spread
 from .state import (
@@ -65,6 +67,7 @@ __all__ = [
     "MixturePlan",
     "SchedulePart",
     "ScheduledOrder",
+    "StreamedMixtureOrder",
     "StreamedOrder",
     "auto_streams",
     "dataset_auto_streams",
@@ -84,7 +87,9 @@ __all__ = [
     "resolve_window",
     "schedule_parts",
     "shuffle_quality",
+    "source_cut",
     "source_pieces",
+    "split_counts",
     "step_spread",
     "stream_window",
     "window_permute",

@@ -40,22 +40,26 @@ _ORDERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], _Order]] = weakref
 def resolve_streams(dataset: ShardSource, shuffle: bool, streams: int) -> int:
     """The number of streams a loader setting ``streams`` means for ``dataset``: itself,
     unless 0 (automatic): then ``auto_streams`` of its shard count and shard bytes for a
-    shuffled plain source, else 1 (no streams: unshuffled, or a source that orders itself)."""
+    shuffled plain source, the source's own ``auto_streams()`` for one whose own order
+    takes streams (a mixture), else 1 (no streams: unshuffled, or a source that orders
+    itself without them)."""
     if int(streams) != 0:
         return int(streams)
-    if not shuffle or dataset.orders_itself:
+    if not shuffle:
         return 1
+    if dataset.orders_itself:
+        return int(dataset.auto_streams()) if dataset.streams_own_order else 1
     return dataset_auto_streams(dataset)
 
 
 def streamed(dataset: ShardSource, shuffle: bool, streams: int) -> bool:
     """Whether ``dataset``'s order with these settings is drawn from streams
-    (:mod:`~spark_dl_core.order.locality`): a shuffled plain source with ``streams > 1``
-    (0: automatic, see :func:`resolve_streams`); its order then depends on the batch size.
-    A mixture makes its own order."""
+    (:mod:`~spark_dl_core.order.locality`, :mod:`~spark_dl_core.order.mixture_streams`): a
+    shuffled plain source or mixture with ``streams > 1`` (0: automatic, see
+    :func:`resolve_streams`); its order then depends on the batch size."""
     return (
         bool(shuffle)
-        and not dataset.orders_itself
+        and (not dataset.orders_itself or dataset.streams_own_order)
         and resolve_streams(dataset, shuffle, streams) > 1
     )
 
@@ -72,8 +76,9 @@ def _order_of(
     """The dataset's global order for these settings; the last two are kept per dataset, so
     a loader and its resumed or re-planned passes share one O(shards) order. A source that
     ``orders_itself`` (a mixture, a run carried on) makes its own, which may depend on the
-    batch size; a shuffled plain source with ``streams > 1`` is read from streams of its shards
-    (``streams=0``: as many as :func:`resolve_streams` gives)."""
+    batch size, and on the streams where ``streams_own_order`` (a mixture); a shuffled plain
+    source with ``streams > 1`` is read from streams of its shards (``streams=0``: as many as
+    :func:`resolve_streams` gives)."""
     own = dataset.orders_itself
     streams = resolve_streams(dataset, shuffle, streams)
     by_streams = streamed(dataset, shuffle, streams)
@@ -93,7 +98,11 @@ def _order_of(
     kept = _ORDERS.setdefault(dataset, {})
     order = kept.get(key)
     if order is None:
-        if own:
+        if own and by_streams:
+            order = dataset.make_order(
+                int(seed), int(epoch), bool(shuffle), int(window), int(batch_size), int(streams)
+            )
+        elif own:
             order = dataset.make_order(
                 int(seed), int(epoch), bool(shuffle), int(window), batch_size
             )

@@ -63,7 +63,11 @@ DENSE_WORLD = 8
 # ``streams=0`` (the default) is ``auto_streams`` of the dataset. A version 3 order with
 # window ``w`` and ``P`` streams is version 4's with window ``w * P`` (the same windows per
 # stream), so a version 3 state resumes exactly (``LoaderState.from_dict``).
-ORDER_VERSION = 4
+# 5: mixtures and schedules are drawn from streams too (``order.mixture_streams``), and
+# ``streams=0`` resolves for them from their sources; plain datasets' orders are version 4's,
+# and a mixture's with ``streams=1`` is version 4's, so a version 4 state of a mixture
+# resumes with ``streams=1`` and any other version 4 state as it is.
+ORDER_VERSION = 5
 _ROUNDS = 6
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)

@@ -138,20 +138,39 @@ def stream_pieces(
     batch_size: int,
     bases: np.ndarray | None = None,
 ) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-    """Per stream: its pieces of shards as (sizes, first ids), fixed for every epoch.
+    """Per stream: its pieces of shards as (sizes, first ids), fixed for every epoch: the
+    shards cut at the streams' lengths (:func:`stream_lengths`, :func:`cut_pieces`)."""
+    total = int(np.asarray(shard_sizes, dtype=np.int64).sum())
+    lengths = stream_lengths(total, streams, batch_size)
+    return cut_pieces(shard_sizes, fingerprint, seed, lengths, bases)
+
+
+def cut_pieces(
+    shard_sizes: np.ndarray,
+    fingerprint: str,
+    seed: int,
+    lengths: np.ndarray,
+    bases: np.ndarray | None = None,
+) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Shards cut into ``len(lengths)`` streams of ``lengths[s]`` samples (summing to the
+    shards' total): per stream its pieces as (sizes, first ids).
 
     The shards are laid out in one permutation keyed by (fingerprint, seed) only, and the
     layout is cut at the streams' lengths in slot order (:func:`layout_slots`): a shard is
     whole in one stream, or split between the two streams whose boundary falls in it.
+    ``bases``: each shard's first id (default: the shards back to back from 0).
     """
     sizes = np.asarray(shard_sizes, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    streams = len(lengths)
     offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
+    if int(lengths.sum()) != int(offsets[-1]):
+        raise SpecError(f"streams of {int(lengths.sum())} samples cut from {offsets[-1]}")
     starts = offsets[:-1] if bases is None else np.asarray(bases, dtype=np.int64)
     perm = _rng(f"streams:{fingerprint}", seed, 0).permutation(len(sizes)).astype(np.int64)
     laid = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes[perm], out=laid[1:])
-    lengths = stream_lengths(int(offsets[-1]), streams, batch_size)
     slots = layout_slots(streams)
     cuts = np.zeros(streams + 1, dtype=np.int64)
     np.cumsum(lengths[slots], out=cuts[1:])
@@ -168,7 +187,72 @@ def stream_pieces(
     return tuple(out)
 
 
-class StreamedOrder:
+def check_streamed(streams: int, batch_size: int, window: int, what: str) -> None:
+    """Refuse settings no streamed order (``what``) can be drawn with, naming the setting."""
+    if streams < 1:
+        raise SpecError(f"streams must be >= 1, got {streams}")
+    if batch_size < 1:
+        raise SpecError(f"{what} needs a batch size >= 1, got {batch_size}")
+    if window < 1:
+        raise SpecError(f"shuffle_window must be >= 1 shard, got {window}")
+
+
+class RoundRobinOrder:
+    """An epoch's order over ``streams`` (P) streams of batches: global batch ``g`` is batch
+    ``g // P`` of stream ``g % P`` (each stream ``B`` samples a batch). Subclasses give
+    each stream's own order (:meth:`stream`, anything with ``take``) and what each holds
+    (:meth:`held`); a plain dataset's :class:`StreamedOrder`, a mixture's
+    :class:`~spark_dl_core.order.mixture_streams.StreamedMixtureOrder`."""
+
+    total: int
+    streams: int
+    batch_size: int
+
+    def stream(self, s: int) -> Any:
+        raise NotImplementedError
+
+    def held(self, streams: list[int]) -> dict[str, Any]:
+        """What ``streams`` hold of the data: ``data_share`` (their share of the samples
+        the order's shards hold), and more where the order can say it."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return self.total
+
+    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
+        """Ids at positions ``start:stop``: each global batch's part from its stream. The
+        batches one stream serves in the range are consecutive in that stream's order (all
+        but its last are whole), so each stream is asked once, for one run of positions,
+        and the batches are cut from those runs."""
+        if stop <= start:
+            return np.empty(0, dtype=np.int64)
+        size, p = self.batch_size, self.streams
+        first, last = start // size, (stop - 1) // size
+        runs: dict[int, tuple[np.ndarray, int]] = {}
+        for g in range(first, min(last, first + p - 1) + 1):  # each stream's first batch
+            end = g + ((last - g) // p) * p  # its last batch in the range
+            lo = (g // p) * size + max(start, g * size) - g * size
+            hi = (end // p) * size + min(stop, end * size + size) - end * size
+            runs[g % p] = (self._stream_take(g % p, lo, hi, dense), lo)
+        parts = []
+        for g in range(first, last + 1):
+            ids, lo = runs[g % p]
+            at = g * size
+            base = (g // p) * size - lo
+            parts.append(ids[base + max(start, at) - at : base + min(stop, at + size) - at])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _stream_take(self, s: int, lo: int, hi: int, dense: bool) -> np.ndarray:
+        """Stream ``s``'s ids at its positions ``lo:hi``."""
+        return np.asarray(self.stream(s).take(lo, hi, dense))
+
+    def dense_for(self, world_size: int) -> bool:
+        """Whether a rank of ``world_size`` reads enough of each of its streams that
+        computing a stream window's whole order at once pays (see ``GlobalOrder.ids``)."""
+        return world_size // math.gcd(world_size, self.streams) <= DENSE_WORLD
+
+
+class StreamedOrder(RoundRobinOrder):
     """The lazy order of one epoch over ``streams`` fixed streams (see the module's text).
 
     Holds the streams' pieces (O(shards) in all) and, once read, each stream's
@@ -187,12 +271,7 @@ class StreamedOrder:
         *,
         bases: np.ndarray | None = None,
     ) -> None:
-        if streams < 1:
-            raise SpecError(f"streams must be >= 1, got {streams}")
-        if batch_size < 1:
-            raise SpecError(f"a streamed order needs a batch size >= 1, got {batch_size}")
-        if window < 1:
-            raise SpecError(f"shuffle_window must be >= 1 shard, got {window}")
+        check_streamed(streams, batch_size, window, "a streamed order")
         sizes = np.ascontiguousarray(shard_sizes, dtype=np.int64)
         self.total = int(sizes.sum())
         self.streams, self.batch_size = int(streams), int(batch_size)
@@ -202,9 +281,6 @@ class StreamedOrder:
             sizes.tobytes(), raw_bases, fingerprint, int(seed), self.streams, self.batch_size
         )
         self._orders: dict[int, GlobalOrder] = {}
-
-    def __len__(self) -> int:
-        return self.total
 
     def stream(self, s: int) -> GlobalOrder:
         """Stream ``s``'s order this epoch (its own key, so streams shuffle apart), in
@@ -224,29 +300,6 @@ class StreamedOrder:
             self._orders[s] = order
         return order
 
-    def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
-        """Ids at positions ``start:stop``: each global batch's part from its stream. The
-        batches one stream serves in the range are consecutive in that stream's order (all
-        but its last are whole), so each stream is asked once, for one run of positions,
-        and the batches are cut from those runs."""
-        if stop <= start:
-            return np.empty(0, dtype=np.int64)
-        size, p = self.batch_size, self.streams
-        first, last = start // size, (stop - 1) // size
-        runs: dict[int, tuple[np.ndarray, int]] = {}
-        for g in range(first, min(last, first + p - 1) + 1):  # each stream's first batch
-            end = g + ((last - g) // p) * p  # its last batch in the range
-            lo = (g // p) * size + max(start, g * size) - g * size
-            hi = (end // p) * size + min(stop, end * size + size) - end * size
-            runs[g % p] = (self.stream(g % p).take(lo, hi, dense), lo)
-        parts = []
-        for g in range(first, last + 1):
-            ids, lo = runs[g % p]
-            at = g * size
-            base = (g // p) * size - lo
-            parts.append(ids[base + max(start, at) - at : base + min(stop, at + size) - at])
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
     def ids(self, positions: np.ndarray) -> np.ndarray:
         """Ids at arbitrary ``positions`` (each in ``0..total-1``)."""
         pos = np.asarray(positions, dtype=np.int64)
@@ -259,10 +312,9 @@ class StreamedOrder:
             out[here] = self.stream(stream).ids(inside[here])
         return out
 
-    def dense_for(self, world_size: int) -> bool:
-        """Whether a rank of ``world_size`` reads enough of each of its streams that
-        computing a stream window's whole order at once pays (see ``GlobalOrder.ids``)."""
-        return world_size // math.gcd(world_size, self.streams) <= DENSE_WORLD
+    def held(self, streams: list[int]) -> dict[str, Any]:
+        got = sum(int(self.pieces[s][0].sum()) for s in streams)
+        return {"data_share": got / max(1, self.total)}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -286,17 +338,16 @@ def rank_streams(streams: int, rank: int, world_size: int) -> list[int]:
 
 def locality_report(order: Any, rank: int, world_size: int) -> dict[str, Any]:
     """How local a rank's reads are under ``order``: the streams it reads, the share of the
-    dataset they hold, and the ideal share (``1 / world_size``). A world size that does
-    not divide the streams reads a share ``1 / gcd(world_size, streams)``; an order
-    without streams (unshuffled, ``streams=1``, a mixture) needs every shard on every
-    rank."""
-    if not isinstance(order, StreamedOrder):
+    data they hold (a mixture's: of its sources' samples, and per source), and the ideal
+    share (``1 / world_size``). A world size that does not divide the streams reads a share
+    ``1 / gcd(world_size, streams)``; an order without streams (unshuffled, ``streams=1``)
+    needs every shard on every rank."""
+    if not isinstance(order, RoundRobinOrder):
         return {"streams": 1, "streams_read": 1, "data_share": 1.0, "ideal_share": 1 / world_size}
     mine = rank_streams(order.streams, rank, world_size)
-    held = sum(int(order.pieces[s][0].sum()) for s in mine)
     return {
         "streams": order.streams,
         "streams_read": len(mine),
-        "data_share": held / max(1, order.total),
+        **order.held(mine),
         "ideal_share": 1 / world_size,
     }

@@ -39,6 +39,9 @@ class MixturePlan:
     # Where each source's stream starts for this order (a schedule's part); None: the
     # epoch's own start, ``epoch * count``.
     stream_starts: tuple[int, ...] | None = None
+    # Per source, each of its "shards"' first id where they are not back to back from its
+    # base: a streamed mixture's source is its pieces of one stream (``mixture_streams``).
+    shard_firsts: tuple[np.ndarray, ...] | None = None
 
 
 def source_pieces(
@@ -50,6 +53,7 @@ def source_pieces(
     seed: int,
     shuffle: bool,
     start: int | None = None,
+    firsts: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The pieces of shards one source gives to ``epoch`` of a mixture: (sizes, first ids).
 
@@ -59,7 +63,8 @@ def source_pieces(
     every sample of the source has been drawn (a subset per epoch walks on through the
     pass), and with ``count`` = r x the source's size each sample appears floor(r) or ceil(r)
     times in an epoch. ``start`` overrides the stream position (a schedule's part of an
-    epoch starts where the source's previous part ended). Cost: O(shards x passes touched).
+    epoch starts where the source's previous part ended). ``firsts``: each shard's first id
+    (default: ``base`` plus the shards back to back). Cost: O(shards x passes touched).
     """
     sizes = np.asarray(sizes, dtype=np.int64)
     n = int(sizes.sum())
@@ -67,6 +72,7 @@ def source_pieces(
         return np.empty(0, np.int64), np.empty(0, np.int64)
     offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
+    heads = base + offsets[:-1] if firsts is None else np.asarray(firsts, dtype=np.int64)
     start = epoch * count if start is None else int(start)
     stop = start + count
     out_sizes, out_bases = [], []
@@ -85,7 +91,7 @@ def source_pieces(
         hi = np.minimum(cum[ranks + 1], b)
         keep = hi > lo
         out_sizes.append((hi - lo)[keep])
-        out_bases.append((base + offsets[perm[ranks]] + (lo - cum[ranks]))[keep])
+        out_bases.append((heads[perm[ranks]] + (lo - cum[ranks]))[keep])
     return np.concatenate(out_sizes), np.concatenate(out_bases)
 
 
@@ -273,10 +279,11 @@ class MixtureOrder:
         self.total = int(sum(self.counts))
         self.batch_size = int(batch_size)
         starts = plan.stream_starts or (None,) * len(self.counts)
+        firsts = plan.shard_firsts or (None,) * len(self.counts)
         pieces = [
-            source_pieces(sizes, base, count, epoch, fp, seed, shuffle, start)
-            for sizes, base, count, fp, start in zip(
-                plan.shard_sizes, plan.bases, self.counts, plan.source_fingerprints, starts
+            source_pieces(sizes, base, count, epoch, fp, seed, shuffle, start, heads)
+            for sizes, base, count, fp, start, heads in zip(
+                plan.shard_sizes, plan.bases, self.counts, plan.source_fingerprints, starts, firsts
             )
         ]
         if plan.batching == "random":

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import SpecError
 from .choice import _order_of
 from .dataset_order import DENSE_WORLD, _Materialized, _Order
-from .locality import StreamedOrder, locality_report
+from .locality import RoundRobinOrder, locality_report
 from .state import resolve_window
 
 if TYPE_CHECKING:
@@ -166,8 +166,9 @@ class EpochPlan(Sequence[np.ndarray]):
     @property
     def _dense(self) -> bool:
         """Whether this rank reads most of each shuffle window it meets (see
-        ``GlobalOrder.ids``): few ranks, or a streamed order whose streams it reads whole."""
-        if isinstance(self.order, StreamedOrder):
+        ``GlobalOrder.ids``): few ranks, or a streamed order (a dataset's or a mixture's)
+        whose streams it reads whole."""
+        if isinstance(self.order, RoundRobinOrder):
             return self.order.dense_for(self.world_size)
         return self.world_size <= DENSE_WORLD
 

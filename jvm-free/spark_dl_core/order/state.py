@@ -20,6 +20,17 @@ STREAMLESS_VERSION = 2
 # The version whose streams each shuffled windows of the whole ``shuffle_window``: its order
 # with window ``w`` and ``P`` streams is this version's with window ``w * P``.
 WHOLE_WINDOW_STREAMS_VERSION = 3
+# The last version whose mixtures had no streams (whatever ``streams`` a state of one
+# records): a mixture's state of it, or of an earlier version, resumes with ``streams=1``.
+STREAMLESS_MIXTURES_VERSION = 4
+
+
+def _mixture_record(state: dict[str, Any]) -> bool:
+    """Whether a saved state is a (not packed) position in a mixture: its ``source`` record
+    lists per-source positions."""
+    source = state.get("source")
+    return isinstance(source, dict) and "sources" in source and state.get("pack") is None
+
 
 if TYPE_CHECKING:
     from ..shard_source import ShardSource
@@ -69,6 +80,13 @@ class LoaderState:
         if missing:
             raise SpecError(f"loader state lacks {sorted(missing)}; was it made by spark-dl?")
         version = state.get("version", 1)
+        if version in (2, 3, STREAMLESS_MIXTURES_VERSION) and _mixture_record(state):
+            # a mixture's order before version 5 had no streams, whatever was recorded
+            state = {**state, "version": ORDER_VERSION, "streams": 1}
+            version = ORDER_VERSION
+        if version == STREAMLESS_MIXTURES_VERSION:  # a plain dataset's order is unchanged
+            state = {**state, "version": ORDER_VERSION}
+            version = ORDER_VERSION
         if version == STREAMLESS_VERSION and "streams" not in state:
             # version 2's order is this version's order with one stream
             state = {**state, "version": ORDER_VERSION, "streams": 1}
@@ -145,7 +163,10 @@ class LoaderState:
         streams = settings.pop("streams", None)
         # 0 (automatic): the loader takes the state's streams (``adopted``)
         if streams not in (None, AUTO_STREAMS) and streams != self.streams:
-            before = " (saved before order version 3: its order is streams=1)" * (self.streams == 1)
+            before = (
+                " (saved before order version 3, or a mixture's before version 5: its order "
+                "is streams=1)"
+            ) * (self.streams == 1)
             raise SpecError(
                 f"loader state was saved with streams={self.streams}{before}, the loader has "
                 f"streams={streams}: each gives another order, so the position would repeat "

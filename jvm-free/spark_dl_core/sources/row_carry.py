@@ -323,8 +323,10 @@ class CarriedRows:
         return self.carry.consumed if epoch == self.carry.epoch else 0
 
     def make_order(
-        self, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int
+        self, seed: int, epoch: int, shuffle: bool, window: int, batch_size: int, streams: int = 1
     ) -> CarriedOrder | GlobalOrder | StreamedOrder:
+        """The carried epoch's live rest, then the version's own order in the run's own
+        streams (``carry.streams``; the loader's ``streams`` are those)."""
         if epoch == self.carry.epoch:
             return CarriedOrder(self.carry.consumed, self.carried_rest())
         plain = self.plain
