@@ -4,6 +4,7 @@ the token, tf equal to torch, and typed refusals."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +223,25 @@ def test_workers_give_the_batches_of_one_process(dataset: Any) -> None:
     assert len(plain) == len(workers)
     for a, b in zip(plain, workers):
         assert all((a[k] == b[k]) if k == "max_seqlen" else bool((a[k] == b[k]).all()) for k in a)
+
+
+def test_workers_give_each_rank_its_batches_with_the_padded_last_round(dataset: Any) -> None:
+    """Workers send batches in their compact form: with ranks, an even (padded) last round
+    and ``pad_mask``, each rank's batches equal one process's, masks and labels too."""
+    pack = {"column": "tokens", "seq_len": L, "mode": "concat", "pad_id": 5}
+    padded = False
+    for batch_size, rank in [(b, r) for b in (3, 4, 5) for r in range(2)]:
+        kw = dict(batch_size=batch_size, shuffle=True, seed=2, pack=pack, rank=rank)
+        kw |= dict(world_size=2, even_batches=True, pad_mask=True)
+        plain = list(dataset.to_torch(**kw))
+        workers = list(dataset.to_torch(**kw, num_workers=2))
+        assert len(plain) == len(workers)
+        padded |= any(bool(b["pad_mask"].any()) for b in plain)
+        for a, b in zip(plain, workers):
+            assert a.keys() == b.keys()
+            for k in a:
+                assert (a[k] == b[k]) if k == "max_seqlen" else bool((a[k] == b[k]).all()), k
+    assert padded  # some last round was padded with repeated rows
 
 
 def test_drop_last_gives_every_rank_the_same_steps(dataset: Any) -> None:
@@ -524,13 +544,19 @@ def test_stretches_make_the_rows_assemble_makes(
         )
         for worker in range(workers):
             got = [batch for batch, _ in plan.batches(worker, workers)]
-            assert got
-            for j, batch in enumerate(got):
+            # what a DataLoader worker sends: the compact form, pickled, widened on arrival
+            sent = [
+                packed_rows.widened(pickle.loads(pickle.dumps(batch)))
+                for batch, _ in plan.batches(worker, workers, compact=True)
+            ]
+            assert got and len(sent) == len(got)
+            for j, (batch, arrived) in enumerate(zip(got, sent)):
                 want = _assembled(plan, j, worker, workers)
-                assert batch.keys() == want.keys()
+                assert batch.keys() == want.keys() == arrived.keys()
                 for key, value in want.items():
-                    assert np.array_equal(batch[key], value), (key, j)
-                    assert np.asarray(batch[key]).dtype == np.asarray(value).dtype
+                    for made in (batch, arrived):
+                        assert np.array_equal(made[key], value), (key, j)
+                        assert np.asarray(made[key]).dtype == np.asarray(value).dtype
 
 
 def test_a_pad_id_beyond_the_stored_dtype_pads_rows(tmp_path: Path) -> None:

@@ -216,7 +216,6 @@ class _Stretch:
         fill = np.bincount(slot // L, weights=length, minlength=slots // L).astype(np.int64)
         padded = np.flatnonzero(fill < L)
         tokens = staged.view(dtype)
-        masked = slot  # slots whose label is -100: each segment's first, and padding
         if len(padded):
             p_start = padded * L + fill[padded]
             p_len = L - fill[padded]
@@ -231,46 +230,108 @@ class _Stretch:
             slot = np.concatenate([slot, p_start])[order]
             length = np.concatenate([length, p_len])[order]
             tok = np.concatenate([tok, np.zeros(len(padded), dtype=np.int64)])[order]
-            masked = np.sort(np.concatenate([masked, p_slots]), kind="stable")  # 2 runs: a merge
-        # per batch: its segments and masked labels (ranges), offsets from its first slot
+        # per batch: its segments, offsets from its first slot
         self.seg_at = np.searchsorted(slot, offs).tolist()
-        self.mask_at = np.searchsorted(masked, offs).tolist()
         self.start = slot - np.repeat(offs[:-1], np.diff(self.seg_at))
         self.delta = tok - self.start  # position of batch slot x: x + delta of its segment
         self.length = length
-        self.masked = masked - np.repeat(offs[:-1], np.diff(self.mask_at))
         self.max_len = np.maximum.reduceat(length, self.seg_at[:-1]).tolist()
+        self.fill = fill
         self.offs = offs.tolist()
         self.tokens, self.stored = tokens, staged.view(dtype)
         self.check = dtype.kind == "i" or (dtype.kind == "u" and dtype.itemsize == 8)
 
-    def batch(self, i: int) -> tuple[dict[str, Any], int]:
-        """The stretch's ``i``-th batch (as :func:`assemble` makes it) and its real tokens."""
+    def compact(self, i: int) -> tuple[PackedBatch, int]:
+        """The stretch's ``i``-th batch in its compact form (its tokens as stored and its
+        segments; :meth:`PackedBatch.widen` makes :func:`assemble`'s arrays) and its real
+        tokens. Ids that do not fit int64 ``input_ids`` are refused here, where they are read."""
         L, lo, hi = self.seq_len, self.offs[i], self.offs[i + 1]
         c0, c1 = self.seg_at[i], self.seg_at[i + 1]
         k = (hi - lo) // L
-        if self.tokens.dtype == np.int64:
-            input_ids = self.tokens[lo:hi].reshape(k, L).copy()
-        else:
-            input_ids = self.tokens[lo:hi].reshape(k, L).astype(np.int64)
-        labels = input_ids.copy()
-        labels.reshape(-1)[self.masked[self.mask_at[i] : self.mask_at[i + 1]]] = IGNORE_INDEX
-        positions = np.repeat(self.delta[c0:c1], self.length[c0:c1])
-        positions += _arange(hi - lo)
-        cu_seqlens = np.empty(c1 - c0 + 1, dtype=np.int32)
-        cu_seqlens[:-1] = self.start[c0:c1]
-        cu_seqlens[-1] = hi - lo
+        tokens = self.tokens[lo:hi].copy()  # the staging buffer is reused by the next stretch
         if self.check:
+            ids = tokens.view(np.int64) if tokens.dtype == np.uint64 else tokens
             stored = self.stored[lo:hi].reshape(k, L)
-            _refuse_negative_ids(input_ids, stored, self.column, self.spans[i][0])
+            _refuse_negative_ids(ids.reshape(k, L), stored, self.column, self.spans[i][0])
+        batch = PackedBatch(
+            tokens,
+            L,
+            self.start[c0:c1].astype(np.int32),
+            self.delta[c0:c1],
+            self.length[c0:c1],
+            self.fill[lo // L : hi // L],
+            int(self.max_len[i]),
+        )
+        return batch, int(self.reals[i])
+
+    def batch(self, i: int) -> tuple[dict[str, Any], int]:
+        """The stretch's ``i``-th batch (as :func:`assemble` makes it) and its real tokens."""
+        batch, real = self.compact(i)
+        return batch.widen(), real
+
+
+class PackedBatch:
+    """A packed batch as a worker sends it: the tokens in their stored dtype and the
+    segments (start slot, length, position offset) and each row's real tokens, about a
+    tenth of the widened arrays' bytes and plain numpy arrays, pickled in one message.
+
+    Why: a DataLoader worker hands each torch tensor over in shared memory, one file
+    descriptor passed over a fresh socket per tensor (about 1 ms each on a busy 2-core
+    machine), and the widened batch is four tensors of 8 bytes a token; the main process
+    widens this form instead (:meth:`widen`), in about the time of one copy."""
+
+    __slots__ = ("delta", "extra", "fill", "length", "max_seqlen", "seq_len", "starts", "tokens")
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        starts: np.ndarray,
+        delta: np.ndarray,
+        length: np.ndarray,
+        fill: np.ndarray,
+        max_seqlen: int,
+    ) -> None:
+        self.tokens, self.seq_len = tokens, seq_len
+        self.starts, self.delta, self.length, self.fill = starts, delta, length, fill
+        self.max_seqlen = max_seqlen
+        self.extra: dict[str, Any] = {}  # arrays passed through as they are (``pad_mask``)
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, k) for k in self.__slots__)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        for k, v in zip(self.__slots__, state):
+            setattr(self, k, v)
+
+    def widen(self) -> dict[str, Any]:
+        """``input_ids``, ``labels`` (-100 at each segment's first slot and on padding),
+        ``position_ids``, ``cu_seqlens`` and ``max_seqlen``, as :func:`assemble` makes them."""
+        L, n = self.seq_len, len(self.tokens)
+        k = n // L
+        input_ids = self.tokens.reshape(k, L).astype(np.int64)
+        labels = input_ids.copy()
+        labels.reshape(-1)[self.starts] = IGNORE_INDEX
+        for r in np.flatnonzero(self.fill < L).tolist():  # a row's padding, to its end
+            labels[r, self.fill[r] :] = IGNORE_INDEX
+        positions = np.repeat(self.delta, self.length)
+        positions += _arange(n)
+        cu_seqlens = np.empty(len(self.starts) + 1, dtype=np.int32)
+        cu_seqlens[:-1] = self.starts
+        cu_seqlens[-1] = n
         batch = {
             "input_ids": input_ids,
             "labels": labels,
             "position_ids": positions.reshape(k, L),
             "cu_seqlens": cu_seqlens,
-            "max_seqlen": int(self.max_len[i]),
+            "max_seqlen": self.max_seqlen,
         }
-        return batch, int(self.reals[i])
+        return batch | self.extra
+
+
+def widened(batch: dict[str, Any] | PackedBatch) -> dict[str, Any]:
+    """A batch as :meth:`PackedPlan.batches` yields it with ``compact=True``, widened."""
+    return batch.widen() if isinstance(batch, PackedBatch) else batch
 
 
 class PackedPlan:
@@ -336,11 +397,15 @@ class PackedPlan:
         after = self.rows + steps * self.world_size * self.batch_size
         return min(after, self._total) if self._total is not None else after
 
-    def batches(self, worker: int = 0, workers: int = 1) -> Iterator[tuple[dict[str, Any], int]]:
+    def batches(
+        self, worker: int = 0, workers: int = 1, compact: bool = False
+    ) -> Iterator[tuple[Any, int]]:
         """This rank's batches for ``worker`` of ``workers``: (batch, real tokens). Batches
         of real rows only are made a stretch at a time (:class:`_Stretch`, up to
         ``STRETCH_TOKENS`` slots: the next few of this worker's batches gathered at once);
-        a batch with repeated rows (an even last round) on its own."""
+        a batch with repeated rows (an even last round) on its own. ``compact``: a
+        stretch's batches come as :class:`PackedBatch` (:func:`widened` makes the dict), for
+        a DataLoader worker to send."""
         B, W = self.batch_size, self.world_size
         known = self.drop_last or self.even
         tail = self._shape()[1] if known else None
@@ -404,8 +469,10 @@ class PackedPlan:
                         js.append(more)
                         more += workers
                     stretch = _Stretch(held, spans, js, seq_len, pad, column, stage)
+            batch: Any
             if stretch is not None and j in stretch.index:
-                batch, real = stretch.batch(stretch.index[j])
+                make = stretch.compact if compact else stretch.batch
+                batch, real = make(stretch.index[j])
             else:
                 parts = []
                 if real_end > a:
@@ -415,7 +482,9 @@ class PackedPlan:
                     parts.append(self._repeats(first - self.total, b - first))
                 batch, real = _join(parts) if len(parts) > 1 else parts[0]
             if self.pad_mask:
-                batch["pad_mask"] = np.arange(a, b) >= self.total
+                (batch.extra if isinstance(batch, PackedBatch) else batch)["pad_mask"] = (
+                    np.arange(a, b) >= self.total
+                )
             yield batch, real
             j += workers
 

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ...errors import SpecError
 from ...order import epoch_position, plan_position
 from ..frameworks import register_framework
+from ..packed_rows import widened
 from ..packing import PackedPlan, packed_plan, packed_source, packed_state, resume_position
 from ..settings import TORCH_ONLY, LoaderSettings, check_epoch, settings_from
 from ..telemetry import PassStats
@@ -66,15 +67,22 @@ class _Workers(IterableDataset):
 
     def _run(
         self, plan: PackedPlan, worker: int, workers: int, generation: int
-    ) -> Iterator[tuple[dict[str, Any], int]]:
-        for batch, real in plan.batches(worker, workers):
+    ) -> Iterator[tuple[Any, int]]:
+        """Batches in their compact form (numpy, one pickled message each, widened by the
+        main process: see :class:`~..packed_rows.PackedBatch`)."""
+        for batch, real in plan.batches(worker, workers, compact=True):
             if not self.control.live(generation):
                 return  # the consumer left mid-epoch: this pass is over
-            yield _tensors(batch), real
+            yield batch, real
 
 
-def _tensors(batch: dict[str, Any]) -> dict[str, Any]:
-    return {k: torch.from_numpy(v) if hasattr(v, "dtype") else v for k, v in batch.items()}
+def _tensors(batch: dict[str, Any], pin: bool = False) -> dict[str, Any]:
+    """The batch's arrays as tensors (in page-locked memory with ``pin``, for a
+    non-blocking copy to the device)."""
+    out = {k: torch.from_numpy(v) if hasattr(v, "dtype") else v for k, v in batch.items()}
+    if pin:
+        out = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+    return out
 
 
 def _identity(item: Any) -> Any:
@@ -142,7 +150,7 @@ class PackedTorchLoader:
             batch_size=None,
             num_workers=self.num_workers,
             collate_fn=_identity,
-            pin_memory=self.settings.pin_memory,
+            pin_memory=False,  # workers send numpy; the main process pins the widened batch
             multiprocessing_context=self.settings.multiprocessing_context,
             prefetch_factor=self.settings.prefetch_factor,
             persistent_workers=persistent,
@@ -176,7 +184,7 @@ class PackedTorchLoader:
         stats = self._stats = PassStats(self.epoch)
         pool: _Pool | None = None
         if self.num_workers == 0:
-            items: Any = ((_tensors(b), real) for b, real in plan.batches())
+            items: Any = plan.batches()
         else:
             pool = self._pool_for_pass()
             pool.control.start(self.epoch, self._rows)  # before its workers read it
@@ -190,8 +198,8 @@ class PackedTorchLoader:
         real_total = slots = 0
         resumed = time.perf_counter()
         try:
-            for batch, real in items:
-                batch = to_device(batch, self.device, pin)
+            for item, real in items:
+                batch = to_device(_tensors(widened(item), pin), self.device, pin)
                 rows = int(batch["input_ids"].shape[0])
                 live.steps += 1
                 real_total += real
