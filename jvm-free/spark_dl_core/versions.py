@@ -1,6 +1,7 @@
-"""The versions a dataset that follows a Delta table holds: one sealed manifest per version.
+"""The versions a dataset that follows a table holds: one sealed manifest per version.
 
-A followed dataset (see :mod:`spark_dl_core.tables.delta.follow`) keeps, beside its shards,
+A followed dataset (see :mod:`spark_dl_core.tables.parquet.follow`; a Delta table's
+versions, an Iceberg table's snapshots by sequence number) keeps, beside its shards,
 ``_follow/v<version>.json`` for each table version it was updated to. A manifest is
 self-contained: the ``spark_dl.json`` and ``index.json`` of that version, the data files it
 was built from (each with its shards and deletion vector), and, for files whose deletion

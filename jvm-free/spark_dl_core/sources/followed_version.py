@@ -1,7 +1,8 @@
-"""What a dataset that follows a Delta table adds to a plain one: the table version it
-opened (from the version's manifest, :mod:`spark_dl_core.versions`) and its carrier, through
-which a loader carries a run on from another version: handed in by the face that opens it
-(:func:`spark_dl_core.tables.kinds.open_dataset` hands :mod:`..tables.delta.follow_carry`'s)."""
+"""What a dataset that follows a table (Delta or Iceberg) adds to a plain one: the table
+version it opened (from the version's manifest, :mod:`spark_dl_core.versions`) and its
+carrier, through which a loader carries a run on from another version: handed in by the face
+that opens it (:func:`spark_dl_core.tables.kinds.open_dataset` hands its
+:class:`~spark_dl_core.tables.kinds.FollowCarrier`, on :mod:`..tables.parquet.follow_carry`)."""
 
 from __future__ import annotations
 

@@ -8,19 +8,28 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from ..sources.dataset import Dataset
 from ..sources.mds import MdsDataset
-from .delta.follow_carry import FollowCarrier
+from .delta.follow_carry import FollowCarrier as DeltaFollowCarrier
 from .delta.table import reopen_in_place as reopen_delta
 from .iceberg.table import reopen_in_place as reopen_iceberg
+from .parquet.follow_carry import FollowCarrier as _FollowCarrier
 
 # kind -> reopen(arguments as recorded, storage options) -> the source read in place
 REOPEN: dict[str, Callable[[dict[str, Any], dict[str, Any] | None], Dataset]] = {
     "delta": reopen_delta,
     "iceberg": reopen_iceberg,
 }
+
+
+class FollowCarrier(_FollowCarrier):
+    """The carrier :func:`open_dataset` hands a dataset that follows a table of any kind:
+    rows moved by a rewrite followed by the kind's row ids where it has them (Delta row
+    tracking); an Iceberg table's rows of rewritten files are dropped with a warning."""
+
+    row_ids: ClassVar[dict[str, Any]] = {**DeltaFollowCarrier.row_ids}
 
 
 def open_dataset(
@@ -34,10 +43,11 @@ def open_dataset(
 ) -> MdsDataset:
     """Open an MDS dataset (ours or Mosaic's) at a local path or fsspec URL.
 
-    A dataset that follows a Delta table (``write_mds(..., mode="update")``) opens at the
-    latest table version it holds; ``version`` (an int, or its digits as a string) opens
-    another version it still holds; a loader's run over one version carries on to another
-    (:class:`~.delta.follow_carry.FollowCarrier`, the table kind's).
+    A dataset that follows a Delta or Iceberg table (``write_mds(..., mode="update")``)
+    opens at the latest table version it holds; ``version`` (an int, or its digits as a
+    string: a Delta version, an Iceberg snapshot's sequence number) opens another version it
+    still holds; a loader's run over one version carries on to another
+    (:class:`FollowCarrier`).
 
     Everything after the path is keyword-only, so ``open_dataset(a, b)`` is a
     ``TypeError`` rather than ``b`` silently taken as the cache directory.

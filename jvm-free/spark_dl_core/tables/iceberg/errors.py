@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import optional_import
+from ...errors import FollowError, optional_import
 from ..parquet.table_files import TableError, utc_ms
 
 
@@ -33,6 +33,17 @@ class IcebergFilterError(IcebergSnapshotError):
     def __init__(self, table: str, message: str, *, snapshot: object, column: str | None) -> None:
         super().__init__(table, message, snapshot=snapshot)
         self.column = column
+
+
+class IcebergFollowError(FollowError):
+    """An update of a dataset that follows an Iceberg table which cannot be made (another
+    table, backwards, a snapshot held that is expired or not an ancestor of the one asked):
+    names the table, the snapshot asked (``snapshot``) and the dataset path. Nothing was
+    written."""
+
+    def __init__(self, message: str, *, snapshot: int, **where: Any) -> None:
+        super().__init__(message, **where)
+        self.snapshot = snapshot
 
 
 def import_pyiceberg() -> Any:

@@ -53,6 +53,8 @@ class IcebergSnapshot(ReadInPlace):
     partition_columns: list[str] = field(default_factory=list)  # Iceberg files hold them all
     storage_options: dict[str, str] | None = None
     since: int | None = None
+    sequence_number: int | None = None  # the snapshot's (v2 and later): a followed version's
+    table_uuid: str | None = None
     make_dataset: Any = field(default=None, repr=False, compare=False)  # (snap, spec, **o)
     _identity: dict[str, set[str]] = field(default_factory=dict, repr=False)
     _partition_values: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
@@ -230,14 +232,14 @@ class IcebergSnapshot(ReadInPlace):
         storage_options: dict[str, Any] | None = None,
     ) -> WriteResult:
         """Write this snapshot as an MDS dataset whose spark_dl.json names table, snapshot
-        and schema. ``mode="update"`` (following a table) is not built for Iceberg yet."""
+        and schema. ``mode="update"`` makes ``out_path`` follow the table: only the data
+        files added since the snapshot it holds are converted (:mod:`.follow`)."""
         from ...writer import write_mds
 
         if str(mode).strip().lower() == "update":
-            raise SpecError(
-                f"{self.shown}: write_mds(mode='update') follows Delta tables only; Iceberg "
-                "snapshots are exported whole (mode='overwrite')"
-            )
+            from .follow import update_mds
+
+            return update_mds(self, out_path, spec, storage_options=storage_options)
         return write_mds(
             self.export_batches(),
             out_path,

@@ -108,6 +108,8 @@ def open_iceberg(
         metadata_location=str(loaded.metadata_location),
         schema_id=int(schema_id),
         timestamp=None if chosen is None else _iso(chosen.timestamp_ms),
+        sequence_number=None if chosen is None else chosen.sequence_number,
+        table_uuid=str(meta.table_uuid),
         catalog=catalog_name,
         identifier=identifier,
         ref=ref,
