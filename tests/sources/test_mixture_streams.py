@@ -244,3 +244,20 @@ def _lengths(total: int, streams: int, batch: int) -> np.ndarray:
     from spark_dl_core.order.locality import stream_lengths
 
     return stream_lengths(total, streams, batch)
+
+
+def test_a_world_not_dividing_the_streams_is_exact_with_less_locality(
+    paths: dict[str, str],
+) -> None:
+    """W=3 with 8 streams: every rank reads every stream (gcd 1), and the order is still the
+    1-rank one, step by step; W=6 reads gcd(6, 8) = 2: half the streams, half the data."""
+    m = _mixture(paths, batching="stratified")
+    kw = {"batch_size": 40, "shuffle": True, "seed": 5, "streams": 8, "even_batches": False}
+    whole = list(m.sample_order(**kw))
+    for world, read in ((3, 8), (6, 4)):
+        plans = [m.sample_order(rank=r, world_size=world, **kw) for r in range(world)]
+        for g, batch in enumerate(whole):
+            assert np.array_equal(plans[g % world][g // world], batch)
+        report = plans[0].locality()
+        assert report["streams_read"] == read
+        assert abs(report["data_share"] - read / 8) < 0.02

@@ -100,7 +100,7 @@ def source_cut(sizes: Sequence[int], total: int, streams: int, batch_size: int) 
     lengths = stream_lengths(int(total), streams, batch_size)
     cum = np.zeros(streams + 1, dtype=np.int64)
     np.cumsum(lengths, out=cum[1:])
-    if n != int(total):  # exact integers: n * cum fits for any real dataset
+    if n != int(total):  # in Python integers: exact at any size
         cum = np.array([n * int(c) // int(total) for c in cum.tolist()], dtype=np.int64)
     return split_counts([int(v) for v in sizes], np.diff(cum))
 
