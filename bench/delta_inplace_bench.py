@@ -4,9 +4,12 @@ Not a test. Builds a Delta table (``id`` int64 + ``x`` float32[32], 8 files writ
 deltalake; or reads ``--table``), then prints:
 
 - first batch after open, each in a fresh process with numpy, pyarrow (and the pandas module
-  its numpy bridge loads on first use), torch, deltalake and spark_dl_core imported before the
-  clock, medians of ``--runs``: ``open_delta(...).dataset(...).to_torch(shuffle=True)``
-  in-process and with 2 workers (an empty disk cache each run), and the pyarrow scan;
+  its numpy bridge loads on first use), torch (and ``torch.distributed.tensor``, which its
+  first jagged tensor imports), deltalake and spark_dl_core imported before the clock,
+  median, min and max of ``--runs``: ``open_delta(...).dataset().to_torch(shuffle=True)``
+  in-process and with 2 workers, and the pyarrow scan. Each run has its own empty temporary
+  directory (``TMPDIR``), so the plan cache, the converted row-group cache and the verified
+  notes all start empty (counted before the clock: a run that finds a file there fails);
 - cold / warm epoch rows/s of the in-place loader (in-process and 2 workers, without and with
   its disk cache of converted row groups: the cold pass fills it), a pyarrow scan of the same
   version's files delivering torch tensors (no shuffle), and the MDS path (``snap.write_mds``
@@ -19,6 +22,15 @@ deltalake; or reads ``--table``), then prints:
 - ratios, and the load average before and after.
 
     python bench/delta_inplace_bench.py --rows 4000000 [--table PATH] [--first-only]
+
+``--variable``: ``x`` as ``list<float>`` of 16-48 values a row (mean 32), as Spark's and
+delta-rs's variable arrays are (read as jagged batches), rather than 32 values every row.
+``--files``: data files of one row group each (default 8; one more small file with
+``--tail`` rows). The first-batch figure the docs quote (the new node, or a new version with
+new files):
+
+    python bench/delta_inplace_bench.py --rows 4000000 --tail 40000 --variable --first-only \
+        --runs 10
 
 ``--images N``: the image case instead: a Delta table of N photo-like JPEGs (``image``
 binary + ``label``, 4 files) read in place with ``columns={"image": "jpeg"}`` and the train
@@ -65,14 +77,22 @@ ANCHORS_PYTHON = os.environ.get(
 ANCHORS_INSTALL = "make bench-envs"
 
 
-def build(path: str, rows: int) -> None:
-    per = rows // FILES
-    for k in range(FILES):
-        ids = np.arange(k * per, (k + 1) * per, dtype=np.int64)
-        values = np.random.default_rng(k).random(per * DIM, dtype=np.float32)
-        offsets = np.arange(0, per * DIM + 1, DIM, dtype=np.int32)
+def build(path: str, rows: int, files: int = FILES, tail: int = 0, variable: bool = False) -> None:
+    """``files`` appends of ``rows // files`` rows (then one of ``tail`` rows), each one
+    data file of one row group; ``x`` holds 32 floats a row, or 16-48 with ``variable``."""
+    per = rows // files
+    sizes = [per] * files + ([tail] if tail else [])
+    start = 0
+    for k, count in enumerate(sizes):
+        rng = np.random.default_rng(k)
+        ids = np.arange(start, start + count, dtype=np.int64)
+        lengths = rng.integers(16, 49, count) if variable else np.full(count, DIM)
+        offsets = np.zeros(count + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        values = rng.random(int(offsets[-1]), dtype=np.float32)
         x = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
         write_deltalake(path, pa.table({"id": ids, "x": x}), mode="append")
+        start += count
 
 
 def timed(make: Callable[[], Iterable[Any]]) -> tuple[float, float, int]:
@@ -91,27 +111,48 @@ def scan(files: list[str], batch_size: int) -> Iterable[dict[str, torch.Tensor]]
     """A plain pyarrow scan (file order, no shuffle) delivering torch tensors."""
     for f in files:
         for b in pq.ParquetFile(f).iter_batches(batch_size=batch_size):
-            x = b.column("x").values.to_numpy().reshape(-1, DIM).copy()
-            yield {"id": torch.from_numpy(b.column("id").to_numpy()), "x": torch.from_numpy(x)}
+            x = b.column("x")
+            values = torch.from_numpy(x.values.to_numpy().copy())
+            offsets = x.offsets.to_numpy()
+            if len(values) == len(b) * DIM and np.all(np.diff(offsets) == DIM):
+                out = values.reshape(-1, DIM)
+            else:  # variable lists: values and offsets, as a jagged tensor holds them
+                out = torch.nested.nested_tensor_from_jagged(
+                    values, torch.from_numpy(offsets.astype(np.int64) - offsets[0])
+                )
+            yield {"id": torch.from_numpy(b.column("id").to_numpy()), "x": out}
 
 
-def inplace(table: str, cache_dir: str | None, bs: int, workers: int) -> Iterable[Any]:
-    """The in-place loader from ``open_delta`` on (open counts toward the first batch)."""
+def inplace(
+    table: str, cache_dir: str | None, bs: int, workers: int, cache: bool = True
+) -> Iterable[Any]:
+    """The in-place loader from ``open_delta`` on (open counts toward the first batch);
+    ``cache_dir`` None: the default place (under ``TMPDIR``)."""
     snap = open_delta(table)
-    ds = snap.dataset(cache=cache_dir is not None, cache_dir=cache_dir)
+    ds = snap.dataset(cache=cache, cache_dir=cache_dir)
     return ds.to_torch(batch_size=bs, shuffle=True, seed=0, num_workers=workers)
 
 
-def first_batch(case: str, table: str, cache_dir: str, bs: int) -> None:
-    """``--first-batch`` mode (a fresh process; imports above): seconds to the first batch,
-    and this process's CPU seconds (all its threads; not its DataLoader workers')."""
+def cached_files() -> int:
+    """Files under this process's temporary directory, where every cache of a default
+    dataset lives (plan, converted row groups, verified notes): 0 for an empty start."""
+    return sum(len(names) for _, _, names in os.walk(tempfile.gettempdir()))
+
+
+def first_batch(case: str, table: str, bs: int) -> None:
+    """``--first-batch`` mode (a fresh process; imports above, its own empty ``TMPDIR``):
+    seconds to the first batch, this process's CPU seconds (all its threads; not its
+    DataLoader workers'), and the files its caches held before the clock."""
+    import torch.distributed.tensor  # noqa: F401 - the first jagged tensor's import: not timed
+
+    before = cached_files()
     cpu0, start = cpu(), time.perf_counter()
     if case == "scan":
         batches = scan(open_delta(table).files, bs)
     else:
-        batches = inplace(table, cache_dir, bs, int(case))
+        batches = inplace(table, None, bs, int(case))
     next(iter(batches))
-    print(json.dumps([time.perf_counter() - start, cpu() - cpu0]), flush=True)
+    print(json.dumps([time.perf_counter() - start, cpu() - cpu0, before]), flush=True)
     os._exit(0)  # DataLoader workers: no teardown in the figure's process
 
 
@@ -121,17 +162,25 @@ def cpu() -> float:
 
 
 def fresh_first_batch(case: str, table: str, tmp: str, bs: int, runs: int) -> str:
-    """Median seconds (and CPU seconds) to the first batch over ``runs`` fresh processes,
-    each with an empty disk cache: on a loaded machine the CPU figure is the steadier one."""
+    """Median, min and max seconds (and median CPU seconds) to the first batch over ``runs``
+    fresh processes, each with its own empty ``TMPDIR`` (so empty plan and row-group
+    caches): on a loaded machine the CPU figure is the steadier one."""
     walls, cpus = [], []
     for run in range(runs):
-        cache = f"{tmp}/first-{case}-{run}"
-        argv = [sys.executable, __file__, "--first-batch", case, table, cache, str(bs)]
-        out = subprocess.run(argv, capture_output=True, text=True, check=True)
-        wall, used = json.loads(out.stdout.strip().splitlines()[-1])
+        own = f"{tmp}/first-{case}-{run}"
+        os.makedirs(own)
+        argv = [sys.executable, __file__, "--first-batch", case, table, str(bs)]
+        env = {**os.environ, "TMPDIR": own}
+        out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
+        wall, used, before = json.loads(out.stdout.strip().splitlines()[-1])
+        if before:
+            raise SystemExit(f"run {run} of {case!r} found {before} cached files before its clock")
         walls.append(wall)
         cpus.append(used)
-    return f"{statistics.median(walls):7.3f} s (CPU {statistics.median(cpus):.3f} s)"
+    return (
+        f"{statistics.median(walls):7.3f} s (min {min(walls):.3f}, max {max(walls):.3f}; "
+        f"CPU {statistics.median(cpus):.3f} s)"
+    )
 
 
 def report(name: str, cold: tuple[float, float, int], warm: tuple[float, float, int]) -> float:
@@ -261,18 +310,21 @@ def main() -> None:
     parser.add_argument("--table", help="an existing table of this shape (else one is built)")
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per first batch")
     parser.add_argument("--anchors-python", default=ANCHORS_PYTHON)
-    parser.add_argument("--first-batch", nargs=4, metavar=("CASE", "TABLE", "CACHE", "BS"))
+    parser.add_argument("--files", type=int, default=FILES, help="data files of one row group")
+    parser.add_argument("--tail", type=int, default=0, help="rows of one more, small file")
+    parser.add_argument("--variable", action="store_true", help="x: 16-48 floats a row")
+    parser.add_argument("--first-batch", nargs=3, metavar=("CASE", "TABLE", "BS"))
     parser.add_argument("--first-only", action="store_true", help="only the first batches")
     args = parser.parse_args()
     if args.images:
         return images_main(args.images, min(args.batch_size, 64))
     if args.first_batch:
-        case, table, cache, bs = args.first_batch
-        first_batch(case, table, cache, int(bs))
+        case, table, bs = args.first_batch
+        first_batch(case, table, int(bs))
     with tempfile.TemporaryDirectory() as tmp:
         table = args.table or f"{tmp}/table"
         if not args.table:
-            build(table, args.rows)
+            build(table, args.rows, args.files, args.tail, args.variable)
         run(table, tmp, args)
 
 
@@ -280,18 +332,20 @@ def run(table: str, tmp: str, args: argparse.Namespace) -> None:
     bs = args.batch_size
     snap = open_delta(table)
     ours = snap.dataset(cache=False)
+    x = "list<float> of 16-48" if args.variable else f"float32[{DIM}]"
     print(
-        f"{len(ours):,} rows of id int64 + x float32[{DIM}] in "
-        f"{len(snap.files)} files, version {snap.version}, batch {bs}; {os.cpu_count()} CPUs, "
-        f"{load()}"
+        f"{len(ours):,} rows of id int64 + x {x} in {len(snap.files)} files "
+        f"({ours.num_shards} row groups), version {snap.version}, batch {bs}; "
+        f"{os.cpu_count()} CPUs, {load()}"
     )
-    print(f"-- first batch after open, fresh processes, median of {args.runs}:")
+    print(f"-- first batch after open, fresh processes, empty caches, {args.runs} runs:")
     for case, name in (
         ("0", "in place, shuffled, 0 workers"),
         ("2", "in place, shuffled, 2 workers (CPU: main)"),
         ("scan", "pyarrow scan -> torch"),
     ):
         print(f"{name:<40} {fresh_first_batch(case, table, tmp, bs, args.runs)}")
+    print(f"-- {load()}")
     if args.first_only:
         return
     print(f"-- passes (cold then warm), {load()}:")
@@ -301,8 +355,10 @@ def run(table: str, tmp: str, args: argparse.Namespace) -> None:
             name = f"in place{'' if cache else ' no cache'}, shuffled, {workers} workers"
             where = f"{tmp}/cache-{workers}" if cache else None
 
-            def make(where: str | None = where, workers: int = workers) -> Iterable[Any]:
-                return inplace(table, where, bs, workers)
+            def make(
+                where: str | None = where, workers: int = workers, cache: bool = cache
+            ) -> Iterable[Any]:
+                return inplace(table, where, bs, workers, cache)
 
             rates[name] = report(name, timed(make), timed(make))
     files = snap.files

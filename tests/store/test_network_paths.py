@@ -109,6 +109,44 @@ def test_each_rank_copies_only_its_share(tmp_path: Path) -> None:
     assert all(p <= 0.6 * stored for p in pulled) and sum(pulled) <= 1.1 * stored
 
 
+def test_a_cache_dir_holding_another_datasets_shards_is_refused(tmp_path: Path) -> None:
+    """Two datasets name their shards alike (``shard.00000.mds``): a second dataset given the
+    first one's ``cache_dir`` was served its bytes (a HashMismatchError blaming the shard, or
+    wrong rows where the index holds no hashes). It is refused at open, naming both; the same
+    dataset opened again, by any process, reads on from the same directory."""
+    from spark_dl_core.errors import SpecError
+    from spark_dl_core.store.cached_store import claim_cache_dir
+
+    for name, first in (("a", 0), ("b", 1000)):  # same shard names, sizes and row count
+        table = pa.table({"id": np.arange(first, first + 500, dtype=np.int64)})
+        write_mds(table, str(tmp_path / name), DatasetSpec(shard_size="2KiB"))
+    cache = str(tmp_path / "cache")
+    a = open_dataset(str(tmp_path / "a"), node_cache=True, cache_dir=cache)
+    assert sorted(i for b in a.iter_batches(100) for i in b["id"].tolist()) == list(range(500))
+    with pytest.raises(SpecError, match=r"holds the shards of .*/a'.*not .*/b'"):
+        open_dataset(str(tmp_path / "b"), node_cache=True, cache_dir=cache)
+    again = open_dataset(str(tmp_path / "a") + "/", node_cache=True, cache_dir=cache)
+    assert len(list(again.iter_batches(100))) == 5
+    own = open_dataset(str(tmp_path / "b"), node_cache=True, cache_dir=str(tmp_path / "cb"))
+    assert sorted(i for b in own.iter_batches(100) for i in b["id"].tolist())[0] == 1000
+    # processes racing for a fresh directory: exactly one dataset's claim holds
+    from concurrent.futures import ThreadPoolExecutor
+
+    fresh = str(tmp_path / "race")
+
+    def claim(k: int) -> bool:
+        try:
+            claim_cache_dir(fresh, f"s3://bucket/ds{k % 2}")
+            return True
+        except SpecError:
+            return False
+
+    with ThreadPoolExecutor(8) as pool:
+        won = list(pool.map(claim, range(16)))
+    assert sum(won) == 8 and len({k % 2 for k in range(16) if won[k]}) == 1
+    assert sorted(os.listdir(fresh)) == [".dataset"]
+
+
 @pytest.fixture
 def fuse_mount(tmp_path: Path) -> Any:
     """A directory and its read-only FUSE passthrough, mounted for the test by a real FUSE

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..errors import SpecError
 from ..format.index import ShardInfo
 from .cache import ShardCache, default_cache_dir
 from .network import network_mount
@@ -58,6 +59,39 @@ def cache_for(directory: str, make: Any) -> ShardCache:
     return cache
 
 
+_CLAIM = ".dataset"  # in a cache directory: the URL of the one dataset whose shards it holds
+
+
+def claim_cache_dir(directory: str, url: str) -> None:
+    """Make an explicit ``cache_dir`` this dataset's, or refuse it if another dataset's
+    shards are there: both name their shards ``shard.00000.mds`` and so on, so a second
+    dataset would be served the first one's bytes (refused by a hash check where the index
+    has hashes, silently wrong where it has none). The first dataset to use a directory
+    writes its URL in ``.dataset`` (published with a hard link, so two processes cannot both
+    claim it); a directory without one (made before the claim existed) is claimed as is."""
+    mine = url.rstrip("/")
+    os.makedirs(directory, exist_ok=True)
+    marker = os.path.join(directory, _CLAIM)
+    if not os.path.exists(marker):
+        temp = f"{marker}.{os.getpid()}.{threading.get_ident()}"
+        with open(temp, "w", encoding="utf-8") as f:
+            f.write(mine)
+        try:
+            os.link(temp, marker)
+        except FileExistsError:
+            pass  # another process claimed it first: compared below
+        finally:
+            os.unlink(temp)
+    with open(marker, encoding="utf-8") as f:
+        owner = f.read()
+    if owner != mine:
+        raise SpecError(
+            f"cache_dir {directory!r} holds the shards of {owner!r}, not {mine!r}: shard "
+            "files of two datasets share names there; give each dataset its own cache_dir "
+            "(a subdirectory), or leave it unset for one per URL under the temp dir"
+        )
+
+
 class CachedStore(Store):
     """A remote store whose shard files are served from the local cache.
 
@@ -72,6 +106,8 @@ class CachedStore(Store):
         cache_dir: str | None = None,
     ) -> None:
         super().__init__(url, storage_options)
+        if cache_dir:
+            claim_cache_dir(cache_dir, self.url)
         self.cache_dir = cache_dir or default_cache_dir(self.url)
         if self.url.split("://", 1)[0] in ("s3", "s3a"):
             # botocore keeps 10 connections per client: fewer than download threads may use

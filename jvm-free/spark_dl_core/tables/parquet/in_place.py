@@ -43,6 +43,7 @@ from .footer import read_group
 from .plan import RowGroupPlanning, _mask, _RowGroup
 from .remote import RemoteFiles, default_span_dir, read_through_spans
 from .table_files import TableError, TableFiles, first_line
+from .variable_rows import variable_shard
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...store.storage import Store
@@ -495,6 +496,9 @@ class InPlaceDataset(RowGroupPlanning, Dataset):
         """``table`` (row group ``shard``'s live rows) as one checked shard."""
         g = self._groups[shard]
         whole = writer.one_shard(table, alloc)  # rows all alike: each column copied into place
+        if whole is None and not writer.spec.transforms:  # rows of other sizes: the same
+            limit = writer.spec.shard_size
+            whole = variable_shard(self._plans, writer._config_bytes, limit, table, alloc)
         if whole is not None:
             raw, shapes = whole
         else:
