@@ -7,11 +7,10 @@ its fingerprint kind, how a saved mixture reopens it, and runs carried on across
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
 from ..parquet import in_place as _generic
+from ..parquet.carry import CarryHooks
 from ..parquet.in_place import InPlaceDataset
 from .snapshot import DeltaSnapshot
 
@@ -26,7 +25,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-class DeltaDataset(InPlaceDataset):
+class DeltaDataset(CarryHooks, InPlaceDataset):
     """A :class:`DeltaSnapshot` as a dataset: ``len``, ``fingerprint``, ``ds[i]``,
     ``iter_batches``, ``to_torch``… with no export. Use ``snap.dataset()``; the options are
     :class:`~..parquet.in_place.InPlaceDataset`'s."""
@@ -51,23 +50,8 @@ class DeltaDataset(InPlaceDataset):
 
     @property
     def carrier(self) -> Any:
-        """How a run carries on across versions (:mod:`.carry`, which builds on this
-        module), as the face that opened the snapshot handed it (None: built by hand)."""
+        """How a run carries on across versions (:class:`.carry.DeltaCarrier`, which builds
+        on this module), as the face that opened the snapshot handed it (None: built by
+        hand)."""
         kind = self.snapshot.kind
         return None if kind is None else kind.carrier
-
-    def position_record(self, epoch: int, consumed: int) -> dict[str, Any] | None:
-        if self.carrier is None:
-            return None
-        return self.carrier.record(self, epoch, consumed)
-
-    @property
-    def carry_on(self) -> Callable[[Any, bool], tuple[Any, int, int]] | None:
-        """A state of another version of the table carries on (None: no carrier, the
-        loader compares fingerprints as for any dataset)."""
-        if self.carrier is None:
-            return None
-        return functools.partial(self.carrier.carry_on, self)
-
-    def row_layout(self) -> Any:
-        return None if self.carrier is None else self.carrier.row_layout(self)

@@ -55,7 +55,7 @@ DELTA = DeltaKind(
     update=update_mds,
     since=new_since,
     reopen=open_delta,
-    carrier=carry,
+    carrier=carry.DeltaCarrier,
     follows=FollowCarrier,
 )
 

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...errors import SpecError
+from ..parquet.carry import CarryHooks
 from ..parquet.in_place import InPlaceDataset
 from ..parquet.table_files import first_line as first_line_of
 from .columns import FieldIds
@@ -21,12 +22,21 @@ from .errors import IcebergSnapshotError, import_pyiceberg, timestamp_ms
 from .snapshot import IcebergSnapshot, check_filter, plan_snapshot
 
 
-class IcebergDataset(InPlaceDataset):
+class IcebergDataset(CarryHooks, InPlaceDataset):
     """An :class:`IcebergSnapshot` as a dataset: ``len``, ``fingerprint``, ``ds[i]``,
-    ``iter_batches``, ``to_torch``… with no export. Use ``snap.dataset()``."""
+    ``iter_batches``, ``to_torch``… with no export. Use ``snap.dataset()``. A loader's run
+    over one snapshot carries on to another with ``strict=False`` (:mod:`.carry`)."""
 
     KIND = "iceberg-inplace"
     snapshot: IcebergSnapshot
+
+    @property
+    def carrier(self) -> Any:
+        """How a run carries on across snapshots (:class:`.carry.IcebergCarrier`, which
+        builds on this module)."""
+        from .carry import IcebergCarrier
+
+        return IcebergCarrier
 
     def in_place_record(self) -> tuple[str, dict[str, Any]]:
         """What reopens this read from a saved mixture: the metadata file (a table's
