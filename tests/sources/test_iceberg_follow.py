@@ -129,6 +129,8 @@ def test_only_new_files_are_converted(tmp_path: Path) -> None:
     cat = catalog(tmp_path)
     t = cat.create_table("db.n", schema=SCHEMA, properties=PROPS)
     out = str(tmp_path / "followed")
+    empty = open_iceberg("db.n", catalog=cat).write_mds(out, SPEC, mode="update")
+    assert empty.num_samples == 0 and open_dataset(out).version == 0  # no snapshot yet
     t.append(rows(0, 300))
     open_iceberg("db.n", catalog=cat).write_mds(out, SPEC, mode="update")
     before = {p.name for p in Path(out).glob("*.mds*")}

@@ -74,7 +74,7 @@ class IcebergFollow(FollowedTable):
     def continues(self, number: int, manifest: dict[str, Any], timestamp: str | None) -> str | None:
         snap = self.snap
         held = manifest.get("snapshot_id")
-        if held == snap.version:
+        if held == snap.version or held == 0:  # 0: the table had no snapshot (no rows held)
             return None
         if number == self.number:
             return f"snapshot {snap.version} has the same sequence number as snapshot {held}"
