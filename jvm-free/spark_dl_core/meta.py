@@ -201,7 +201,9 @@ class ShardRecords:
         entries = meta["shards"]
         return cls(
             [
-                dataclasses.replace(info, shapes=m["shapes"]) if m.get("shapes") else info
+                dataclasses.replace(
+                    info, shapes=m.get("shapes") or info.shapes, values=m.get("values")
+                )
                 for info, m in zip(shards, entries)
             ],
             [str(m["content_hash"]) for m in entries],
@@ -227,6 +229,8 @@ def build_meta(
             entry["stored_hashes"] = dict(stored)
         if info.shapes:  # each variable ndarray column's one shape (readers pick dense)
             entry["shapes"] = info.shapes
+        if info.values:  # each list-of-integers column's values (a packed loader's tokens)
+            entry["values"] = dict(info.values)
         shards.append(entry)
     return {
         "format": META_FORMAT,
@@ -281,6 +285,7 @@ class _ShardEntry(_Strict):
     content_hash: str
     stored_hashes: dict[str, str] | None = None
     shapes: dict[str, Annotated[list[_Dim], Field(max_length=32)] | None] | None = None
+    values: dict[str, _Count] | None = None  # absent in files written before it existed
 
 
 class _ColumnEntry(_Strict):

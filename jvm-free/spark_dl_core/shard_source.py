@@ -154,6 +154,8 @@ class ShardSource(Protocol):
 
     def count_sources(self, ids: np.ndarray) -> np.ndarray | None: ...
 
+    def shard_values(self, column: str) -> np.ndarray | None: ...
+
     def in_place_record(self) -> tuple[str, dict[str, Any]] | None: ...
 
     def source_report(self, counts: np.ndarray, epoch: int, consumed: int) -> dict[str, Any]: ...
@@ -233,6 +235,12 @@ class SourceCapabilities:
         sees it: itself, unless its schedule's boundaries are in tokens (a mixture places
         them at documents)."""
         return self
+
+    def shard_values(self, column: str) -> np.ndarray | None:
+        """Per shard, the values of list-of-integers ``column`` as its metadata records
+        them (a shard's tokens, for a packed loader to count rows without reading it);
+        None when not every shard's are recorded."""
+        return None
 
     def count_sources(self, ids: np.ndarray) -> np.ndarray | None:
         """Per source of a mixture, how many of global sample ``ids`` it gives (what

@@ -33,6 +33,19 @@ __all__ = ["ShardWriter", "WriteMode", "WriteResult", "write_mds"]
 _TARGET_CHUNK_BYTES = 8 << 20  # encode at most ~8 MiB of input at a time (bounded memory)
 
 
+def _element_counts(array: pa.Array) -> np.ndarray | None:
+    """Per row, the values of a list-of-integers column (a token document's length; null
+    rows 0), which ``spark_dl.json`` records per shard so that a packed loader knows a
+    shard's tokens without reading it; None for any other type."""
+    t = array.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not pa.types.is_integer(
+        t.value_type
+    ):
+        return None
+    lengths = pc.fill_null(pc.list_value_length(array), 0)
+    return np.asarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
 def _fill_nulls(array: pa.Array) -> pa.Array:
     """Nulls replaced by the type's zero value (0, "", b"", [], zeros)."""
     t = array.type
@@ -100,6 +113,7 @@ class ShardWriter:
         self._pending: list[Pieces] = []
         self._pending_count = 0
         self._pending_shapes: dict[str, list[int] | None] | None = None
+        self._pending_values: dict[str, int] = {}
         self._layout: Layout | None = None
         if self.plans is not None:
             self._set_plans(self.plans)
@@ -181,6 +195,7 @@ class ShardWriter:
         n = batch.num_rows
         columns: list[Pieces] = []
         self._chunk_shapes: dict[str, list[int] | None] = {}
+        self._chunk_values: dict[str, np.ndarray] = {}
         for plan in self.plans:
             array = batch.column(plan.name)
             if isinstance(array, pa.ChunkedArray):
@@ -214,6 +229,9 @@ class ShardWriter:
                 ) from None
             if encoding.size is None and encoding.ndarray:
                 self._chunk_shapes[plan.name] = uniform_shape(array, plan.name)
+                counts = _element_counts(array)
+                if counts is not None:
+                    self._chunk_values[plan.name] = counts
             if plan.null_mask:
                 flags = mask if mask is not None else np.zeros(n, dtype=np.uint8)
                 columns.append(Pieces(flags, width=1))
@@ -305,6 +323,9 @@ class ShardWriter:
                 fits = 1  # a sample bigger than the limit gets a shard of its own
             if fits:
                 self._pending_shapes = merge_shapes(self._pending_shapes, self._chunk_shapes)
+                for name, counts in self._chunk_values.items():
+                    got = int(counts[start : start + fits].sum())
+                    self._pending_values[name] = self._pending_values.get(name, 0) + got
                 self._pending.append(_slice(samples, start, start + fits))
                 self._pending_count += fits
                 self._pending_bytes += int(cumulative[fits - 1])
@@ -345,9 +366,11 @@ class ShardWriter:
                 hashes=list(self.spec.hashes),
                 size_limit=self.spec.shard_size,
                 shapes=self._pending_shapes,
+                values=dict(self._pending_values) or None,
             )
         )
         self._pending_shapes = None
+        self._pending_values = {}
         self._pending = []
         self._pending_count = 0
         self._pending_bytes = 8 + len(self._config_bytes)

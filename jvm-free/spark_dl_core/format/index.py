@@ -43,6 +43,9 @@ class ShardInfo:
     # spark_dl.json only (never index.json): the one shape of each variable ndarray column's
     # values in this shard, None where they differ; readers choose dense output from it.
     shapes: dict[str, list[int] | None] | None = field(default=None, compare=False)
+    # spark_dl.json only: each list-of-integers column's values in this shard (its token
+    # documents' total length), so a packed loader counts rows without reading the shard.
+    values: dict[str, int] | None = field(default=None, compare=False)
 
     def config(self) -> dict[str, Any]:
         """The writer configuration Mosaic embeds in every shard and repeats in the index."""

@@ -48,6 +48,7 @@ class _Docs:
         self.dataset, self.column, self.keep, self.verify = dataset, column, keep, verify
         self.index = dataset.layout.names.index(column)
         self.recent: dict[int, _ShardDocs] = {}
+        self.recorded: np.ndarray | None = None  # per shard, its recorded tokens
         self.dtype: np.dtype | None = None
 
     def shard(self, s: int) -> _ShardDocs:
@@ -89,6 +90,13 @@ class _Docs:
             )
         self.dtype = dtype
         lengths = (nbytes // dtype.itemsize).astype(np.int64)
+        if self.recorded is not None and int(lengths.sum()) != int(self.recorded[s]):
+            raise PackError(
+                f"pack column {self.column!r} holds {int(lengths.sum())} tokens in shard "
+                f"{data.file!r}, its spark_dl.json records {int(self.recorded[s])}: the "
+                "metadata does not describe this shard (rows would be counted wrong)",
+                field="column",
+            )
         return _ShardDocs(data.raw, byte_starts.astype(np.int64), lengths, dtype)
 
 
@@ -259,6 +267,31 @@ class EpochPacking:
         self.known: np.ndarray = cache.setdefault(key, np.full((self.blocks, 2), -1, np.int64))
         while len(cache) > 4:
             cache.pop(next(iter(cache)))
+        # per shard, its tokens as the dataset's metadata records them (None: not recorded)
+        self.recorded = dataset.shard_values(pack.column)
+        self.docs.recorded = self.recorded
+        self.tokens_known = False  # every block's tokens known without reading a shard
+        if pack.mode == "concat" and self.recorded is not None:
+            self.tokens_known = self._recorded_blocks(order, shuffle, w)
+
+    def _recorded_blocks(self, order: Any, shuffle: bool, w: int) -> bool:
+        """Each block's tokens from the recorded per-shard tokens, when blocks are whole
+        shards (one dataset's windows); ``concat`` rows then need no shard read to count
+        (``len``, even batches, skipping to a resumed row). False for other orders."""
+        if not isinstance(order, GlobalOrder) or self.recorded is None:
+            return False
+        shards = len(self.recorded)
+        if shards != len(self.dataset.shard_offsets) - 1:
+            return False
+        in_order = np.asarray(order.perm) if shuffle else np.arange(shards)
+        cuts = np.append(np.arange(0, shards, w), shards)
+        if len(cuts) - 1 != self.blocks:
+            return False
+        sums = np.add.reduceat(self.recorded[in_order], cuts[:-1]) if shards else cuts[:0]
+        fresh = self.known[:, 0] < 0
+        self.known[fresh, 0] = sums[fresh]
+        self.known[fresh, 1] = 0
+        return True
 
     @property
     def blocks(self) -> int:

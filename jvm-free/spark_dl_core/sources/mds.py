@@ -190,6 +190,16 @@ class MdsDataset(FollowedVersion, ShardLoading, Dataset):
                 forms[name] = ("objects", None)
         return forms
 
+    def shard_values(self, column: str) -> np.ndarray | None:
+        """Per shard, ``column``'s values as each ``spark_dl.json`` entry records them (the
+        writer does for list-of-integers columns); None when a shard's are not recorded
+        (written before they were, by another tool, or from a table in place)."""
+        entries = self.meta["shards"] if self.meta else []
+        got = [(m.get("values") or {}).get(column) for m in entries]
+        if not got or len(got) != len(self.shard_offsets) - 1 or None in got:
+            return None
+        return np.asarray(got, dtype=np.int64)
+
     def locate(self, sample: int) -> tuple[str, int]:
         """The shard file holding global sample ``sample`` and its index within it."""
         shard = int(np.searchsorted(self.shard_offsets, sample, side="right") - 1)

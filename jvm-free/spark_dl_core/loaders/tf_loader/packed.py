@@ -91,13 +91,15 @@ def make_packed_tf_dataset(
         return packed_state(dataset, settings, at_epoch, rows)
 
     def stats() -> dict[str, Any]:
-        """The latest pass as produced for tf.data, with ``tokens`` and ``fill``."""
+        """The latest pass as produced for tf.data, with ``tokens``, ``fill`` and
+        ``token_counts`` (as the torch loader's)."""
         current = passes["stats"] or PassStats(passes["current"][1])
         real, slots = passes["fill"]
         return current.as_dict() | {
             "data_starved_pct": None,
             "tokens": real,
             "fill": real / slots if slots else 0.0,
+            "token_counts": "recorded" if passes["current"][0].packing.tokens_known else "read",
         }
 
     tfds.state_dict = state_dict

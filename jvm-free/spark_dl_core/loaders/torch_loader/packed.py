@@ -169,8 +169,9 @@ class PackedTorchLoader:
             self._done = None  # the trainer has moved on from the finished pass's epoch
 
     def __len__(self) -> int:
-        """Batches this rank yields in the next pass (computing it reads every shard's
-        document lengths once per epoch)."""
+        """Batches this rank yields in the next pass: counted from the tokens each shard's
+        metadata records (``concat``), else by reading every shard's document lengths once
+        per epoch (``stats()["token_counts"]`` says which)."""
         return len(self._plan_for)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -221,10 +222,17 @@ class PackedTorchLoader:
     def stats(self) -> dict[str, Any]:
         """The latest pass: rows (as samples) and batches, rows/s, time to first batch,
         data-starved %, plus ``tokens`` (real tokens delivered) and ``fill`` (real tokens
-        over all token slots: 1.0 but for padding)."""
+        over all token slots: 1.0 but for padding) and ``token_counts``: ``"recorded"`` when
+        the epoch's rows are counted from the shards' recorded tokens (no shard read to know
+        ``len`` or to skip to a resumed row), ``"read"`` when from their document lengths."""
         base = (self._stats or PassStats(self.epoch)).as_dict()
         real, slots = self._fill
-        return base | {"tokens": real, "fill": real / slots if slots else 0.0}
+        counts = "recorded" if self._plan_for.packing.tokens_known else "read"
+        return base | {
+            "tokens": real,
+            "fill": real / slots if slots else 0.0,
+            "token_counts": counts,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """The live global position in packed rows: resumable at any world size and
