@@ -234,7 +234,9 @@ class EpochPacking:
     consecutive shards; a mixture's order: ``BLOCK_DOCS`` positions). Global positions are
     rows of the epoch; :meth:`chunks_from` yields packed blocks from the one holding a row
     on, skipping earlier blocks by their token totals (``concat``) or row counts (``bin``),
-    which are kept per epoch (O(blocks)) once a block's document lengths were read.
+    which are kept per epoch (O(blocks)) once a block's document lengths were read; in
+    ``concat`` mode over a dataset recording its shards' tokens (``shard_values``), every
+    block's tokens are known from the start, without reading a shard.
     """
 
     def __init__(
@@ -307,7 +309,8 @@ class EpochPacking:
         return int(self.known[b, 0]), int(self.known[b, 1])
 
     def total_rows(self) -> int:
-        """Rows in the whole epoch (reads every block's document lengths once)."""
+        """Rows in the whole epoch: from the recorded tokens when ``tokens_known``, else
+        by reading every block's document lengths once."""
         if self.pack.mode == "concat":
             tokens = sum(self._counts(b)[0] for b in range(self.blocks))
             return -(-tokens // self.seq_len)

@@ -368,7 +368,8 @@ class PackedPlan:
 
     @property
     def total(self) -> int:
-        """Rows in the epoch (computed once: reads every block's document lengths)."""
+        """Rows in the epoch (computed once: from recorded token counts where the packing
+        has them, else by reading every block's document lengths)."""
         if self._total is None:
             self._total = self.packing.total_rows()
         return self._total
