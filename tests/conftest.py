@@ -39,15 +39,20 @@ def _builder(builder: Any, tmp: str, connect: bool) -> Any:
     builder = spark_dl.with_delta(builder).config(
         "spark.sql.session.timeZone", _ZONES["connect" if connect else "classic"]
     )
-    # Iceberg's jars (not its extension or catalog) on every session: the first session
-    # launches the JVM, whose classpath a later session cannot extend for the driver, and
-    # tests/spark/test_iceberg_spark.py starts its own session with Iceberg configured
+    # Iceberg's jars on every session: the first session launches the JVM, whose classpath
+    # a later session cannot extend for the driver. The classic session also gets Iceberg's
+    # extension and a Hadoop catalog named "iceberg" (tests/spark/test_iceberg_spark.py
+    # writes its tables there), so no module stops the shared session for an Iceberg one.
     from spark_dl.iceberg_session import IcebergSetupError, iceberg_jars
 
     with contextlib.suppress(IcebergSetupError):
-        earlier = [j for j in str(builder._options.get("spark.jars", "")).split(",") if j]
         if jars := iceberg_jars():
-            builder = builder.config("spark.jars", ",".join([*earlier, *jars]))
+            if not connect:
+                warehouse = os.path.join(tmp, "iceberg-warehouse")
+                builder = spark_dl.with_iceberg(builder, warehouse)
+            else:
+                earlier = [j for j in str(builder._options.get("spark.jars", "")).split(",") if j]
+                builder = builder.config("spark.jars", ",".join([*earlier, *jars]))
     for key, value in _CONF.items():
         if not (connect and key.startswith("spark.ui")):  # static: Connect refuses them
             builder = builder.config(key, value)
@@ -56,13 +61,47 @@ def _builder(builder: Any, tmp: str, connect: bool) -> Any:
     return builder.config("spark.sql.warehouse.dir", os.path.join(tmp, "warehouse"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "own_spark_session: the module stops the shared session and runs its own (ordered last)",
+    )
+
+
+def _kind(item: pytest.Item) -> str | None:
+    """The shared session kind ``item`` asks for, if any."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "spark_kind" in callspec.params:
+        return str(callspec.params["spark_kind"])
+    names = getattr(item, "fixturenames", ())
+    return (
+        "connect" if "connect_spark" in names else "classic" if "classic_spark" in names else None
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each session kind starts once a run: after pytest's grouping by the ``spark`` param,
+    tests asking for ``connect_spark`` directly join the Connect group, and modules that
+    stop the shared session for their own run last (nothing restarts the shared one)."""
+    param = [i for i in items if _kind(i) and "spark_kind" in getattr(i, "fixturenames", ())]
+    connect = [item for item in param if _kind(item) == "connect"]
+    if connect:
+        strays = [item for item in items if _kind(item) == "connect" and item not in param]
+        rest = [item for item in items if item not in strays]
+        at = rest.index(connect[-1]) + 1
+        items[:] = [*rest[:at], *strays, *rest[at:]]
+    own = [item for item in items if item.get_closest_marker("own_spark_session")]
+    items[:] = [*(item for item in items if item not in own), *own]
+
+
 class _Sessions:
     """At most one Spark session kind at a time in this process.
 
     A local Spark Connect server needs its own SparkContext (with the Connect plugin), and
     while it runs PySpark routes ``pyspark.sql.functions`` to Connect; so switching kinds
-    stops the other one first. pytest groups tests by the ``spark`` param, so each kind
-    starts once per run.
+    stops the other one first. pytest groups tests by the ``spark`` param and
+    ``pytest_collection_modifyitems`` above puts the rest beside their kind's group.
     """
 
     def __init__(self, tmp: str) -> None:

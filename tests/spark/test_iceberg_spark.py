@@ -1,8 +1,8 @@
 """Iceberg tables written by Spark's Iceberg runtime, read back by Spark's own Iceberg reader
 as the oracle.
 
-One session for the module (``spark_dl.with_iceberg``, a Hadoop-type catalog named
-``iceberg`` over a temporary warehouse). A format-version 2 table gets appends,
+The suite's shared classic session (``spark_dl.with_iceberg``: a Hadoop-type catalog named
+``iceberg`` over a temporary warehouse, beside Delta). A format-version 2 table gets appends,
 merge-on-read DELETE, UPDATE and MERGE (position delete files), a column added and one
 renamed, and a partition spec of transforms (``days(ts)``, ``bucket(4, id)``) evolved with
 ``truncate``; a format-version 3 table gets deletion vectors (Puffin) from DELETE and
@@ -14,8 +14,6 @@ its own ``snapshot-id`` option there), row for row.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,6 @@ import pytest
 
 pytest.importorskip("pyiceberg")
 
-import spark_dl
 from spark_dl.iceberg_session import IcebergSetupError, iceberg_jars
 from spark_dl_core.tables.iceberg.table import open_iceberg
 
@@ -38,32 +35,12 @@ except IcebergSetupError as exc:  # e.g. no JDK to build the compatibility jar w
 
 
 @pytest.fixture(scope="module")
-def iceberg(_spark_sessions: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A classic session with Iceberg (and Delta); the suite's shared session is stopped
-    first (one SparkContext per process) and restarts for the next module that asks."""
-    from pyspark.sql import SparkSession
-
-    _spark_sessions.stop()
-    root = tmp_path_factory.mktemp("iceberg_spark")
-    # Delta too, as the suite's sessions have it: whichever session starts first launches
-    # the JVM, and the driver's classpath is the one it launched with
-    builder = spark_dl.with_delta(SparkSession.builder.master("local[2]"))
-    builder = spark_dl.with_iceberg(builder, root / "warehouse")
-    for key, value in {
-        "spark.sql.shuffle.partitions": "2",
-        "spark.default.parallelism": "2",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.session.timeZone": "America/New_York",
-        "spark.sql.warehouse.dir": str(root / "spark-warehouse"),
-    }.items():
-        builder = builder.config(key, value)
-    started = time.perf_counter()
-    spark = builder.getOrCreate()
-    spark_dl.register(spark)
-    spark.started_s = time.perf_counter() - started  # type: ignore[attr-defined]
-    yield spark
-    spark.stop()
+def iceberg(_spark_sessions: Any) -> Any:
+    """The suite's shared classic session: it has Iceberg's extension and a Hadoop catalog
+    named ``iceberg`` over a temporary warehouse (tests/conftest.py), beside Delta."""
+    spark = _spark_sessions.get("classic")
+    assert spark.conf.get("spark.sql.catalog.iceberg.type") == "hadoop"
+    return spark
 
 
 def _sql(spark: Any, *statements: str) -> None:

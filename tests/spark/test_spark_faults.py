@@ -32,7 +32,7 @@ import pytest
 from spark_dl_core import DatasetError, open_dataset
 from spark_dl_core.maintenance import vacuum
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.own_spark_session]  # run last: see conftest
 
 ROWS = 1000  # per faulty job: 4 partitions of 250
 FAULT_HOOKS = Path(__file__).resolve().parents[1] / "fault_hooks"  # the crash hook, test-only
