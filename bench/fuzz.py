@@ -42,7 +42,8 @@ from bench.fuzzing.datasets import build_datasets
 from bench.fuzzing.delta_tables import B85, Z85, build_delta_tables, dv_file, inline_dv
 from bench.fuzzing.delta_verdicts import valid_log_change
 from bench.fuzzing.driver import run
-from bench.fuzzing.targets import DELTA_TARGETS
+from bench.fuzzing.iceberg_tables import build_iceberg_tables, mutated_in_place, pin_of
+from bench.fuzzing.targets import DELTA_TARGETS, ICEBERG_TARGETS
 from bench.fuzzing.worker import BAD, OUTCOMES, worker
 from tests.delta_helpers import roaring64
 
@@ -51,9 +52,12 @@ __all__ = [
     "Z85",
     "build_datasets",
     "build_delta_tables",
+    "build_iceberg_tables",
     "dv_file",
     "inline_dv",
     "main",
+    "mutated_in_place",
+    "pin_of",
     "roaring64",
     "run",
     "valid_log_change",
@@ -71,10 +75,16 @@ def main() -> None:
         "--targets",
         default="read",
         help="comma-separated: read, cli-inspect, cli-verify, spark-read (with --delta: "
-        "delta-export, delta-inplace)",
+        "delta-export, delta-inplace; with --iceberg: iceberg-export, iceberg-inplace, "
+        "iceberg-mds)",
     )
     parser.add_argument(
         "--delta", action="store_true", help="corrupt Delta tables (log, checkpoints, DVs, data)"
+    )
+    parser.add_argument(
+        "--iceberg",
+        action="store_true",
+        help="corrupt Iceberg tables (metadata, manifests, delete files, data)",
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
@@ -86,8 +96,17 @@ def main() -> None:
     targets = args.targets.split(",")
     if args.delta and targets == ["read"]:
         targets = list(DELTA_TARGETS)
+    if args.iceberg and targets == ["read"]:
+        targets = list(ICEBERG_TARGETS)
     counts, bad = run(
-        args.cases, args.seed, args.jobs, args.batch, args.timeout, targets, delta=args.delta
+        args.cases,
+        args.seed,
+        args.jobs,
+        args.batch,
+        args.timeout,
+        targets,
+        delta=args.delta,
+        iceberg=args.iceberg,
     )
     took = time.perf_counter() - started
     if args.json:

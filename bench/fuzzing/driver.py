@@ -20,7 +20,8 @@ from typing import Any
 
 from bench.fuzzing.datasets import build_datasets, plan_cases
 from bench.fuzzing.delta_tables import build_delta_tables, plan_delta_cases
-from bench.fuzzing.targets import DELTA_TARGETS
+from bench.fuzzing.iceberg_tables import build_iceberg_tables, plan_iceberg_cases
+from bench.fuzzing.targets import DELTA_TARGETS, ICEBERG_TARGETS
 from bench.fuzzing.worker import BAD
 
 FUZZ = Path(__file__).resolve().parents[1] / "fuzz.py"  # its --worker runs one worker
@@ -117,20 +118,26 @@ def run(
     targets: list[str] | None = None,
     scratch: Path | None = None,
     delta: bool = False,
+    iceberg: bool = False,
 ) -> tuple[Counter[str], list[dict[str, Any]]]:
-    """Build the datasets (``delta``: the Delta tables), run ``count`` cases; the outcome
-    counts and every bad case."""
+    """Build the datasets (``delta``: the Delta tables; ``iceberg``: the Iceberg tables),
+    run ``count`` cases; the outcome counts and every bad case."""
     own = scratch is None
     root = Path(tempfile.mkdtemp(prefix="spark-dl-fuzz-")) if scratch is None else scratch
     try:
-        pristine_file = root / ("pristine-delta.json" if delta else "pristine.json")
+        family = "pristine-iceberg" if iceberg else "pristine-delta" if delta else "pristine"
+        pristine_file = root / f"{family}.json"
         if pristine_file.exists():  # built by an earlier run in this scratch directory
             datasets = {k: Path(v) for k, v in json.loads(pristine_file.read_text()).items()}
         else:
-            build = build_delta_tables if delta else build_datasets
-            datasets = build(root / ("pristine-delta" if delta else "pristine"))
+            build = (
+                build_iceberg_tables if iceberg else build_delta_tables if delta else build_datasets
+            )
+            datasets = build(root / family)
             pristine_file.write_text(json.dumps({k: str(v) for k, v in datasets.items()}))
-        if delta:
+        if iceberg:
+            cases = plan_iceberg_cases(datasets, count, seed, targets or list(ICEBERG_TARGETS))
+        elif delta:
             cases = plan_delta_cases(datasets, count, seed, targets or list(DELTA_TARGETS))
         else:
             cases = plan_cases(datasets, count, seed, targets or ["read"])
@@ -143,7 +150,8 @@ def run(
             ):
                 for r in results:
                     counts[r["outcome"]] += 1
-                    if r["outcome"] in BAD or r.get("flaky"):
+                    unnamed = iceberg and r["outcome"] == "typed_unnamed"  # a finding there
+                    if r["outcome"] in BAD or r.get("flaky") or unnamed:
                         bad.append(r)
         return counts, bad
     finally:

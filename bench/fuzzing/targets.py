@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 DELTA_TARGETS = ("delta-export", "delta-inplace")
+ICEBERG_TARGETS = ("iceberg-export", "iceberg-inplace", "iceberg-mds")
 
 
 def _canon(value: Any, h: Any) -> None:
@@ -114,8 +115,37 @@ def delta_snapshot(path: str, target: str, version: int | None = None) -> str:
         table = snap.to_arrow()
         text = repr((snap.version, table.schema, table.to_pylist()))
         return hashlib.sha256(text.encode()).hexdigest()
-    ds = snap.dataset(cache=False)
-    h = hashlib.sha256(repr((snap.version, len(ds), ds.columns)).encode())
+    return _in_place_digest(snap.version, snap.dataset(cache=False))
+
+
+def iceberg_snapshot(path: str, target: str, out: str | None = None) -> str:
+    """A digest of what a reader of the pristine table's snapshot gets (opened by its
+    metadata file, pinned by id): the exported rows (``iceberg-export``: ``to_arrow``), the
+    batches read in place (``iceberg-inplace``: shuffled, no caches), or the MDS dataset
+    ``write_mds`` writes (``iceberg-mds``, into ``out``) read back."""
+    from pyiceberg.manifest import clear_manifest_cache
+
+    from bench.fuzzing.iceberg_tables import pin_of
+    from spark_dl_core.tables.iceberg.table import open_iceberg
+
+    clear_manifest_cache()  # PyIceberg keeps manifest-list entries per process, by path
+    pin = pin_of(path)
+    snap = open_iceberg(pin["metadata"], snapshot_id=pin["snapshot_id"])
+    if target == "iceberg-export":
+        table = snap.to_arrow()
+        text = repr((snap.version, len(snap), table.schema, table.to_pylist()))
+        return hashlib.sha256(text.encode()).hexdigest()
+    if target == "iceberg-mds":
+        assert out is not None
+        snap.write_mds(out, {"nulls": "mask"})  # a column added later: nulls in older files
+        return snapshot(out)
+    ds = snap.dataset({"nulls": "mask"}, cache=False, plan_cache=False)
+    return _in_place_digest(snap.version, ds)
+
+
+def _in_place_digest(version: int, ds: Any) -> str:
+    """A table snapshot read in place: its facts, then every batch in one shuffled order."""
+    h = hashlib.sha256(repr((version, len(ds), ds.columns)).encode())
     for batch in ds.iter_batches(batch_size=16, shuffle=True, seed=3):
         for name in sorted(batch):
             h.update(name.encode())

@@ -16,8 +16,10 @@ from typing import Any
 from bench.fuzzing.datasets import META_FILE, METADATA
 from bench.fuzzing.delta_tables import mutate_delta
 from bench.fuzzing.delta_verdicts import pages_only, valid_log_change
+from bench.fuzzing.iceberg_tables import locked, mutate_iceberg, mutated_in_place, pin_of
+from bench.fuzzing.iceberg_verdicts import unchecked_iceberg_change
 from bench.fuzzing.mutations import mutate
-from bench.fuzzing.targets import CliFailed, run_target, spark_session
+from bench.fuzzing.targets import CliFailed, iceberg_snapshot, run_target, spark_session
 
 BAD = ("untyped", "different", "crash", "hang")
 OUTCOMES = ("same", "typed", "typed_unnamed", "no_metadata", "unchecked", *BAD)
@@ -28,6 +30,8 @@ def run_case(case: dict[str, Any], pristine: dict[str, str], work: Path) -> dict
     """Mutate a copy of the case's dataset and read it; the outcome and a detail."""
     from spark_dl_core import SparkDLError
 
+    if case["dataset"].startswith("ice-"):
+        return run_iceberg_case(case, pristine, work)
     target = work / f"case-{case['id']}"
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(pristine[case["dataset"]], target)
@@ -76,6 +80,44 @@ def run_case(case: dict[str, Any], pristine: dict[str, str], work: Path) -> dict
 _EXPECTED: dict[str, str] = {}
 
 
+def run_iceberg_case(case: dict[str, Any], pristine: dict[str, str], work: Path) -> dict[str, Any]:
+    """An Iceberg case: the pristine table mutated in place under its lock (its files name
+    each other by absolute path, so a copy would read the original) and put back after."""
+    from spark_dl_core import SparkDLError
+
+    table = Path(pristine[case["dataset"]])
+    key = f"{case['dataset']}|{case['target']}"
+    original = Path(f"{table}.orig", case["file"]).read_bytes()
+    mutated = mutate_iceberg(original, case["kind"], random.Random(case["seed"]), case["file"])
+    out = work / f"case-{case['id']}"
+    with locked(table):
+        if key not in _EXPECTED:
+            _EXPECTED[key] = iceberg_snapshot(str(table), case["target"], str(out))
+            shutil.rmtree(out, ignore_errors=True)
+    try:
+        with mutated_in_place(table, case["file"], mutated):
+            got = iceberg_snapshot(str(table), case["target"], str(out))
+    except SparkDLError as exc:
+        text = str(exc)
+        pin = pin_of(str(table))
+        where = (Path(case["file"]).name, pin["metadata"], f"snapshot {pin['snapshot_id']}")
+        named = all(w in text for w in where)  # the file, the table and the snapshot
+        return {"outcome": "typed" if named else "typed_unnamed", "detail": text[:300]}
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        tb = traceback.format_exc(limit=-3)
+        return {"outcome": "untyped", "detail": f"{type(exc).__name__}: {exc}"[:300], "tb": tb}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    if got == _EXPECTED[key]:
+        return {"outcome": "same", "detail": ""}
+    why = unchecked_iceberg_change(case["file"], original, mutated)
+    if why:
+        return {"outcome": "unchecked", "detail": why}
+    return {"outcome": "different", "detail": ""}
+
+
 def _pinned(path: str) -> int | None:
     """A pristine Delta table's latest version (its last commit file); None for MDS."""
     commits = sorted(Path(path).glob("_delta_log/*[0-9].json"))
@@ -99,7 +141,7 @@ def worker(cases_file: str, pristine_file: str) -> None:
     if any(c["target"] == "spark-read" for c in cases):
         spark_session()
     for key in sorted({(c["dataset"], c["target"]) for c in cases}):  # off the cases' clocks
-        if not key[1].startswith("selftest-"):
+        if not key[1].startswith(("selftest-", "iceberg-")):  # Iceberg: under its lock
             _EXPECTED["|".join(key)] = run_target(key[1], pristine[key[0]])
     # under the run's scratch directory (beside the cases file): removed with it even when
     # this process is killed

@@ -49,6 +49,27 @@ def nested_ids(f: pa.Field) -> list[int | None]:
     return list(walk(f.type))
 
 
+def duplicate_id(schema: pa.Schema) -> tuple[int, list[str]] | None:
+    """A field id that two fields of ``schema`` share (at any level) and their names, or
+    None: a damaged schema, whose files' columns could not be told apart by id."""
+    seen: dict[int, str] = {}
+
+    def walk(fields: list[pa.Field], prefix: str) -> tuple[int, list[str]] | None:
+        for f in fields:
+            name = f"{prefix}{f.name}"
+            i = field_id(f)
+            if i is not None and i in seen:
+                return i, [seen[i], name]
+            if i is not None:
+                seen[i] = name
+            found = walk(_children(f.type), f"{name}.")
+            if found:
+                return found
+        return None
+
+    return walk(list(schema), "")
+
+
 @dataclass(frozen=True)
 class FieldIds:
     """The snapshot schema's field ids (its Arrow form with ``PARQUET:field_id``s): the

@@ -60,6 +60,41 @@ def plan(table: Any, snapshot_id: int) -> Planned:
     return out
 
 
+def unreadable_manifest(table: Any, snapshot_id: int) -> str | None:
+    """Which of the snapshot's manifest list and manifests cannot be read ("manifest list
+    PATH", or "manifest PATH listed in manifest list PATH": a damaged list can name a
+    manifest that is not there), once planning failed: the error then names the file."""
+    from pyiceberg.manifest import read_manifest_list
+
+    snapshot = table.metadata.snapshot_by_id(snapshot_id)
+    if snapshot is None or not snapshot.manifest_list:
+        return None
+    try:
+        manifests = list(read_manifest_list(table.io.new_input(snapshot.manifest_list)))
+    except Exception:
+        return f"manifest list {snapshot.manifest_list}"
+    for manifest in manifests:
+        try:
+            manifest.fetch_manifest_entry(table.io, discard_deleted=False)
+        except Exception:
+            return f"manifest {manifest.manifest_path} listed in {snapshot.manifest_list}"
+    return None
+
+
+def listed_in(table: Any, snapshot_id: int, path: str) -> str:
+    """`` (listed in manifest M)``: which of the snapshot's manifests lists data file
+    ``path``, for an error about the file (read again only then); empty if none does."""
+    snapshot = table.metadata.snapshot_by_id(snapshot_id)
+    try:
+        for manifest in snapshot.manifests(table.io) if snapshot is not None else []:
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                if entry.data_file.file_path == path:
+                    return f" (listed in manifest {manifest.manifest_path})"
+    except Exception:
+        return ""
+    return ""
+
+
 class DeleteReader:
     """Delete files read once each: positions per data file, equality rows per file."""
 

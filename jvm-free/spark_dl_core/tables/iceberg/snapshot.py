@@ -9,8 +9,9 @@ snapshot's: the order a read, an export and a resume share.
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -276,11 +277,14 @@ def plan_snapshot(
         planned = deletes.plan(table, snapshot_id)
     except (IcebergSnapshotError, SpecError):
         raise
-    except Exception as exc:  # a manifest PyIceberg cannot read
+    except Exception as exc:  # a manifest PyIceberg cannot read: which one
+        culprit = deletes.unreadable_manifest(table, snapshot_id)
+        where = f" ({culprit})" if culprit else f" (from {_manifest_list(table, snapshot_id)})"
         raise snap.table_error(
-            f"its manifests cannot be read: {type(exc).__name__}: {first_line(exc)}"
+            f"its manifests cannot be read{where}: {type(exc).__name__}: {first_line(exc)}"
         ) from None
     reader = deletes.DeleteReader(table, snap.table_error)
+    listed = functools.partial(deletes.listed_in, table, snapshot_id)
     unpartitioned = {i for i, spec in table.metadata.specs().items() if spec.is_unpartitioned()}
     for task in planned.tasks:
         data = task.file
@@ -292,14 +296,18 @@ def plan_snapshot(
                 snap,
                 f"data file {uri} is {data.file_format.name}: only Parquet data files are read",
             )
-        _scheme_check(snap, uri)
+        _scheme_check(snap, uri, listed)
         key = file_key(uri)
         snap.files.append(uri)
         snap._sizes[key] = int(data.file_size_in_bytes)
         snap._identity[key] = _identity_columns(table, data.spec_id, snap.schema_id)
         rows = int(data.record_count)
-        found = [reader.positions(d, uri) for d in sorted(task.delete_files, key=_path)]
-        gone = [p for p in found if p is not None]
+        gone = []
+        for d in sorted(task.delete_files, key=_path):
+            positions = reader.positions(d, uri)
+            if positions is not None and len(positions):
+                _check_positions(snap, positions, d, uri, rows)
+                gone.append(positions)
         keep = None
         if gone:
             positions = np.concatenate(gone)
@@ -318,7 +326,27 @@ def plan_snapshot(
             keep[: len(matched)] &= matched
         if keep is not None and not keep.all():
             snap._keep[key] = keep
-    _stat_files(snap)
+    _stat_files(snap, listed)
+
+
+def _check_positions(
+    snap: IcebergSnapshot, positions: np.ndarray, delete: Any, uri: str, rows: int
+) -> None:
+    """Positions a delete file gives for a data file lie within its rows (the manifest's
+    ``record_count``): a negative one would delete a row counted from the end, a huge one
+    would size the keep-mask by it (a damaged file is refused, naming it)."""
+    low, high = int(positions.min()), int(positions.max())
+    if low < 0 or high >= rows:
+        bad = low if low < 0 else high
+        raise snap.table_error(
+            f"delete file {delete.file_path} deletes row {bad} of data file {uri}, which has "
+            f"{rows} rows (a damaged delete file or manifest)"
+        )
+
+
+def _manifest_list(table: Any, snapshot_id: int) -> str:
+    snapshot = table.metadata.snapshot_by_id(snapshot_id)
+    return f"manifest list {getattr(snapshot, 'manifest_list', None)}"
 
 
 def _path(delete: Any) -> str:
@@ -340,12 +368,12 @@ def _identity_columns(table: Any, spec_id: int, schema_id: int) -> set[str]:
     return {n for n in out if n is not None and "." not in n}
 
 
-def _scheme_check(snap: IcebergSnapshot, uri: str) -> None:
+def _scheme_check(snap: IcebergSnapshot, uri: str, listed: Callable[[str], str]) -> None:
     if "://" in uri and not uri.startswith("file:"):
         raise _refused(
             snap,
-            f"data file {uri} is on an object store: remote Iceberg tables are not read in "
-            "place yet",
+            f"data file {uri}{listed(uri)} is on an object store: remote Iceberg tables are not "
+            "read in place yet",
         )
 
 
@@ -353,22 +381,24 @@ def _refused(snap: IcebergSnapshot, message: str) -> UnsupportedIcebergFeatureEr
     return UnsupportedIcebergFeatureError(snap.name, message, snapshot=snap.version)
 
 
-def _stat_files(snap: IcebergSnapshot) -> None:
+def _stat_files(snap: IcebergSnapshot, listed: Callable[[str], str]) -> None:
     """Every data file present with its manifest's size (else: expired, or truncated), and
-    its modification time (part of its identity in the footer cache)."""
+    its modification time (part of its identity in the footer cache); an error names the
+    manifest that lists the file (``listed``: a damaged manifest can name another path)."""
     for uri in snap.files:
         key = file_key(uri)
         try:
             st = os.stat(key)
         except FileNotFoundError:
             raise snap.table_error(
-                f"data file {uri} is missing: the snapshot's files were probably removed "
-                "(expire_snapshots, remove_orphan_files)"
+                f"data file {uri} is missing{listed(uri)}: the snapshot's files were probably "
+                "removed (expire_snapshots, remove_orphan_files)"
             ) from None
         logged = snap._sizes.get(key)
         if logged is not None and st.st_size != logged:
             raise snap.table_error(
-                f"data file {uri} has {st.st_size} bytes, its manifest says {logged} (truncated?)"
+                f"data file {uri}{listed(uri)} has {st.st_size} bytes, its manifest says "
+                f"{logged} (truncated?)"
             )
         snap._mtimes[key] = st.st_mtime_ns
 

@@ -17,7 +17,7 @@ from ...errors import SpecError
 from ..parquet.carry import CarryHooks
 from ..parquet.in_place import InPlaceDataset
 from ..parquet.table_files import first_line as first_line_of
-from .columns import FieldIds
+from .columns import FieldIds, duplicate_id
 from .errors import IcebergSnapshotError, import_pyiceberg, timestamp_ms
 from .snapshot import IcebergSnapshot, check_filter, plan_snapshot
 
@@ -93,7 +93,7 @@ def open_iceberg(
             f"filter must be a pyarrow.compute.Expression (e.g. pc.field('x') > 3), "
             f"not {type(filter).__name__}"
         )
-    loaded, name, catalog_name, identifier = _load(table, catalog, catalog_properties)
+    loaded, name, catalog_name, identifier = _load(table, catalog, catalog_properties, snapshot_id)
     meta = loaded.metadata
     asked = f"{pins[0]}={given[pins[0]]!r}" if pins else None
     chosen = _pick(loaded, name, snapshot_id, timestamp, ref, asked)
@@ -108,6 +108,14 @@ def open_iceberg(
     from pyiceberg.io.pyarrow import schema_to_pyarrow
 
     with_ids = schema_to_pyarrow(ice_schema, include_field_ids=True)
+    twice = duplicate_id(with_ids)
+    if twice is not None:
+        raise IcebergSnapshotError(
+            name,
+            f"its schema {schema_id} gives field id {twice[0]} to both {twice[1][0]!r} and "
+            f"{twice[1][1]!r} (a damaged metadata file: columns are matched by id)",
+            snapshot=None if chosen is None else chosen.snapshot_id,
+        )
     plain = schema_to_pyarrow(ice_schema, include_field_ids=False)
     snap = IcebergSnapshot(
         table_uri=meta.location.rstrip("/"),
@@ -169,9 +177,10 @@ def _files_then(table: Any, snap: IcebergSnapshot, chosen: Any) -> set[str]:
 
 
 def _load(
-    table: Any, catalog: Any, properties: dict[str, str] | None
+    table: Any, catalog: Any, properties: dict[str, str] | None, snapshot_id: int | None = None
 ) -> tuple[Any, str, str | None, str | None]:
-    """The PyIceberg table, how messages name it, its catalog's name and its identifier."""
+    """The PyIceberg table, how messages name it, its catalog's name and its identifier
+    (an error names the snapshot asked, ``snapshot_id``, where one was)."""
     import_pyiceberg()
     from pyiceberg.table import StaticTable, Table
 
@@ -189,9 +198,8 @@ def _load(
         try:
             return StaticTable.from_metadata(text), text, None, None
         except Exception as exc:
-            raise IcebergSnapshotError(
-                text, f"its metadata file cannot be read: {first_line_of(exc)}"
-            ) from None
+            why = f"its metadata file cannot be read: {first_line_of(exc)}"
+            raise IcebergSnapshotError(text, why, snapshot=snapshot_id) from None
     if isinstance(catalog, str):
         from pyiceberg.catalog import load_catalog
 
@@ -199,9 +207,8 @@ def _load(
     try:
         loaded = catalog.load_table(text)
     except Exception as exc:
-        raise IcebergSnapshotError(
-            f"{catalog.name}.{text}", f"cannot be loaded: {first_line_of(exc)}"
-        ) from None
+        why = f"cannot be loaded: {first_line_of(exc)}"
+        raise IcebergSnapshotError(f"{catalog.name}.{text}", why, snapshot=snapshot_id) from None
     return loaded, f"{catalog.name}.{text}", catalog.name, text
 
 
