@@ -86,7 +86,15 @@ $(MOSAIC_VENV)/.installed: tests/interop/mosaic-requirements.txt
 LITDATA_VENV := .venv-litdata
 ANCHORS_VENV := .venv-ray
 SITE = $(1)/bin/python -c "import site; print(site.getsitepackages()[0])"
-bench-envs: mosaic-env $(LITDATA_VENV)/.installed $(ANCHORS_VENV)/.installed
+bench-envs: mosaic-env $(MOSAIC_VENV)/.s3 $(LITDATA_VENV)/.installed $(ANCHORS_VENV)/.installed
+
+# Mosaic reads s3:// through boto3, which the interop oracle never needs (mosaic_shim stubs it):
+# only the cluster egress bench's anchors add it, pinned as the main environment's.
+$(MOSAIC_VENV)/.s3: $(MOSAIC_VENV)/.installed constraints.txt
+	grep -E '^(boto3|botocore|jmespath|python-dateutil|s3transfer|six|urllib3)==' constraints.txt \
+	  > $(MOSAIC_VENV)/s3-pins.txt
+	$(MOSAIC_VENV)/bin/python -m pip install -q -r $(MOSAIC_VENV)/s3-pins.txt
+	touch $@
 
 $(LITDATA_VENV)/.installed: $(VENV)/.installed
 	$(PYTHON) -m venv $(LITDATA_VENV)

@@ -11,20 +11,27 @@ dataset bytes per epoch and in all, bytes landed per node; checked: every row se
 per epoch, and each step's rows are the 1-rank order's batches kW..kW+W-1.
 
     .venv/bin/python bench/cluster_egress_bench.py [--rows 16384] [--streams 0]
-        [--kinds mds,delta,mixture]
+        [--kinds mds,delta,mixture] [--anchors auto|none|mosaic,litdata NNODES,litdata]
 
 ``--streams 0`` (the default) is the loaders' default: as many streams as the dataset's
 shards allow (``order.auto_streams``), printed per case; 1 is the order without streams.
 
 A rank process is this script with ``--rank-worker``: it reads its share of one epoch
 (``iter_batches``, rank and world size from the environment) and writes its batches' ids.
-Mosaic Streaming and LitData are printed beside it only if installed (not installed here).
+
+The anchors (``bench/egress_anchors.py``), printed in the same table when their side
+environments are built (``make bench-envs``; ``--anchors auto``, the default): Mosaic
+Streaming's ``StreamingDataset`` (its defaults, shuffled with a seed) on the same MDS dataset,
+and LitData's on the same rows written by ``litdata.optimize``, with ``NNODES`` set and
+without, 4 x 1 and 2 x 2, on the same server and proxy; their rank processes join one gloo
+group and iterate 3 epochs each, every node in its own mount namespace with a private
+``/dev/shm`` (Mosaic's per-machine shared memory). Their rows are counted, not asserted:
+``rows`` says how many were served twice and missed in each epoch.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -239,6 +246,7 @@ def main() -> None:
     parser.add_argument(
         "--kinds", default="mds,delta,mixture", help="comma-separated: mds, delta, mixture"
     )
+    parser.add_argument("--anchors", default="auto", help="auto (those built), none, or names")
     args = parser.parse_args()
     if args.rank_worker:
         return rank_worker(args)
@@ -292,9 +300,47 @@ def main() -> None:
                     f"{kind + f' {nodes} nodes x {per_node}':28} {e[0]:7.2f}x {e[1]:7.2f}x "
                     f"{e[2]:7.2f}x {got['total']:8.2f}x  {landed} (of the dataset)"
                 )
-        for anchor in ("streaming", "litdata"):
-            if importlib.util.find_spec(anchor) is None:
-                print(f"{anchor}: not installed, not measured")
+        mds_url = f"s3://bench/mds-{args.streams}-rows{args.rows}"
+        if "mds" not in args.kinds.split(","):
+            _write_data("mds", mds_url, args.rows, direct, {})
+        _print_anchors(args.anchors, mds_url, fs, link, args.rows)
+
+
+def _print_anchors(which: str, mds_url: str, fs: Any, link: Any, rows: int) -> None:
+    """The anchors' rows of the table (``egress_anchors``), on the same server and proxy."""
+    import egress_anchors as anchors
+
+    built = anchors.available()
+    names = built if which == "auto" else [] if which == "none" else which.split(",")
+    for name in anchors.ANCHORS:
+        if name not in names or name not in built:
+            why = "not asked for" if name not in names else "side environment not built"
+            print(f"{name}: {why}, not measured")
+    endpoint = f"http://127.0.0.1:{link.port}"
+    stored = {"mosaic": _stored_bytes(fs, mds_url[len("s3://") :])}
+    for name in [n for n in anchors.ANCHORS if n in names and n in built]:
+        kind = name.split()[0]
+        url = mds_url if kind == "mosaic" else f"s3://bench/litdata-rows{rows}"
+        for nodes, per_node in ((4, 1), (2, 2)):
+            with tempfile.TemporaryDirectory() as work:
+                if kind not in stored:
+                    stored[kind] = anchors.write_litdata(rows, fs, url[5:], Path(work))
+                try:
+                    got = anchors.run_anchor(
+                        name, nodes, per_node, url, endpoint, link, stored[kind], rows, BATCH,
+                        Path(work),
+                    )  # fmt: skip
+                except RuntimeError as e:
+                    print(f"{name} {nodes} nodes x {per_node}: failed ({e})")
+                    continue
+            e = got["per_epoch"]
+            landed = " ".join(f"{x:.2f}" for x in got["landed"])
+            served = " ".join(f"{r}/{m}" for r, m in zip(got["repeats"], got["misses"]))
+            print(
+                f"{name + f' {nodes} nodes x {per_node}':28} {e[0]:7.2f}x {e[1]:7.2f}x "
+                f"{e[2]:7.2f}x {got['total']:8.2f}x  {landed} (of the dataset); rows twice/"
+                f"missed per epoch {served}"
+            )
 
 
 if __name__ == "__main__":
