@@ -138,3 +138,23 @@ def test_an_unreadable_metadata_file_names_the_snapshot_asked(pristine: dict[str
     with damaged, expected as err:
         _open(table)
     assert meta.name in str(err.value) and f"at snapshot {pin['snapshot_id']}" in str(err.value)
+
+
+def test_a_field_id_above_the_last_column_id_is_refused(pristine: dict[str, Path]) -> None:
+    """A column whose id a damaged metadata file changed to one no column was given (above
+    ``last-column-id``) matched no file's column and read as nulls, as an added column
+    would (found by the fuzz: other rows, silently). Refused, naming it."""
+    table = pristine["ice-eq"]
+    pin = fuzz.pin_of(str(table))
+    meta = Path(pin["metadata"][len("file://") :])
+    doc = json.loads(meta.read_text())
+    schema = next(s for s in doc["schemas"] if s["schema-id"] == doc["current-schema-id"])
+    next(f for f in schema["fields"] if f["name"] == "name")["id"] = 2**40
+    damaged = fuzz.mutated_in_place(
+        table, meta.relative_to(table).as_posix(), json.dumps(doc).encode()
+    )
+    with damaged, pytest.raises(IcebergSnapshotError) as err:
+        _open(table)
+    text = str(err.value)
+    assert meta.name in text and f"snapshot {pin['snapshot_id']}" in text
+    assert f"field id {2**40} (last-column-id {doc['last-column-id']}) to 'name'" in text

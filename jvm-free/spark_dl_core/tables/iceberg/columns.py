@@ -49,15 +49,18 @@ def nested_ids(f: pa.Field) -> list[int | None]:
     return list(walk(f.type))
 
 
-def duplicate_id(schema: pa.Schema) -> tuple[int, list[str]] | None:
+def duplicate_id(schema: pa.Schema, last_id: int) -> tuple[int, list[str]] | None:
     """A field id that two fields of ``schema`` share (at any level) and their names, or
-    None: a damaged schema, whose files' columns could not be told apart by id."""
+    one outside 1..``last_id`` (the table's last-column-id) and its name, or None: a damaged
+    schema, whose files' columns could not be told apart (or found) by id."""
     seen: dict[int, str] = {}
 
     def walk(fields: list[pa.Field], prefix: str) -> tuple[int, list[str]] | None:
         for f in fields:
             name = f"{prefix}{f.name}"
             i = field_id(f)
+            if i is not None and not 0 < i <= last_id:
+                return i, [name]
             if i is not None and i in seen:
                 return i, [seen[i], name]
             if i is not None:

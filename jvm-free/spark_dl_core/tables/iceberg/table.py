@@ -108,12 +108,14 @@ def open_iceberg(
     from pyiceberg.io.pyarrow import schema_to_pyarrow
 
     with_ids = schema_to_pyarrow(ice_schema, include_field_ids=True)
-    twice = duplicate_id(with_ids)
+    twice = duplicate_id(with_ids, int(meta.last_column_id))
     if twice is not None:
+        fields = " and ".join(repr(n) for n in twice[1])
+        where = "to both" if len(twice[1]) > 1 else f"(last-column-id {meta.last_column_id}) to"
         raise IcebergSnapshotError(
             name,
-            f"its schema {schema_id} gives field id {twice[0]} to both {twice[1][0]!r} and "
-            f"{twice[1][1]!r} (a damaged metadata file: columns are matched by id)",
+            f"its schema {schema_id} gives field id {twice[0]} {where} {fields} (a damaged "
+            "metadata file: columns are matched by id)",
             snapshot=None if chosen is None else chosen.snapshot_id,
         )
     plain = schema_to_pyarrow(ice_schema, include_field_ids=False)
