@@ -55,9 +55,27 @@ def plan(table: Any, snapshot_id: int) -> Planned:
         return True
 
     manifests = snapshot.manifests(table.io) if snapshot is not None else []
+    for manifest in manifests:
+        _check_entries(table.io, manifest)
     tasks = scan._manifest_planner.plan_files(manifests, manifest_entry_filter=sort_out)
     out.tasks = sorted(tasks, key=lambda t: t.file.file_path)
     return out
+
+
+def _check_entries(io: Any, manifest: Any) -> None:
+    """A manifest holds as many entries as its manifest list counts (added, existing and
+    deleted): one cut at an Avro block boundary reads as fewer files, whose rows (or
+    deletes) would be dropped silently."""
+    counts = (manifest.added_files_count, manifest.existing_files_count)
+    counts += (manifest.deleted_files_count,)
+    if any(c is None for c in counts):  # optional in v1 manifest lists
+        return
+    found = len(manifest.fetch_manifest_entry(io, discard_deleted=False))
+    if found != sum(counts):
+        raise ValueError(
+            f"manifest {manifest.manifest_path} has {found} entries, its manifest list "
+            f"counts {sum(counts)} (truncated?)"
+        )
 
 
 def unreadable_manifest(table: Any, snapshot_id: int) -> str | None:
