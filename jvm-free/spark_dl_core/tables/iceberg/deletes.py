@@ -66,8 +66,8 @@ def _check_entries(io: Any, manifest: Any) -> None:
     """A manifest holds as many entries as its manifest list counts (added, existing and
     deleted): one cut at an Avro block boundary reads as fewer files, whose rows (or
     deletes) would be dropped silently."""
-    counts = (manifest.added_files_count, manifest.existing_files_count)
-    counts += (manifest.deleted_files_count,)
+    counts = [manifest.added_files_count, manifest.existing_files_count]
+    counts.append(manifest.deleted_files_count)
     if any(c is None for c in counts):  # optional in v1 manifest lists
         return
     found = len(manifest.fetch_manifest_entry(io, discard_deleted=False))
