@@ -59,7 +59,28 @@ def plan(table: Any, snapshot_id: int) -> Planned:
         _check_entries(table.io, manifest)
     tasks = scan._manifest_planner.plan_files(manifests, manifest_entry_filter=sort_out)
     out.tasks = sorted(tasks, key=lambda t: t.file.file_path)
+    _check_totals(snapshot, out.tasks)
     return out
+
+
+def _check_totals(snapshot: Any, tasks: list[Any]) -> None:
+    """The planned data files and their records add up to the snapshot summary's totals
+    (``total-data-files``, ``total-records``), where it records them: a manifest list cut at
+    an Avro block boundary reads as fewer manifests, whose files' rows would be dropped
+    silently (the list itself counts nothing to check it against)."""
+    summary = getattr(snapshot, "summary", None)
+    if summary is None:
+        return
+    for key, found in (
+        ("total-data-files", len(tasks)),
+        ("total-records", sum(int(t.file.record_count) for t in tasks)),
+    ):
+        said = summary.get(key)
+        if said is not None and str(said).isdigit() and int(said) != found:
+            raise ValueError(
+                f"the manifests give {key}={found}, the snapshot's summary says {said} "
+                "(a truncated manifest list or manifest?)"
+            )
 
 
 def _check_entries(io: Any, manifest: Any) -> None:

@@ -394,6 +394,10 @@ def _stat_files(snap: IcebergSnapshot, listed: Callable[[str], str]) -> None:
                 f"data file {uri} is missing{listed(uri)}: the snapshot's files were probably "
                 "removed (expire_snapshots, remove_orphan_files)"
             ) from None
+        except (OSError, ValueError) as exc:  # a damaged path (a NUL byte, too long...)
+            raise snap.table_error(
+                f"data file {uri!r}{listed(uri)} cannot be read: {type(exc).__name__}: {exc}"
+            ) from None
         logged = snap._sizes.get(key)
         if logged is not None and st.st_size != logged:
             raise snap.table_error(
