@@ -70,14 +70,18 @@ $(ICEBERG_JARS)/.fetched: spark_dl/jvm/iceberg/pom.xml $(wildcard spark_dl/jvm/i
 	$(PY) -c "$(ICEBERG_PY).build_compat('$(ICEBERG_JARS)'))"
 	touch $@
 
-# A side environment with Mosaic Streaming, the interoperability oracle. It cannot share
-# the main one (it pins numpy<2.2); the library never depends on it.
+# A side environment with Mosaic Streaming, the interoperability oracle. It cannot be the
+# main one (it pins numpy<2.2); the library never depends on it. It sees the main
+# environment's torch (and its 3 GB of CUDA libraries) through a .pth file instead of a second
+# copy; its own pins (numpy...) come first on its path. triton goes, as in the main one.
 mosaic-env: $(MOSAIC_VENV)/.installed
 
-$(MOSAIC_VENV)/.installed: tests/interop/mosaic-requirements.txt
-	$(PYTHON) -m venv $(MOSAIC_VENV)
+$(MOSAIC_VENV)/.installed: tests/interop/mosaic-requirements.txt $(VENV)/.installed
+	rm -rf $(MOSAIC_VENV) && $(PYTHON) -m venv $(MOSAIC_VENV)
+	$(call SITE,$(VENV)) > $$($(call SITE,$(MOSAIC_VENV)))/project.pth
 	$(MOSAIC_VENV)/bin/python -m pip install -q -r tests/interop/mosaic-requirements.txt
 	$(MOSAIC_VENV)/bin/python -m pip install -q --no-deps mosaicml-streaming==0.13.0
+	$(MOSAIC_VENV)/bin/python -m pip uninstall -q -y triton
 	touch $@
 
 # Side environments for the anchors the benches measure (never needed by the library): each
