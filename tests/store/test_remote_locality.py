@@ -114,3 +114,54 @@ def test_a_node_cache_smaller_than_its_share_warns_once(
     assert one_rank == []
     _, roomy = epoch(1 << 40, "c", 4)
     assert roomy == []
+
+
+def test_a_mixture_of_remote_sources_warns_of_a_small_node_cache(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A streamed mixture's node share is each remote source's share of the epoch, summed by
+    the cache it reads through: a cache too small for it warns once, naming the mixture."""
+    from spark_dl_core import Source, mix
+    from spark_dl_core.errors import CacheTooSmallWarning
+
+    _, options = s3
+    for name in ("ma", "mb"):
+        table = pa.table(
+            {"id": np.arange(2000, dtype=np.int64), "v": np.ones((2000, 16), np.float32).tolist()}
+        )
+        spec = DatasetSpec(shard_size="8KiB")
+        write_mds(table, f"s3://bucket/{name}", spec, storage_options=options)
+
+    def epoch(limit: int, node: str) -> tuple[dict[str, Any], float, list[Any]]:
+        monkeypatch.setenv("SPARK_DL_CACHE_BYTES", str(limit))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+        sources = [
+            open_dataset(
+                f"s3://bucket/{name}",
+                cache_dir=str(tmp_path / node / name),
+                storage_options=options,
+            )
+            for name in ("ma", "mb")
+        ]
+        stored = float(sum(np.sum(s.shards.stored_bytes) for s in sources))
+        mixture = mix([Source(s, proportion=1.0, name=s.shown) for s in sources])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = mixture.to_torch(
+                batch_size=50, shuffle=True, seed=1, rank=0, world_size=4, streams=4
+            )
+            assert sum(len(b["id"]) for b in loader) > 0
+        locality = loader.stats()["locality"]
+        return locality, stored, [w for w in caught if w.category is CacheTooSmallWarning]
+
+    probe = open_dataset("s3://bucket/ma", cache_dir=str(tmp_path / "p"), storage_options=options)
+    quarter = int(np.sum(probe.shards.stored_bytes)) // 4
+    locality, stored, small = epoch(quarter, "small")
+    assert len(small) == 1 and "each epoch downloads it again" in str(small[0].message)
+    # 4 ranks here, each about a quarter of each source: about both sources whole
+    shares = [s["data_share"] for s in locality["sources"]]
+    assert all(0.2 < share < 0.3 for share in shares)
+    assert 0.8 * stored < locality["node_share_bytes"] <= stored
+    assert locality["cache_limit_bytes"] == 2 * quarter  # two sources, a cache each
+    _, _, roomy = epoch(1 << 40, "roomy")
+    assert roomy == []

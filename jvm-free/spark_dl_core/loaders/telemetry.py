@@ -193,17 +193,31 @@ def node_cache_share(dataset: ShardSource, locality: dict[str, Any]) -> dict[str
     """A remote source: the stored bytes this node's ranks read an epoch (this rank's share
     times the ranks on the node, ``LOCAL_WORLD_SIZE``, at most the whole source) and the
     node cache's byte limit; warns once (:class:`~spark_dl_core.errors.CacheTooSmallWarning`)
-    where the cache cannot hold that share, since each epoch then downloads it again. None
-    for a local source or one that orders itself (a mixture)."""
-    downloads = dataset.download_stats()
-    if not downloads or "cache_limit_bytes" not in downloads or dataset.orders_itself:
-        return None
-    stored = float(np.sum(dataset.shards.stored_bytes))
+    where the cache cannot hold that share, since each epoch then downloads it again. A
+    mixture's remote sources are summed by the cache they share, each at its own share of
+    the epoch (``locality["sources"]``). None where no source is remote."""
     ranks_here = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    node = min(stored, stored * float(locality["data_share"]) * ranks_here)
-    limit = float(downloads["cache_limit_bytes"])
-    if node > limit - limit / 8 and dataset not in _WARNED_SMALL:  # the cache's evict mark
-        _WARNED_SMALL.add(dataset)
+    if dataset.orders_itself:
+        sources = list(getattr(dataset, "sources", ()))
+        per = locality.get("sources") or [locality] * len(sources)
+        parts = [(src, float(share["data_share"])) for src, share in zip(sources, per)]
+    else:
+        parts = [(dataset, float(locality["data_share"]))]
+    caches: dict[int, list[Any]] = {}  # by the cache a source reads through: [node, limit]
+    for source, share in parts:
+        downloads = source.download_stats()
+        if not downloads or "cache_limit_bytes" not in downloads:
+            continue
+        stored = float(np.sum(source.shards.stored_bytes))
+        cache = caches.setdefault(
+            id(getattr(source, "store", source)), [0.0, float(downloads["cache_limit_bytes"])]
+        )
+        cache[0] += min(stored, stored * share * ranks_here)
+    if not caches:
+        return None
+    if dataset not in _WARNED_SMALL and any(n > lim - lim / 8 for n, lim in caches.values()):
+        _WARNED_SMALL.add(dataset)  # above the cache's evict mark
+        node, limit = max(caches.values(), key=lambda c: c[0] - c[1])
         gib = 1 << 30
         message = (
             f"{dataset.shown}: this node's ranks read about {node / gib:.2f} GiB of it an "
@@ -214,4 +228,7 @@ def node_cache_share(dataset: ShardSource, locality: dict[str, Any]) -> dict[str
         )
         warning = CacheTooSmallWarning(message, node_bytes=int(node), limit_bytes=int(limit))
         warnings.warn(warning, stacklevel=4)
-    return {"node_share_bytes": node, "cache_limit_bytes": limit}
+    return {
+        "node_share_bytes": sum(n for n, _ in caches.values()),
+        "cache_limit_bytes": sum(lim for _, lim in caches.values()),
+    }
