@@ -2,8 +2,9 @@
 ``loader.load_state_dict(state, strict=False)`` (the rule: :mod:`...sources.row_carry`,
 docs/iceberg.md). The carry is the format-neutral one (:mod:`..parquet.carry`, Delta's
 too); Iceberg gives how to reopen a snapshot (from the newer snapshot's metadata file,
-which names every snapshot the table keeps). It gives no row identity: rows of a file that
-a rewrite replaced are dropped from the carried epoch with a warning.
+which names every snapshot the table keeps, through the kind the face handed it). It gives
+no row identity: rows of a file that a rewrite replaced are dropped from the carried epoch
+with a warning.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from ...sources.row_carry import CarriedRows, RowIdentity
 from ..parquet.carry import InPlaceCarrier
 from .errors import IcebergSnapshotError
-from .table import IcebergDataset, open_iceberg
+from .in_place import IcebergDataset
 
 
 class CarriedIceberg(CarriedRows, IcebergDataset):
@@ -27,7 +28,7 @@ class CarriedIceberg(CarriedRows, IcebergDataset):
 
 
 class IcebergCarrier(InPlaceCarrier):
-    """The carrier of an Iceberg table read in place (``IcebergDataset.carrier``)."""
+    """The carrier of an Iceberg table read in place (the ``ICEBERG`` kind's ``carrier``)."""
 
     kind = "iceberg"
     point = "snapshot"
@@ -35,14 +36,7 @@ class IcebergCarrier(InPlaceCarrier):
 
     @classmethod
     def reopen_version(cls, plain: Any, version: Any, since: Any) -> Any:
-        snap = plain.snapshot
-        return open_iceberg(
-            snap.metadata_location,
-            snapshot_id=int(version),
-            since=since,
-            columns=snap.projection,
-            filter=snap.filter,
-        )
+        return plain.snapshot.reopen(int(version), since=since)
 
     @classmethod
     def unreadable(cls, plain: Any, rec: dict[str, Any], exc: Any) -> IcebergSnapshotError:

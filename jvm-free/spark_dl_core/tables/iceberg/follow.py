@@ -62,12 +62,8 @@ class IcebergFollow(FollowedTable):
         return source.get("kind") == self.kind and source.get("location") == self.table
 
     def reopen_exported(self, source: dict[str, Any]) -> tuple[int, Any]:
-        from .table import open_iceberg
-
-        old = open_iceberg(
-            self.snap.metadata_location,
-            snapshot_id=int(source["snapshot_id"]),
-            columns=source.get("columns"),
+        old = self.snap.reopen(
+            int(source["snapshot_id"]), columns=source.get("columns"), filter=None
         )
         return IcebergFollow(old).number, old
 

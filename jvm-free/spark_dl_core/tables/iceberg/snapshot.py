@@ -21,12 +21,26 @@ import pyarrow as pa
 from ...errors import SpecError
 from ...sources.dataset import Dataset
 from ...spec import DatasetSpec
-from ...writer import WriteResult
+from ...writer import WriteResult, source_boundary, write_mds
 from ..parquet.filter import filter_columns
 from ..parquet.table_files import ReadInPlace, file_batches, file_key, first_line, past_the_end
 from . import deletes
 from .columns import FieldIds
 from .errors import IcebergFilterError, IcebergSnapshotError, UnsupportedIcebergFeatureError
+
+
+@dataclass(frozen=True)
+class IcebergKind:
+    """What a snapshot hands on to the modules built on it, given by the face that opens it
+    (:mod:`.table`), so that this module names none of them: the dataset read in place
+    (:mod:`.in_place`), a dataset following the table (:mod:`.follow`), runs carried on
+    across snapshots (:mod:`.carry`), and how to open another snapshot of the same table
+    (``open_iceberg``)."""
+
+    in_place: Callable[..., Dataset]  # (snapshot, spec=None, **options)
+    update: Callable[..., WriteResult]  # (snapshot, out_path, spec, storage_options=)
+    reopen: Callable[..., IcebergSnapshot]  # open_iceberg's signature
+    carrier: Any  # record / carry_on / row_layout of a run over a snapshot read in place
 
 
 @dataclass
@@ -56,13 +70,14 @@ class IcebergSnapshot(ReadInPlace):
     since: int | None = None
     sequence_number: int | None = None  # the snapshot's (v2 and later): a followed version's
     table_uuid: str | None = None
-    make_dataset: Any = field(default=None, repr=False, compare=False)  # (snap, spec, **o)
     _identity: dict[str, set[str]] = field(default_factory=dict, repr=False)
     _partition_values: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     _keep: dict[str, Any] = field(default_factory=dict, repr=False)
     _sizes: dict[str, int] = field(default_factory=dict, repr=False)
     _mtimes: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     _inplace: Any = field(default=None, repr=False, compare=False)
+    # what the modules built on this one give (None only for a snapshot built by hand)
+    kind: IcebergKind | None = field(default=None, repr=False, compare=False)
 
     # -- facts
 
@@ -190,8 +205,6 @@ class IcebergSnapshot(ReadInPlace):
     def _file_batches(self, boundaries: bool) -> Iterator[pa.RecordBatch]:
         import pyarrow.parquet as pq
 
-        from ...writer import source_boundary
-
         out_schema = self.output_schema
         for uri in self.files:
             try:
@@ -235,12 +248,8 @@ class IcebergSnapshot(ReadInPlace):
         """Write this snapshot as an MDS dataset whose spark_dl.json names table, snapshot
         and schema. ``mode="update"`` makes ``out_path`` follow the table: only the data
         files added since the snapshot it holds are converted (:mod:`.follow`)."""
-        from ...writer import write_mds
-
         if str(mode).strip().lower() == "update":
-            from .follow import update_mds
-
-            return update_mds(self, out_path, spec, storage_options=storage_options)
+            return self._kind.update(self, out_path, spec, storage_options=storage_options)
         return write_mds(
             self.export_batches(),
             out_path,
@@ -256,11 +265,34 @@ class IcebergSnapshot(ReadInPlace):
     def dataset(self, spec: DatasetSpec | dict[str, Any] | None = None, **options: Any) -> Dataset:
         """This snapshot as a dataset read in place: shards are its files' row groups;
         ``options`` are :class:`~..parquet.in_place.InPlaceDataset`'s."""
+        in_place = self._kind.in_place
         if spec is None and not options:
             if self._inplace is None:
-                self._inplace = self.make_dataset(self)
+                self._inplace = in_place(self)
             return self._inplace
-        return self.make_dataset(self, spec, **options)
+        return in_place(self, spec, **options)
+
+    @property
+    def _kind(self) -> IcebergKind:
+        if self.kind is None:
+            raise RuntimeError(
+                f"Iceberg snapshot {self.version} of {self.name!r} was built by hand: open it "
+                "with spark_dl_core.open_iceberg to read or follow it"
+            )
+        return self.kind
+
+    def reopen(self, snapshot_id: int, since: int | None = None, **changes: Any) -> Any:
+        """Another snapshot of this table, opened from this one's metadata file (which names
+        every snapshot the table keeps) with its columns and filter, for a run carried on or
+        a dataset following the table; ``changes`` override those arguments."""
+        asked: dict[str, Any] = {
+            "columns": self.projection,
+            "filter": self.filter,
+            "since": since,
+        }
+        return self._kind.reopen(
+            self.metadata_location, snapshot_id=int(snapshot_id), **{**asked, **changes}
+        )
 
 
 def plan_snapshot(

@@ -1,7 +1,10 @@
 """The Iceberg face: :func:`open_iceberg` pins a snapshot of an Iceberg table (by catalog
-and name, a PyIceberg table, or a metadata file) and :class:`IcebergDataset` reads it in
-place through the Parquet layer (:class:`~..parquet.in_place.InPlaceDataset`): the same
-row groups as shards, caches, orders and resume as a Delta snapshot read in place."""
+and name, a PyIceberg table, or a metadata file) and hands it what the modules built on the
+snapshot give (:class:`~.snapshot.IcebergKind`): its dataset read in place
+(:class:`~.in_place.IcebergDataset`, the same row groups as shards, caches, orders and resume
+as a Delta snapshot read in place), a dataset following the table, and runs carried on
+across snapshots. Nothing is installed into another module: this module is above all of them
+and names them."""
 
 from __future__ import annotations
 
@@ -14,42 +17,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...errors import SpecError
-from ..parquet.carry import CarryHooks
-from ..parquet.in_place import InPlaceDataset
 from ..parquet.table_files import first_line as first_line_of
+from . import deletes
+from .carry import IcebergCarrier
 from .columns import FieldIds, duplicate_id
 from .errors import IcebergSnapshotError, import_pyiceberg, timestamp_ms
-from .snapshot import IcebergSnapshot, check_filter, plan_snapshot
-
-
-class IcebergDataset(CarryHooks, InPlaceDataset):
-    """An :class:`IcebergSnapshot` as a dataset: ``len``, ``fingerprint``, ``ds[i]``,
-    ``iter_batches``, ``to_torch``… with no export. Use ``snap.dataset()``. A loader's run
-    over one snapshot carries on to another with ``strict=False`` (:mod:`.carry`)."""
-
-    KIND = "iceberg-inplace"
-    snapshot: IcebergSnapshot
-
-    @property
-    def carrier(self) -> Any:
-        """How a run carries on across snapshots (:class:`.carry.IcebergCarrier`, which
-        builds on this module)."""
-        from .carry import IcebergCarrier
-
-        return IcebergCarrier
-
-    def in_place_record(self) -> tuple[str, dict[str, Any]]:
-        """What reopens this read from a saved mixture: the metadata file (a table's
-        metadata file names every snapshot it keeps) and the snapshot id."""
-        snap = self.snapshot
-        return "iceberg", {
-            "metadata": snap.metadata_location,
-            "snapshot_id": snap.version,
-            "since": snap.since,
-            "projection": snap.projection,
-            "filter": None if snap.filter is None else str(snap.filter),
-            "spec": self.spec,
-        }
+from .follow import update_mds
+from .in_place import IcebergDataset
+from .snapshot import IcebergKind, IcebergSnapshot, check_filter, plan_snapshot
 
 
 def open_iceberg(
@@ -136,7 +111,7 @@ def open_iceberg(
         projection=list(columns) if columns is not None else None,
         filter=filter,
         column_mapping=FieldIds(with_ids),
-        make_dataset=IcebergDataset,
+        kind=ICEBERG,
     )
     snap.output_schema  # noqa: B018  (a column that does not exist: refused now)
     check_filter(snap)
@@ -148,11 +123,14 @@ def open_iceberg(
     return snap
 
 
+ICEBERG = IcebergKind(
+    in_place=IcebergDataset, update=update_mds, reopen=open_iceberg, carrier=IcebergCarrier
+)
+
+
 def _files_then(table: Any, snap: IcebergSnapshot, chosen: Any) -> set[str]:
     """The data files of snapshot ``snap.since``, an ancestor of ``chosen`` with nothing
     but appends and deletes between them (a rewrite would carry old rows into new files)."""
-    from . import deletes
-
     meta = table.metadata
     since = snap.since
     between = []
