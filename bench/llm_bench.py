@@ -151,7 +151,11 @@ def _passes(make: Any, count: Any) -> dict[str, Any]:
 
 
 def case_pack_ours(
-    directory: Path, mode: str = "concat", corpus: str = "mds", workers: int = 0
+    directory: Path,
+    mode: str = "concat",
+    corpus: str = "mds",
+    workers: int = 0,
+    streams: int = 0,
 ) -> dict[str, Any]:
     import torch  # noqa: F401  (imported before the clock)
 
@@ -160,7 +164,14 @@ def case_pack_ours(
     def make() -> Any:
         ds = open_dataset(str(directory / corpus))
         pack = {"column": "tokens", "seq_len": SEQ, "mode": mode}
-        return ds.to_torch(batch_size=BATCH, shuffle=True, seed=0, pack=pack, num_workers=workers)
+        return ds.to_torch(
+            batch_size=BATCH,
+            shuffle=True,
+            seed=0,
+            pack=pack,
+            num_workers=workers,
+            streams=streams,
+        )
 
     stats: dict[str, Any] = {}
 
@@ -179,6 +190,12 @@ def case_pack_ours_bin(directory: Path) -> dict[str, Any]:
 
 def case_pack_ours_w2(directory: Path) -> dict[str, Any]:
     return case_pack_ours(directory, workers=2)
+
+
+def case_pack_ours_streams(directory: Path) -> dict[str, Any]:
+    """Rows cut from 2 streams (pack version 2; the corpus has too few rows for automatic
+    streams, and 2 shards): what each batch costs there beside one run of rows."""
+    return case_pack_ours(directory, streams=2)
 
 
 def case_pack_limit(directory: Path) -> dict[str, Any]:
@@ -333,6 +350,7 @@ CASES = {
     "pack_limit": case_pack_limit,
     "pack_litdata": case_pack_litdata,
     "pack_ours_w2": case_pack_ours_w2,
+    "pack_ours_streams": case_pack_ours_streams,
     "pack_litdata_w2": case_pack_litdata_w2,
     "litdata_write": case_litdata_write,
     "bin": case_bin,
@@ -344,6 +362,7 @@ CASES = {
 GROUPS = {
     "pack": ["pack_ours", "pack_litdata", "pack_ours_bin", "pack_limit"],
     "workers": ["pack_ours_w2", "pack_litdata_w2"],
+    "streams": ["pack_ours", "pack_ours_streams"],
     "bin": ["bin", "bin_concat"],
     "tokenize": ["tok_plain", "tok_write", "tok_spark"],
 }
@@ -381,7 +400,7 @@ def main() -> None:
         return
     directory = Path(args.dir or tempfile.mkdtemp(prefix="llm-bench-"))
     groups = args.only.split(",")
-    if not (directory / "mds").exists() and ({"pack", "bin", "workers"} & set(groups)):
+    if not (directory / "mds").exists() and ({"pack", "bin", "workers", "streams"} & set(groups)):
         make_docs(directory, args.docs)
     if "tokenize" in groups and not (directory / "tokenizer.json").exists():
         make_texts(directory, args.texts)

@@ -48,6 +48,7 @@ class _Docs:
         self.dataset, self.column, self.keep, self.verify = dataset, column, keep, verify
         self.index = dataset.layout.names.index(column)
         self.recent: dict[int, _ShardDocs] = {}
+        self.touched: set[int] = set()  # distinct shards loaded (``stats()["locality"]``)
         self.recorded: np.ndarray | None = None  # per shard, its recorded tokens
         self.dtype: np.dtype | None = None
 
@@ -62,6 +63,7 @@ class _Docs:
 
     def _load(self, s: int) -> _ShardDocs:
         ds = self.dataset
+        self.touched.add(s)
         data = ds.load_shard(s, self.verify)
         count = data.count
         encoding = ds.encoding(self.column)
@@ -250,31 +252,71 @@ class EpochPacking:
         shuffle_window: int,
         verify_hashes: bool | None = None,
     ) -> None:
-        self.dataset, self.pack = dataset, pack
-        self.seq_len = pack.seq_len
         w = int(shuffle_window)
         order = _order_of(dataset, seed, epoch, shuffle, w)
-        self.order = order
         if isinstance(order, GlobalOrder) and shuffle:
-            self.bounds = np.asarray(order.window_bounds, dtype=np.int64)
+            bounds = np.asarray(order.window_bounds, dtype=np.int64)
         elif isinstance(order, GlobalOrder):
             offsets = np.asarray(dataset.shard_offsets, dtype=np.int64)
-            self.bounds = offsets[np.append(np.arange(0, len(offsets) - 1, w), len(offsets) - 1)]
+            bounds = offsets[np.append(np.arange(0, len(offsets) - 1, w), len(offsets) - 1)]
         else:
-            self.bounds = np.append(np.arange(0, order.total, BLOCK_DOCS), order.total)
-        self.docs = _Docs(dataset, pack.column, keep=max(16, 2 * w + 2), verify=verify_hashes)
-        key = (dataset.fingerprint, seed, epoch, shuffle, w, pack)
-        cache = _BLOCKS.setdefault(dataset, {})
-        # per block: tokens and bin rows (-1: not read yet)
-        self.known: np.ndarray = cache.setdefault(key, np.full((self.blocks, 2), -1, np.int64))
-        while len(cache) > 4:
-            cache.pop(next(iter(cache)))
+            bounds = np.append(np.arange(0, order.total, BLOCK_DOCS), order.total)
+        docs = _Docs(dataset, pack.column, keep=max(16, 2 * w + 2), verify=verify_hashes)
+        self._setup(
+            dataset, pack, order, bounds, docs, (dataset.fingerprint, seed, epoch, shuffle, w, pack)
+        )
+        if pack.mode == "concat" and self.recorded is not None:
+            self.tokens_known = self._recorded_blocks(order, shuffle, w)
+
+    @classmethod
+    def of_stream(
+        cls,
+        dataset: ShardSource,
+        pack: PackSpec,
+        order: GlobalOrder,
+        shards: np.ndarray,
+        docs: _Docs,
+    ) -> EpochPacking:
+        """One stream's packed rows (``concat``): the documents of ``shards`` (whole, in
+        the shuffled ``order`` over them, one piece per shard) packed back to back, a block
+        per window; every block's tokens from the recorded per-shard tokens."""
+        packing = cls.__new__(cls)
+        bounds = np.asarray(order.window_bounds, dtype=np.int64)
+        packing._setup(dataset, pack, order, bounds, docs, None)
+        recorded = packing.recorded
+        if recorded is None or pack.mode != "concat":
+            raise PackError("a packed stream needs recorded token counts and concat", field="mode")
+        in_order = np.asarray(shards, dtype=np.int64)[order.perm]
+        cuts = np.append(np.arange(0, len(in_order), order.window), len(in_order))
+        sums = np.add.reduceat(recorded[in_order], cuts[:-1]) if len(in_order) else cuts[:0]
+        packing.known[:, 0], packing.known[:, 1] = sums, 0
+        packing.tokens_known = True
+        return packing
+
+    def _setup(
+        self,
+        dataset: ShardSource,
+        pack: PackSpec,
+        order: Any,
+        bounds: np.ndarray,
+        docs: _Docs,
+        key: tuple[Any, ...] | None,
+    ) -> None:
+        self.dataset, self.pack = dataset, pack
+        self.seq_len = pack.seq_len
+        self.order, self.bounds, self.docs = order, bounds, docs
+        # per block: tokens and bin rows (-1: not read yet), kept per epoch unless ``key`` is
+        # None (a stream's, all known from the recorded tokens)
+        self.known: np.ndarray = np.full((self.blocks, 2), -1, np.int64)
+        if key is not None:
+            cache = _BLOCKS.setdefault(dataset, {})
+            self.known = cache.setdefault(key, self.known)
+            while len(cache) > 4:
+                cache.pop(next(iter(cache)))
         # per shard, its tokens as the dataset's metadata records them (None: not recorded)
         self.recorded = dataset.shard_values(pack.column)
         self.docs.recorded = self.recorded
         self.tokens_known = False  # every block's tokens known without reading a shard
-        if pack.mode == "concat" and self.recorded is not None:
-            self.tokens_known = self._recorded_blocks(order, shuffle, w)
 
     def _recorded_blocks(self, order: Any, shuffle: bool, w: int) -> bool:
         """Each block's tokens from the recorded per-shard tokens, when blocks are whole

@@ -390,6 +390,21 @@ class PackedPlan:
     def __len__(self) -> int:
         return max(0, -(-(self._shape()[0] - self.rank) // self.world_size))
 
+    def locality(self) -> dict[str, Any]:
+        """How local this rank's reads are: one run of rows packed from the whole epoch's
+        documents, so every rank reads every shard (see :mod:`.packed_streams`)."""
+        return {
+            "streams": 1,
+            "streams_read": 1,
+            "data_share": 1.0,
+            "ideal_share": 1 / self.world_size,
+        }
+
+    @property
+    def touched(self) -> set[int]:
+        """The shards this plan's packing has read (in this process)."""
+        return self.packing.docs.touched
+
     def rows_after(self, steps: int) -> int:
         """Global rows consumed once every rank has taken ``steps`` batches of this plan:
         the whole epoch once no rank has a batch left (a tail ``drop_last`` drops included)."""

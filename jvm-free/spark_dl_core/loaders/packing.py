@@ -47,8 +47,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import PackError
+from ..order.locality import AUTO_STREAMS
 from .packed_epoch import EpochPacking
 from .packed_rows import PackedPlan
+from .packed_streams import StreamedPackedPlan, StreamedPacking, packed_streams
 from .position import resumed, saved_state
 from .settings import LoaderSettings, PackSpec
 
@@ -58,6 +60,13 @@ if TYPE_CHECKING:
 # Bumped whenever the same settings would pack other rows (a saved row count would mean
 # other tokens); a state of another version is refused.
 PACK_VERSION = 1
+# Rows cut from streams (:mod:`.packed_streams`): the position counts global batches, and
+# the state records the streams and the batch size they were dealt with. A loader that
+# would stream resumes a version 1 state on the one run of rows it counts in (streams=1).
+STREAMED_PACK_VERSION = 2
+
+# A rank's packed batches: from one run of rows, or from streams.
+AnyPackedPlan = PackedPlan | StreamedPackedPlan
 
 
 def _tokenize_op(dataset: ShardSource, column: str) -> dict[str, Any] | None:
@@ -111,8 +120,17 @@ def check_pack(dataset: ShardSource, pack: PackSpec) -> PackSpec:
     return pack.model_copy(update={"pad_id": pad})
 
 
-def pack_state(pack: PackSpec, rows: int) -> dict[str, Any]:
-    """The nested ``pack`` entry of a loader state: the settings rows are counted in."""
+def pack_state(pack: PackSpec, rows: int, streams: int = 1, batch_size: int = 0) -> dict[str, Any]:
+    """The nested ``pack`` entry of a loader state: the settings rows are counted in; with
+    ``streams > 1``, global batches of ``batch_size`` rows dealt over those streams."""
+    if streams > 1:
+        return {
+            "settings": pack_key(pack),
+            "batches": int(rows),
+            "streams": int(streams),
+            "batch_size": int(batch_size),
+            "version": STREAMED_PACK_VERSION,
+        }
     return {"settings": pack_key(pack), "rows": int(rows), "version": PACK_VERSION}
 
 
@@ -120,9 +138,10 @@ def pack_key(pack: PackSpec | None) -> dict[str, Any] | None:
     return None if pack is None else pack.model_dump(mode="json")
 
 
-def state_rows(state: dict[str, Any] | None, pack: PackSpec) -> int:
-    """Rows consumed that a loader state's ``pack`` entry records, checked against
-    ``pack`` (a state of other settings counts other rows: refused, naming the field)."""
+def state_rows(state: dict[str, Any] | None, pack: PackSpec) -> tuple[int, int]:
+    """(position, streams) that a loader state's ``pack`` entry records: rows consumed
+    (streams 1), or global batches over its streams; checked against ``pack`` (a state of
+    other settings counts other rows: refused, naming the field)."""
     entry = (state or {}).get("pack")
     if not isinstance(entry, dict):
         raise PackError(
@@ -130,10 +149,11 @@ def state_rows(state: dict[str, Any] | None, pack: PackSpec) -> int:
             "packed rows cannot resume from a document count",
             field="pack",
         )
-    if entry.get("version") != PACK_VERSION:
+    version = entry.get("version")
+    if version not in (PACK_VERSION, STREAMED_PACK_VERSION):
         raise PackError(
-            f"loader state has pack version {entry.get('version')!r}, this spark-dl packs "
-            f"version {PACK_VERSION}",
+            f"loader state has pack version {version!r}, this spark-dl packs versions "
+            f"{PACK_VERSION} and {STREAMED_PACK_VERSION}",
             field="pack",
         )
     saved = entry.get("settings") or {}
@@ -145,10 +165,48 @@ def state_rows(state: dict[str, Any] | None, pack: PackSpec) -> int:
                 f"has {name}={mine.get(name)!r}; pass the same pack settings to resume",
                 field=f"pack.{name}",
             )
-    rows = entry.get("rows")
-    if not isinstance(rows, int) or rows < 0:
-        raise PackError(f"loader state pack rows={rows!r} is not a row count", field="pack.rows")
-    return rows
+    what = "rows" if version == PACK_VERSION else "batches"
+    at = entry.get(what)
+    if not isinstance(at, int) or at < 0:
+        raise PackError(f"loader state pack {what}={at!r} is not a count", field=f"pack.{what}")
+    if version == PACK_VERSION:
+        return at, 1
+    streams = entry.get("streams")
+    if not isinstance(streams, int) or streams < 2:
+        raise PackError(f"loader state pack streams={streams!r} is not 2 or more", field="pack")
+    return at, streams
+
+
+def _adopt_streams(
+    dataset: ShardSource, settings: LoaderSettings, state: dict[str, Any], streams: int
+) -> LoaderSettings:
+    """``settings`` reading on in the packing of a state recorded over ``streams`` streams
+    (1: one run of rows): automatic streams take the state's; an explicit other number, a
+    batch size or ``drop_last`` that deals other batches is refused, naming the setting."""
+    if packed_streams(dataset, settings) != streams and settings.streams == AUTO_STREAMS:
+        settings = settings.replace(streams=streams)
+    have = packed_streams(dataset, settings)
+    if have != streams:
+        why = (
+            "its rows were packed in one run (pack version 1)"
+            if streams == 1
+            else f"its rows were cut from {streams} streams"
+        )
+        raise PackError(
+            f"loader state was saved with streams={streams}: {why}; this loader packs "
+            f"{have} stream(s); pass streams={streams} to resume it exactly",
+            field="streams",
+        )
+    if streams > 1:
+        for name in ("batch_size", "drop_last"):
+            if state.get(name) != getattr(settings, name):
+                raise PackError(
+                    f"loader state was saved with {name}={state.get(name)!r}, the loader has "
+                    f"{name}={getattr(settings, name)!r}: packed streams deal other batches "
+                    f"with it; pass {name}={state.get(name)!r} to resume",
+                    field=name,
+                )
+    return settings
 
 
 def packed_source(dataset: ShardSource, settings: LoaderSettings) -> ShardSource:
@@ -170,10 +228,34 @@ def packed_plan(
     rows: int,
     rank: int,
     world_size: int,
-) -> PackedPlan:
-    """A rank's :class:`PackedPlan` for ``settings`` (with ``pack``)."""
+) -> AnyPackedPlan:
+    """A rank's plan for ``settings`` (with ``pack``): cut from streams where
+    :func:`packed_streams` gives more than one (``rows`` then counts global batches), else
+    a :class:`PackedPlan` over one run of rows."""
     dataset = packed_source(dataset, settings)
     pack = check_pack(dataset, settings.pack)
+    streams = packed_streams(dataset, settings)
+    if streams > 1:
+        streamed = StreamedPacking(
+            dataset,
+            pack,
+            seed=settings.seed,
+            epoch=epoch,
+            shuffle_window=settings.shuffle_window,
+            streams=streams,
+            batch_size=settings.batch_size,
+            drop_last=settings.drop_last,
+            verify_hashes=settings.verify_hashes,
+        )
+        return StreamedPackedPlan(
+            streamed,
+            rank,
+            world_size,
+            settings.drop_last,
+            rows,
+            even_batches=settings.even_batches,
+            pad_mask=settings.pad_mask,
+        )
     packing = EpochPacking(
         dataset,
         pack,
@@ -200,17 +282,20 @@ def resume_position(
     settings: LoaderSettings,
     state: dict[str, Any] | None,
     strict: bool = True,
-) -> tuple[ShardSource, int, int]:
-    """(the dataset to read, epoch, rows consumed) of a packed loader: from ``state``
-    (checked against dataset, order and pack settings; ``strict=False`` lets the dataset
-    take a state of another version of it, if it can), else the settings' epoch from its
-    start."""
+) -> tuple[ShardSource, int, int, LoaderSettings]:
+    """(the dataset to read, epoch, position, the settings to read on with) of a packed
+    loader: from ``state`` (checked against dataset, order and pack settings; ``strict=False``
+    lets the dataset take a state of another version of it, if it can; the position counts
+    rows, or global batches over streams, and the settings take the state's streams), else
+    the settings' epoch from its start."""
     dataset = packed_source(dataset, settings)
     if state is None:
-        return dataset, settings.epoch, 0
+        return dataset, settings.epoch, 0, settings
     pack = check_pack(dataset, settings.pack)
     loaded, dataset, _, _ = resumed(dataset, settings, state, strict, pack=pack_key(pack))
-    return dataset, loaded.epoch, state_rows(state, pack)
+    at, streams = state_rows(state, pack)
+    settings = _adopt_streams(dataset, settings, state, streams)
+    return dataset, loaded.epoch, at, settings
 
 
 def iter_packed(
@@ -221,7 +306,7 @@ def iter_packed(
 ) -> Iterator[dict[str, Any]]:
     """numpy batches of packed rows for ``Dataset.iter_batches(pack=...)``; the settings
     and ``state`` are checked now, before the first batch."""
-    dataset, epoch, rows = resume_position(dataset, settings, state, strict)
+    dataset, epoch, rows, settings = resume_position(dataset, settings, state, strict)
     rank = 0 if settings.rank is None else settings.rank
     world = 1 if settings.world_size is None else settings.world_size
     plan = packed_plan(dataset, settings, epoch=epoch, rows=rows, rank=rank, world_size=world)
@@ -231,7 +316,9 @@ def iter_packed(
 def packed_state(
     dataset: ShardSource, settings: LoaderSettings, epoch: int, rows: int
 ) -> dict[str, Any]:
-    """The loader state of a packed position (``consumed`` 0, rows in ``pack``)."""
+    """The loader state of a packed position (``consumed`` 0, rows or batches in ``pack``)."""
     dataset = packed_source(dataset, settings)
     pack = check_pack(dataset, settings.pack)
-    return saved_state(dataset, settings, epoch, 0, pack=pack_state(pack, rows))
+    streams = packed_streams(dataset, settings)
+    entry = pack_state(pack, rows, streams, settings.batch_size)
+    return saved_state(dataset, settings, epoch, 0, pack=entry)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...order import epoch_position, plan_position
 from ..frameworks import register_framework
-from ..packing import PackedPlan, packed_plan, packed_state, resume_position
+from ..packing import AnyPackedPlan, packed_plan, packed_state, resume_position
 from ..settings import TF_ONLY, LoaderSettings, check_steps, settings_from
 from ..telemetry import PassStats
 
@@ -41,9 +41,9 @@ def make_packed_tf_dataset(
     settings.only("TensorFlow", TF_ONLY - {"as_tuple"})
     rank = 0 if settings.rank is None else settings.rank
     world = 1 if settings.world_size is None else settings.world_size
-    dataset, epoch, rows = resume_position(dataset, settings, state, strict)
+    dataset, epoch, rows, settings = resume_position(dataset, settings, state, strict)
 
-    def plan_for(epoch: int, rows: int) -> PackedPlan:
+    def plan_for(epoch: int, rows: int) -> AnyPackedPlan:
         return packed_plan(dataset, settings, epoch=epoch, rows=rows, rank=rank, world_size=world)
 
     # a finished epoch starts the next; inside one, an empty first pass keeps this rank in it

@@ -20,7 +20,13 @@ from ...errors import SpecError
 from ...order import epoch_position, plan_position
 from ..frameworks import register_framework
 from ..packed_rows import widened
-from ..packing import PackedPlan, packed_plan, packed_source, packed_state, resume_position
+from ..packing import (
+    AnyPackedPlan,
+    packed_plan,
+    packed_source,
+    packed_state,
+    resume_position,
+)
 from ..settings import TORCH_ONLY, LoaderSettings, check_epoch, settings_from
 from ..telemetry import PassStats
 from . import resolve_rank, to_device
@@ -66,7 +72,7 @@ class _Workers(IterableDataset):
         return self._run(plan, worker, workers, generation)
 
     def _run(
-        self, plan: PackedPlan, worker: int, workers: int, generation: int
+        self, plan: AnyPackedPlan, worker: int, workers: int, generation: int
     ) -> Iterator[tuple[Any, int]]:
         """Batches in their compact form (numpy, one pickled message each, widened by the
         main process: see :class:`~..packed_rows.PackedBatch`)."""
@@ -116,7 +122,7 @@ class PackedTorchLoader:
         self._agreed = False  # the ranks' orders compared (on the first pass)
         self._set_position(settings.epoch, 0)
 
-    def _plan(self, epoch: int, rows: int) -> PackedPlan:
+    def _plan(self, epoch: int, rows: int) -> AnyPackedPlan:
         return packed_plan(
             self.dataset,
             self.settings,
@@ -224,14 +230,23 @@ class PackedTorchLoader:
         data-starved %, plus ``tokens`` (real tokens delivered) and ``fill`` (real tokens
         over all token slots: 1.0 but for padding) and ``token_counts``: ``"recorded"`` when
         the epoch's rows are counted from the shards' recorded tokens (no shard read to know
-        ``len`` or to skip to a resumed row), ``"read"`` when from their document lengths."""
+        ``len`` or to skip to a resumed row), ``"read"`` when from their document lengths;
+        ``locality``: the streams this rank's rows are cut from and their share of the
+        tokens and shards beside ``1 / world_size`` (one run of rows: every shard), and,
+        in-process, ``shards_touched`` (distinct shards read this pass)."""
         base = (self._stats or PassStats(self.epoch)).as_dict()
         real, slots = self._fill
-        counts = "recorded" if self._plan_for.packing.tokens_known else "read"
+        shown = self._live if self._live is not None else self._done
+        plan = shown.plan if shown is not None else self._plan_for
+        counts = "recorded" if plan.packing.tokens_known else "read"
+        locality = plan.locality()
+        if self.num_workers == 0 and self._stats is not None:
+            locality["shards_touched"] = len(plan.touched)
         return base | {
             "tokens": real,
             "fill": real / slots if slots else 0.0,
             "token_counts": counts,
+            "locality": locality,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -249,9 +264,10 @@ class PackedTorchLoader:
         """Make ``state`` the saved position; raises if it is for another dataset, order
         or pack settings (the batch size and ``drop_last`` may change). ``strict=False``:
         as :meth:`TorchLoader.load_state_dict`."""
-        dataset, epoch, rows = resume_position(self.dataset, self.settings, state, strict)
-        if dataset is not self.dataset:  # carried on: workers must read the new order
-            self.dataset, self._pool = dataset, None
+        dataset, epoch, rows, settings = resume_position(self.dataset, self.settings, state, strict)
+        if dataset is not self.dataset or settings != self.settings:
+            # carried on, or the state's streams: workers must read the new order
+            self.dataset, self.settings, self._pool = dataset, settings, None
         self._set_position(epoch, rows)
 
     def __repr__(self) -> str:
@@ -275,7 +291,7 @@ class _Pool:
 class _Pass:
     __slots__ = ("epoch", "plan", "steps")
 
-    def __init__(self, plan: PackedPlan, epoch: int) -> None:
+    def __init__(self, plan: AnyPackedPlan, epoch: int) -> None:
         self.plan, self.epoch, self.steps = plan, epoch, 0
 
 

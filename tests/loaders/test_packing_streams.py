@@ -1,0 +1,205 @@
+"""Packed rows cut from streams (pack version 2): every token once per epoch, each rank of
+a world size dividing the streams reads only its streams' shards, a step's batches are the
+same at every world size, and a position resumes exactly at another world size."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from spark_dl_core import DatasetSpec, open_dataset, write_mds
+from spark_dl_core.errors import PackError
+from spark_dl_core.loaders import packed_streams as packed_streams_module
+from spark_dl_core.loaders.packed_streams import packed_streams
+from spark_dl_core.loaders.settings import LoaderSettings
+from spark_dl_core.order.token_streams import StreamRounds, weighted_streams
+
+L = 32
+PACK = {"column": "tokens", "seq_len": L, "pad_id": 0}
+SETTINGS = {"batch_size": 4, "shuffle": True, "seed": 5, "streams": 4, "pack": PACK}
+
+
+def _docs(n: int = 700, seed: int = 1, top: int = 120) -> list[np.ndarray]:
+    """Documents of consecutive tokens, unique over the dataset (a gap between documents),
+    so each token names its document and its place in it; some empty, some over a row."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, top, size=n)
+    starts = np.cumsum(lengths + 1) - lengths
+    return [np.arange(s, s + k, dtype=np.int32) + 1 for s, k in zip(starts, lengths)]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    path = str(tmp_path_factory.mktemp("pack_streams") / "ds")
+    table = pa.table({"tokens": pa.array([d.tolist() for d in _docs()], pa.list_(pa.int32()))})
+    write_mds(table, path, DatasetSpec(shard_size="2KiB"))
+    ds = open_dataset(path)
+    assert ds.num_shards > 64 and ds.shard_values("tokens") is not None
+    return ds
+
+
+def _batches(ds: Any, **kw: Any) -> list[dict[str, Any]]:
+    return list(ds.iter_batches(**(SETTINGS | kw)))
+
+
+def _ids(batches: list[dict[str, Any]]) -> np.ndarray:
+    return np.concatenate([np.asarray(b["input_ids"]).reshape(-1) for b in batches])
+
+
+def test_every_token_once_with_positions_labels_and_segments(dataset: Any) -> None:
+    docs = _docs()
+    got = _batches(dataset)
+    ids = _ids(got)
+    assert np.array_equal(np.sort(ids[ids > 0]), np.sort(np.concatenate(docs)))
+    assert (ids == 0).sum() < 4 * L  # each of the 4 streams pads its last row only
+    firsts = np.array([d[0] for d in docs if len(d)])
+    for b in got:
+        tok, pos = b["input_ids"].reshape(-1), b["position_ids"].reshape(-1)
+        labels, cu = b["labels"].reshape(-1), b["cu_seqlens"]
+        assert cu[0] == 0 and cu[-1] == tok.size and cu.dtype == np.int32
+        assert b["max_seqlen"] == int(np.diff(cu).max())
+        for a, z in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            seg = tok[a:z]
+            assert labels[a] == -100
+            if seg[0] == 0:  # padding: to its row's end, masked
+                assert (seg == 0).all() and (labels[a:z] == -100).all() and z % L == 0
+                continue
+            assert np.array_equal(np.diff(seg), np.ones(len(seg) - 1))  # one document's run
+            first = firsts[np.searchsorted(firsts, seg[0], side="right") - 1]
+            assert np.array_equal(pos[a:z], seg - first)  # counted from the document's start
+            assert np.array_equal(labels[a + 1 : z], seg[1:])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_steps_batches_are_the_one_rank_batches_and_ranks_read_their_share(
+    dataset: Any, world: int
+) -> None:
+    one = _batches(dataset)
+    shards = dataset.num_shards
+    for rank in range(world):
+        loader = dataset.to_torch(**(SETTINGS | {"rank": rank, "world_size": world}))
+        mine = [b["input_ids"].numpy() for b in loader]
+        assert len(mine) == len(one[rank::world])
+        for k, batch in enumerate(mine):
+            assert np.array_equal(batch, one[k * world + rank]["input_ids"])
+        locality = loader.stats()["locality"]
+        assert locality["streams"] == 4 and locality["streams_read"] == 4 // world
+        assert abs(locality["data_share"] - 1 / world) < 0.05
+        # its streams' shards, and at most a window's at the other streams' ends
+        assert locality["shards_touched"] <= shards / world + 6, locality
+
+
+def test_resume_mid_epoch_at_another_world_size_is_exact(dataset: Any) -> None:
+    one = _batches(dataset)
+    loader = dataset.to_torch(**(SETTINGS | {"rank": 0, "world_size": 2}))
+    it = iter(loader)
+    for _ in range(7):
+        next(it)
+    state = loader.state_dict()  # 7 steps of 2 ranks: global batches 0..13 consumed
+    assert state["pack"]["version"] == 2 and state["pack"]["batches"] == 14
+    rest = []
+    for rank in range(4):
+        other = dataset.to_torch(**(SETTINGS | {"rank": rank, "world_size": 4}))
+        other.load_state_dict(state)
+        rest.append([b["input_ids"].numpy() for b in other])
+    for g in range(14, len(one)):
+        step, rank = divmod(g - 14, 4)
+        assert np.array_equal(rest[rank][step], one[g]["input_ids"]), g
+    left = len(one) - 14  # dealt in whole rounds (even_batches: the last one filled)
+    assert sum(len(r) for r in rest) == -(-left // 4) * 4
+
+
+def test_workers_give_the_batches_of_one_process(dataset: Any) -> None:
+    kw = SETTINGS | {"rank": 1, "world_size": 2, "even_batches": True, "pad_mask": True}
+    here = [b for b in dataset.to_torch(**kw)]
+    there = [b for b in dataset.to_torch(**(kw | {"num_workers": 2}))]
+    assert len(here) == len(there) > 0
+    for a, b in zip(here, there):
+        for key in ("input_ids", "labels", "position_ids", "cu_seqlens", "pad_mask"):
+            assert np.array_equal(a[key].numpy(), b[key].numpy()), key
+
+
+def test_even_batches_and_drop_last_give_every_rank_the_same_steps(dataset: Any) -> None:
+    one = _batches(dataset)
+    world = 3  # shares no divisor with the 4 streams: correct, less local
+    even = [
+        list(
+            dataset.to_torch(
+                **(
+                    SETTINGS
+                    | {"rank": r, "world_size": world, "even_batches": True, "pad_mask": True}
+                )
+            )
+        )
+        for r in range(world)
+    ]
+    assert len({len(e) for e in even}) == 1 and len(even[0]) * world >= len(one)
+    served = np.concatenate(
+        [b["input_ids"].numpy().reshape(-1) for e in even for b in e if not b["pad_mask"].any()]
+    )
+    assert np.array_equal(np.sort(served), np.sort(_ids(one)))
+    for e in even:
+        for b in e:
+            if b["pad_mask"].any():
+                assert (b["labels"].numpy() == -100).all()
+    dropped = [
+        len(dataset.to_torch(**(SETTINGS | {"rank": r, "world_size": world, "drop_last": True})))
+        for r in range(world)
+    ]
+    assert len(set(dropped)) == 1
+    full = _batches(dataset, drop_last=True)
+    assert all(b["input_ids"].shape == (4, L) for b in full) and len(full) >= dropped[0] * world
+
+
+def test_old_states_keep_one_run_and_other_settings_are_refused(
+    dataset: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(packed_streams_module, "MIN_STREAM_ROWS", 1)  # automatic: 4 streams
+    assert packed_streams(dataset, LoaderSettings(batch_size=4, shuffle=True, pack=PACK)) == 4
+    plain = dataset.to_torch(**(SETTINGS | {"streams": 1}))
+    it = iter(plain)
+    next(it)
+    next(it)
+    old = plain.state_dict()
+    assert old["pack"]["version"] == 1 and old["pack"]["rows"] == 8
+    want = [b["input_ids"].numpy() for b in it]
+    auto = dataset.to_torch(**(SETTINGS | {"streams": 0}))
+    auto.load_state_dict(old)  # a version 1 position reads on in one run of rows
+    assert auto.settings.streams == 1
+    assert all(np.array_equal(a, b["input_ids"].numpy()) for a, b in zip(want, auto, strict=True))
+    with pytest.raises(PackError, match="streams=1") as info:
+        dataset.to_torch(**SETTINGS).load_state_dict(old)
+    assert info.value.field == "streams"
+    new = dataset.to_torch(**SETTINGS)
+    next(iter(new))
+    state = new.state_dict()
+    with pytest.raises(PackError, match="batch_size=4") as info:
+        dataset.to_torch(**(SETTINGS | {"batch_size": 8})).load_state_dict(state)
+    assert info.value.field == "batch_size"
+    with pytest.raises(PackError, match="streams=4"):
+        dataset.to_torch(**(SETTINGS | {"streams": 2})).load_state_dict(state)
+
+
+def test_automatic_streams_need_enough_rows_per_stream(dataset: Any) -> None:
+    auto = LoaderSettings(batch_size=4, shuffle=True, pack=PACK)
+    assert packed_streams(dataset, auto) == 1  # ~1,300 rows: under 1,024 a stream
+    assert packed_streams(dataset, auto.replace(streams=8)) == 8
+    assert packed_streams(dataset, auto.replace(streams=8, shuffle=False)) == 1
+    binned = auto.replace(streams=8, pack=PACK | {"mode": "bin"})
+    assert packed_streams(dataset, binned) == 1
+
+
+def test_streams_balance_tokens_and_rounds_skip_streams_that_ran_out() -> None:
+    weights = np.random.default_rng(0).integers(0, 500, size=50)
+    of = weighted_streams(weights, "fp", 3, 4)
+    sums = np.bincount(of, weights=weights, minlength=4)
+    assert sums.max() - sums.min() <= 2 * weights.max()
+    assert np.array_equal(of, weighted_streams(weights, "fp", 3, 4))  # fixed for the seed
+    for counts in ([3, 5, 4, 4], [0, 2, 1], [2, 2, 2], [7]):
+        rounds = StreamRounds(np.array(counts))
+        stream, k = rounds.locate(np.arange(rounds.total))
+        want = [(s, r) for r in range(max(counts)) for s in range(len(counts)) if counts[s] > r]
+        assert list(zip(stream.tolist(), k.tolist())) == want
