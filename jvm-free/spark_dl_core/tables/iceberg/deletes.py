@@ -91,12 +91,62 @@ def _check_entries(io: Any, manifest: Any) -> None:
     counts.append(manifest.deleted_files_count)
     if any(c is None for c in counts):  # optional in v1 manifest lists
         return
-    found = len(manifest.fetch_manifest_entry(io, discard_deleted=False))
+    with io.new_input(manifest.manifest_path).open() as f:
+        found = avro_records(f.read(), manifest.manifest_path)
     if found != sum(counts):
         raise ValueError(
             f"manifest {manifest.manifest_path} has {found} entries, its manifest list "
             f"counts {sum(counts)} (truncated?)"
         )
+
+
+def avro_records(data: bytes, path: str) -> int:
+    """How many records an Avro container file holds, from its blocks' headers alone (each
+    block gives its record count and byte size, then the file's sync marker): a manifest's
+    entries counted without decoding them, which PyIceberg's planner does once anyway.
+    ``ValueError`` naming ``path`` for a file that is not a whole Avro container."""
+    pos = 0
+
+    def varint() -> int:
+        nonlocal pos
+        value = shift = 0
+        while True:
+            if pos >= len(data) or shift > 63:
+                raise ValueError(f"manifest {path} ends inside a block header (truncated?)")
+            byte = data[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return (value >> 1) ^ -(value & 1)  # zigzag
+
+    def skip() -> None:
+        nonlocal pos
+        size = varint()
+        if size < 0:
+            raise ValueError(f"manifest {path} has a damaged header")
+        pos += size
+
+    if data[:4] != b"Obj\x01":
+        raise ValueError(f"manifest {path} is not an Avro file")
+    pos = 4
+    while count := varint():  # the header's metadata map, in blocks of entries
+        if count < 0:  # a block that gives its byte size: skipped whole
+            skip()
+            continue
+        for _ in range(2 * count):  # each entry's key and value, length first
+            skip()
+    sync = data[pos : pos + 16]
+    pos += 16
+    records = 0
+    while pos < len(data):
+        count, size = varint(), varint()
+        pos += size
+        if count < 0 or size < 0 or data[pos : pos + 16] != sync or len(sync) != 16:
+            raise ValueError(f"manifest {path} has a damaged or cut block (truncated?)")
+        pos += 16
+        records += count
+    return records
 
 
 def unreadable_manifest(table: Any, snapshot_id: int) -> str | None:

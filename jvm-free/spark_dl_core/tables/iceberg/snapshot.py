@@ -318,6 +318,9 @@ def plan_snapshot(
     reader = deletes.DeleteReader(table, snap.table_error)
     listed = functools.partial(deletes.listed_in, table, snapshot_id)
     unpartitioned = {i for i, spec in table.metadata.specs().items() if spec.is_unpartitioned()}
+    # a partition spec's identity columns, worked out once per spec (not once per file)
+    identity = functools.cache(lambda spec_id: _identity_columns(table, spec_id, snap.schema_id))
+    equality_files = sorted(planned.equality, key=lambda e: e.data_file.file_path)
     for task in planned.tasks:
         data = task.file
         uri = data.file_path
@@ -332,7 +335,7 @@ def plan_snapshot(
         key = file_key(uri)
         snap.files.append(uri)
         snap._sizes[key] = int(data.file_size_in_bytes)
-        snap._identity[key] = _identity_columns(table, data.spec_id, snap.schema_id)
+        snap._identity[key] = identity(data.spec_id)
         rows = int(data.record_count)
         gone = []
         for d in sorted(task.delete_files, key=_path):
@@ -348,7 +351,7 @@ def plan_snapshot(
         seq = planned.sequence.get(uri, 0)
         equality = [
             reader.equality_rows(e.data_file)
-            for e in sorted(planned.equality, key=lambda e: e.data_file.file_path)
+            for e in equality_files
             if deletes.applies(e.data_file, int(e.sequence_number or 0), data, seq, unpartitioned)
         ]
         if equality:
