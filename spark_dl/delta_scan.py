@@ -35,13 +35,11 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from .delta import pinned_reads, read_pinned
+from .plan_text import explain_sections, plain_leaf
 
 __all__ = ["DeltaScan", "delta_scan", "pin_delta_scan"]
 
-_TREE = re.compile(r"^[\s|:+-]*")
 _RELATION = re.compile(r"^Relation (?:(\S+?))?\[.*\] (\w+)$")
-_PROJECT = re.compile(r"^Project \[(.*)\]$")
-_ATTRIBUTE = re.compile(r"^[^()]+#\d+L?$")
 _PATH_ALIAS = re.compile(r"^\w+\.delta\.`(.+)`$")
 _TIME_TRAVEL = re.compile(r"'RelationTimeTravel .*, (true|false), (\d+)\s*$", re.MULTILINE)
 _DELTA_INDEX = re.compile(r"Location: (?:Prepared)?(?:DeltaFileIndex|TahoeLogFileIndex)")
@@ -107,24 +105,13 @@ def _plain_shape(analyzed: str) -> tuple[str | None, str | None] | None:
     """From an analysed plan's text: ``(catalog name, delta.`path` path)`` when the plan is
     ``Project`` of plain columns and ``SubqueryAlias`` nodes above one file ``Relation``;
     else None."""
-    lines = [_TREE.sub("", line).strip() for line in analyzed.strip().splitlines()]
-    if not lines:
+    plain = plain_leaf(analyzed)
+    if plain is None:
         return None
-    relation = _RELATION.match(lines[-1])
+    leaf, above = plain
+    relation = _RELATION.match(leaf)
     if relation is None or relation.group(2) != "parquet":
         return None
-    above = ""
-    for line in lines[:-1]:
-        if line.startswith("SubqueryAlias "):
-            above = line[len("SubqueryAlias ") :].strip()
-            continue
-        project = _PROJECT.match(line)
-        if project is None:
-            return None
-        items = [i.strip() for i in project.group(1).split(", ")]
-        if not all(_ATTRIBUTE.match(i) and " AS " not in i for i in items):
-            return None
-        above = ""
     name = relation.group(1) or None
     path = None
     by_path = _PATH_ALIAS.match(above)
@@ -159,10 +146,8 @@ def _classic_scan(jdf: Any) -> DeltaScan | None:
 
 
 def _connect_scan(df: Any) -> DeltaScan | None:
-    text = str(df._explain_string(extended=True))
-    parts = re.split(r"^== (.+?) ==$\n?", text, flags=re.MULTILINE)
-    sections = dict(zip(parts[1::2], parts[2::2]))
-    analyzed = sections.get("Analyzed Logical Plan", "").split("\n", 1)[-1]  # schema line
+    sections = explain_sections(df)
+    analyzed = sections.get("Analyzed Logical Plan", "")
     physical = sections.get("Physical Plan", "")
     shape = _plain_shape(analyzed)
     if shape is None or _DELTA_INDEX.search(physical) is None:

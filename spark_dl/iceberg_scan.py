@@ -10,20 +10,32 @@ id Spark resolved (the current one when none was asked) and the table's metadata
 snapshot (``versionAsOf``) so a commit landing meanwhile does not change what is written,
 and ``in_place=True`` reads the snapshot's files through ``open_iceberg`` with no Spark job.
 
+On Spark Connect the same reads are taken from the server's plan text
+(:mod:`spark_dl.plan_text`): the physical plan's ``IcebergScan`` names the table and the
+snapshot, and the table's ``metadata_log_entries`` its newest metadata file.
+
 Anything more than the scan and a selection of columns (a filter, a join, a computed or
-renamed column), a branch other than ``main``, or a Spark Connect DataFrame is not taken.
+renamed column) or a branch other than ``main`` is not taken.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from .plan_text import explain_sections, plain_leaf
+
 __all__ = ["IcebergScan", "iceberg_in_place", "iceberg_scan", "pin_iceberg_scan"]
 
 _SPARK_TABLE = "org.apache.iceberg.spark.source.SparkTable"
+# Connect's plan text: the analysed leaf and the physical plan's scan of an Iceberg table
+_RELATION_V2 = re.compile(r"^RelationV2\[.*\] (\S+)(?: VERSION AS OF '\d+')?$")
+_ICEBERG_SCAN = re.compile(
+    r"IcebergScan\(table=(\S+), schemaId=\d+, snapshotId=(\d+), branch=(\S+), filters=([^,]*),"
+)
 
 
 @dataclass(frozen=True)
@@ -54,7 +66,7 @@ def iceberg_scan(df: Any) -> IcebergScan | None:
     nothing but aliases and selections of plain columns; else None."""
     jdf = getattr(df, "_jdf", None)
     if jdf is None:  # Spark Connect: the plan's JVM objects are out of reach
-        return None
+        return _connect_scan(df)
     with contextlib.suppress(Exception):
         node = jdf.queryExecution().analyzed()
         while str(node.nodeName()) in ("Project", "SubqueryAlias"):
@@ -82,6 +94,30 @@ def iceberg_scan(df: Any) -> IcebergScan | None:
         # meets view classes that Spark 4.2 no longer has)
         name = str(table.name())
         return IcebergScan(name, int(chosen), _local(metadata), tuple(df.columns))
+    return None
+
+
+def _connect_scan(df: Any) -> IcebergScan | None:
+    """:func:`iceberg_scan` from the server's plan text: the analysed plan's shape and the
+    one ``IcebergScan`` of the physical plan, which names the table, the snapshot Spark
+    resolved, no branch and no pushed filter; the metadata file from the table's
+    ``metadata_log_entries``."""
+    with contextlib.suppress(Exception):
+        sections = explain_sections(df)
+        plain = plain_leaf(sections.get("Analyzed Logical Plan", ""))
+        relation = _RELATION_V2.match(plain[0]) if plain is not None else None
+        scans = _ICEBERG_SCAN.findall(sections.get("Physical Plan", ""))
+        if relation is None or len(scans) != 1:
+            return None
+        table, snapshot, branch, filters = scans[0]
+        name = relation.group(1)
+        if table != name or branch not in ("null", "main") or filters:
+            return None
+        newest = df.sparkSession.sql(
+            f"SELECT file FROM {name}.metadata_log_entries ORDER BY timestamp DESC LIMIT 1"
+        ).collect()
+        if newest:
+            return IcebergScan(name, int(snapshot), _local(str(newest[0][0])), tuple(df.columns))
     return None
 
 

@@ -194,3 +194,49 @@ def test_df_dl_on_iceberg_scans(iceberg: Any, tmp_path: Path) -> None:
     with pytest.raises(NotInPlaceError):
         old.filter("id > 3").dl.to_torch(8, in_place=True)
     assert old.filter("id > 3").dl.lineage() is None
+
+
+def test_df_dl_on_iceberg_scans_on_connect(connect_spark: Any, tmp_path: Path) -> None:
+    """On Spark Connect the same scans are taken from the server's plan text: the lineage
+    names the table and the snapshot Spark resolved, ``in_place=True`` reads it through
+    ``open_iceberg``, ``write_mds`` writes that snapshot; a filter or a computed column is
+    not taken (no lineage, refused in place)."""
+    from spark_dl.delta_inplace import NotInPlaceError
+    from spark_dl.iceberg_session import CATALOG_CLASS
+    from spark_dl_core import open_dataset
+
+    spark = connect_spark
+    catalog = "iceconnect"  # a catalog is set at run time: the session's jars have Iceberg
+    spark.conf.set(f"spark.sql.catalog.{catalog}", CATALOG_CLASS)
+    spark.conf.set(f"spark.sql.catalog.{catalog}.type", "hadoop")
+    spark.conf.set(f"spark.sql.catalog.{catalog}.warehouse", str(tmp_path / "wh"))
+    t = f"{catalog}.db.loader"
+    _sql(
+        spark,
+        f"CREATE TABLE {t} (id BIGINT, x DOUBLE) USING iceberg",
+        f"INSERT INTO {t} SELECT id, id / 2 FROM range(0, 40)",
+        f"INSERT INTO {t} SELECT id, id / 2 FROM range(40, 60)",
+    )
+    first, last = _snapshots(spark, t)
+    latest = spark.table(t)
+    lineage = latest.dl.lineage()
+    assert lineage is not None
+    assert (lineage["kind"], lineage["table"], lineage["snapshot_id"]) == ("iceberg", t, last)
+    assert lineage["metadata"] == _metadata_file(spark, t)
+    loader = latest.dl.to_torch(8, shuffle=True, seed=1, in_place=True)
+    assert sorted(_ids(loader)) == list(range(60))
+
+    old = spark.read.option("versionAsOf", first).table(t).select("id")
+    assert old.dl.lineage()["snapshot_id"] == first  # type: ignore[index]
+    assert sorted(_ids(old.dl.to_torch(100, in_place=True))) == list(range(40))
+    sql = spark.sql(f"SELECT * FROM {t} VERSION AS OF {first}")
+    assert sql.dl.lineage()["snapshot_id"] == first  # type: ignore[index]
+    sql.dl.write_mds(str(tmp_path / "mds"))
+    written = open_dataset(str(tmp_path / "mds"))
+    assert sorted(written.to_arrow()["id"].to_pylist()) == list(range(40))
+    assert (written.source["table"], written.source["snapshot_id"]) == (t, first)
+
+    for other in (latest.filter("id > 3"), latest.selectExpr("id", "x * 2 AS x")):
+        assert other.dl.lineage() is None
+        with pytest.raises(NotInPlaceError):
+            other.dl.to_torch(8, in_place=True)
