@@ -8,10 +8,13 @@ place, and a mixture of three MDS sources (each sample once an epoch, ``batching
 "stratified"``, kind ``mixture``), 4 nodes x 1 rank and 2 nodes x 2 ranks, 3 reshuffled
 epochs. Printed: bytes pulled /
 dataset bytes per epoch and in all, bytes landed per node; checked: every row served once
-per epoch, and each step's rows are the 1-rank order's batches kW..kW+W-1.
+per epoch, and each step's rows are the 1-rank order's batches kW..kW+W-1. Kind ``packed``
+(not in the default kinds): token documents read by a packed ``concat`` loader (rows of 128
+tokens, 64 a batch), checked the same way by tokens: every token once per epoch, a step's
+batches the 1-rank loader's.
 
     .venv/bin/python bench/cluster_egress_bench.py [--rows 16384] [--streams 0]
-        [--kinds mds,delta,mixture] [--anchors auto|none|mosaic,litdata NNODES,litdata]
+        [--kinds mds,delta,mixture,packed] [--anchors auto|none|mosaic,litdata NNODES,litdata]
 
 ``--streams 0`` (the default) is the loaders' default: as many streams as the dataset's
 shards allow (``order.auto_streams``), printed per case; 1 is the order without streams.
@@ -47,28 +50,61 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 BATCH = 64
 SEED = 0
+# the packed kind: rows of 128 tokens, 64 a batch, cut from streams (pack version 2)
+PACK = {"column": "tokens", "seq_len": 128, "pad_id": 0}
+PACK_BATCH = 64
 
 
 def rank_worker(args: argparse.Namespace) -> None:
     """One rank of one node, one epoch: its batches' ids and what it downloaded, as JSON."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     ds = _open(args.kind, args.url, json.loads(args.options), args.cache)
-    batches = [
-        b["id"].tolist()
-        for b in ds.iter_batches(
-            BATCH,
-            shuffle=True,
-            seed=SEED,
-            epoch=args.epoch,
-            rank=rank,
-            world_size=world,
-            even_batches=False,
-            streams=args.streams,
-            columns=["id", "x"],
-        )
-    ]
+    if args.kind == "packed":
+        batches = [
+            _real_tokens(b)
+            for b in ds.iter_batches(
+                PACK_BATCH,
+                shuffle=True,
+                seed=SEED,
+                epoch=args.epoch,
+                rank=rank,
+                world_size=world,
+                even_batches=False,
+                streams=args.streams,
+                pack=PACK,
+            )
+        ]
+    else:
+        batches = [
+            b["id"].tolist()
+            for b in ds.iter_batches(
+                BATCH,
+                shuffle=True,
+                seed=SEED,
+                epoch=args.epoch,
+                rank=rank,
+                world_size=world,
+                even_batches=False,
+                streams=args.streams,
+                columns=["id", "x"],
+            )
+        ]
     out = {"batches": batches, "net": ds.download_stats()}
     Path(args.out).write_text(json.dumps(out))
+
+
+def _real_tokens(batch: dict[str, Any]) -> list[int]:
+    """A packed batch's tokens in row order, padding left out (tokens are 1 and up, pad 0)."""
+    ids = np.asarray(batch["input_ids"]).reshape(-1)
+    return ids[ids > 0].tolist()
+
+
+def _documents(rows: int) -> list[np.ndarray]:
+    """``rows`` token documents of 1 to 511 tokens, every token unique over the dataset
+    (the tokens 1 .. total in document order): where each token went is checkable."""
+    lengths = np.random.default_rng(0).integers(1, 512, size=rows)
+    ends = np.cumsum(lengths)
+    return [np.arange(e - k, e, dtype=np.int32) + 1 for e, k in zip(ends, lengths)]
 
 
 # the mixture's sources: shares of the rows, each its own MDS dataset under the kind's url
@@ -90,7 +126,7 @@ def _open(kind: str, url: str, options: dict[str, Any], cache: str | None) -> An
     node cache under ``cache`` (None: the default)."""
     from spark_dl_core import open_dataset, open_delta
 
-    if kind == "mds":
+    if kind in ("mds", "packed"):
         return open_dataset(url, cache_dir=cache, storage_options=options)
     if kind == "mixture":
         return _open_mixture(url, options, cache)
@@ -122,6 +158,11 @@ def _write_data(
 
     from spark_dl_core import DatasetSpec, write_mds
 
+    if kind == "packed":  # token documents, each shard's tokens recorded by the writer
+        docs = pa.array([d.tolist() for d in _documents(rows)], pa.list_(pa.int32()))
+        spec = DatasetSpec(shard_size="128KiB")
+        write_mds(pa.table({"tokens": docs}), url, spec, storage_options=options)
+        return
     x = np.random.default_rng(0).random((rows, 256), dtype=np.float32)
     table = pa.table({"id": np.arange(rows, dtype=np.int64), "x": list(x)})
     if kind == "mds":
@@ -142,6 +183,10 @@ def _write_data(
         write_deltalake(url, part, mode="append", storage_options=delta, writer_properties=props)
 
 
+def _token_count(rows: int) -> int:
+    return int(sum(len(d) for d in _documents(rows)))
+
+
 def _stored_bytes(fs: Any, prefix: str) -> int:
     return sum(int(info["size"]) for info in fs.find(prefix, detail=True).values())
 
@@ -154,6 +199,10 @@ def _reference(
     kind: str, url: str, options: dict[str, Any], epoch: int, streams: int
 ) -> list[np.ndarray]:
     ds = _open(kind, url, options, None)
+    if kind == "packed":  # the 1-rank loader's batches
+        settings = {"shuffle": True, "seed": SEED, "epoch": epoch, "streams": streams}
+        packed = ds.iter_batches(PACK_BATCH, pack=PACK, **settings)
+        return [np.asarray(_real_tokens(b)) for b in packed]
     order = ds.sample_order(batch_size=BATCH, shuffle=True, seed=SEED, epoch=epoch, streams=streams)
     # positions index the dataset's rows (a Delta table's in the log's file order): its ids
     ids = np.asarray(ds.read(np.arange(len(ds)), columns=["id"])["id"])
@@ -219,9 +268,10 @@ def run_case(
                 raise SystemExit(f"rank {rank} failed")
             got[rank] = [np.asarray(b) for b in json.loads(out.read_text())["batches"]]
         per_epoch.append((link.down_bytes - before) / stored)
-        # every row once in the epoch
+        # every row (packed: every token) once in the epoch
         every = np.sort(np.concatenate([np.concatenate(v) for v in got.values() if v]))
-        assert np.array_equal(every, np.arange(rows)), f"{kind} epoch {epoch}: rows not served once"
+        want = np.arange(1, _token_count(rows) + 1) if kind == "packed" else np.arange(rows)
+        assert np.array_equal(every, want), f"{kind} epoch {epoch}: rows not served once"
         # step k's rows are the 1-rank order's batches kW..kW+W-1
         ref = _reference(kind, url, direct, epoch, streams)
         for k in range(len(got[0])):
@@ -244,7 +294,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16384)
     parser.add_argument("--streams", type=int, default=0)
     parser.add_argument(
-        "--kinds", default="mds,delta,mixture", help="comma-separated: mds, delta, mixture"
+        "--kinds",
+        default="mds,delta,mixture",
+        help="comma-separated: mds, delta, mixture, packed (token documents, pack= concat)",
     )
     parser.add_argument("--anchors", default="auto", help="auto (those built), none, or names")
     args = parser.parse_args()
@@ -277,6 +329,12 @@ def main() -> None:
                 opened = _open(kind, url, plain, None)
                 blocks = len(opened.shard_offsets) - 1
                 auto = resolve_streams(opened, True, 0)
+                if kind == "packed":
+                    from spark_dl_core.loaders.packed_streams import packed_streams
+                    from spark_dl_core.loaders.settings import LoaderSettings
+
+                    asked = LoaderSettings(batch_size=PACK_BATCH, shuffle=True, pack=PACK)
+                    auto = packed_streams(opened, asked)
                 print(f"{kind}: {blocks} shards, automatic streams {auto}")
             options = counted if kind != "delta" else counted_delta
             for nodes, per_node in ((4, 1), (2, 2)):

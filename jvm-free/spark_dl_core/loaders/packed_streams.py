@@ -90,7 +90,9 @@ class StreamedPacking:
         self.batch_size = b
         self.stream_batches = self.rows // b if drop_last else -(-self.rows // b)
         self.rounds = StreamRounds(self.stream_batches)
-        keep = max(16, self.streams * (2 * self.window + 2))
+        # a stream's blocks are read once a pass and hold their own shards' bytes: the
+        # tables kept are the plain packing's few windows, not one set per stream
+        keep = max(16, 2 * self.window + 2)
         self.docs = _Docs(dataset, pack.column, keep=keep, verify=verify_hashes)
         self._packings: dict[int, EpochPacking] = {}
 
