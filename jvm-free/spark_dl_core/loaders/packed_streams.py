@@ -25,7 +25,15 @@ from ..order import GlobalOrder, rank_streams, resolve_streams, stream_window
 from ..order.locality import AUTO_STREAMS
 from ..order.token_streams import StreamRounds, weighted_streams
 from .packed_epoch import EpochPacking, _Chunk, _Docs
-from .packed_rows import IGNORE_INDEX, PackedBatch, _Stage, _Stretch, _until, assemble
+from .packed_rows import (
+    IGNORE_INDEX,
+    STRETCH_TOKENS,
+    PackedBatch,
+    _Stage,
+    _Stretch,
+    _until,
+    assemble,
+)
 from .settings import LoaderSettings, PackSpec
 
 if TYPE_CHECKING:
@@ -220,10 +228,12 @@ class StreamedPackedPlan:
         p, w = self.packing, self.world_size
         mine = len(self)
         seq_len, pad, column = p.seq_len, int(p.pack.pad_id or 0), p.pack.column
-        ahead = max(1, (1 << 19) // (p.batch_size * seq_len))
+        # each stream read keeps its own stretch staged: STRETCH_TOKENS slots in all
+        spread = p.streams // math.gcd(w, p.streams)  # streams this rank reads
+        ahead = max(1, STRETCH_TOKENS // (p.batch_size * seq_len * spread))
         reads: dict[int, _StreamReads] = {}
         made: dict[int, tuple[_Stretch, int]] = {}  # batch j -> its stretch and index there
-        scan = max(1, math.ceil(ahead * p.streams / max(1, math.gcd(w, p.streams))))
+        scan = ahead * spread  # this worker's next batches holding ``ahead`` of one stream
         for j in range(worker, mine, workers):
             g = self.rows + self.rank + j * w
             if g >= self.total:  # an even last round's repeat
