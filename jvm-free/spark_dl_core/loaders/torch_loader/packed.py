@@ -28,7 +28,7 @@ from ..packing import (
     resume_position,
 )
 from ..settings import TORCH_ONLY, LoaderSettings, check_epoch, settings_from
-from ..telemetry import PassStats
+from ..telemetry import PassStats, node_cache_share
 from . import resolve_rank, to_device
 from .agreement import check_ranks_agree, order_record
 from .shared import _PassControl
@@ -189,6 +189,10 @@ class PackedTorchLoader:
         live = _Pass(plan, self.epoch)
         self._live = live
         stats = self._stats = PassStats(self.epoch)
+        stats.locality = plan.locality()  # with a remote source's node share (warned once)
+        share = node_cache_share(self.dataset, stats.locality)
+        if share is not None:
+            stats.locality.update(share)
         pool: _Pool | None = None
         if self.num_workers == 0:
             items: Any = plan.batches()
@@ -239,7 +243,7 @@ class PackedTorchLoader:
         shown = self._live if self._live is not None else self._done
         plan = shown.plan if shown is not None else self._plan_for
         counts = "recorded" if plan.packing.tokens_known else "read"
-        locality = plan.locality()
+        locality = dict(base.get("locality") or plan.locality())
         if self.num_workers == 0 and self._stats is not None:
             locality["shards_touched"] = len(plan.touched)
         return base | {
