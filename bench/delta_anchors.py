@@ -8,6 +8,7 @@ starts), the second warm (page cache, workers up). Prints one JSON object per ca
 ``{"name", "first_s", "cold_rows_s", "warm_rows_s", "rows"}``.
 
     python bench/delta_anchors.py TABLE VERSION [--batch-size 1024] [--only ray] [--daft-loader]
+    python bench/delta_anchors.py db.t SNAPSHOT_ID --iceberg sqlite:///…/catalog.db file:///…
 """
 
 from __future__ import annotations
@@ -65,7 +66,11 @@ def emit(name: str, cold: tuple[float, float, int], warm: tuple[float, float, in
     )
 
 
-def ray_case(table: str, version: int, batch_size: int) -> None:
+def ray_case(
+    table: str, version: int, batch_size: int, catalog: dict[str, str] | None = None
+) -> None:
+    """Ray Data's ``read_delta`` (``table`` a path); with ``catalog``, its ``read_iceberg``
+    (``table`` an identifier in that PyIceberg catalog, ``version`` a snapshot id)."""
     import ray
     import ray.data
 
@@ -75,12 +80,18 @@ def ray_case(table: str, version: int, batch_size: int) -> None:
     ctx.print_on_execution_start = False
 
     def make() -> Iterable[Any]:
-        ds = ray.data.read_delta(table, version=version, shuffle="files")
+        if catalog is None:
+            ds = ray.data.read_delta(table, version=version, shuffle="files")
+        else:
+            ds = ray.data.read_iceberg(
+                table_identifier=table, snapshot_id=version, catalog_kwargs=dict(catalog)
+            )
         return ds.iter_torch_batches(
             batch_size=batch_size, local_shuffle_buffer_size=SHUFFLE_BUFFER
         )
 
-    name = f"Ray Data {ray.__version__} read_delta + iter_torch_batches (shuffle buffer 100k)"
+    reader = "read_delta" if catalog is None else "read_iceberg"
+    name = f"Ray Data {ray.__version__} {reader} + iter_torch_batches (shuffle buffer 100k)"
     emit(name, timed(make), timed(make))
     STACKED.clear()
     ray.shutdown()
@@ -123,10 +134,20 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--only", choices=["ray", "daft"])
     parser.add_argument(
+        "--iceberg",
+        nargs=2,
+        metavar=("URI", "WAREHOUSE"),
+        help="TABLE is an identifier in this SQL catalog, VERSION a snapshot id: Ray only",
+    )
+    parser.add_argument(
         "--daft-loader", action="store_true", help="also Daft's to_torch_dataloader (slow)"
     )
     args = parser.parse_args()
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if args.iceberg:
+        uri, warehouse = args.iceberg
+        catalog = {"name": "bench", "type": "sql", "uri": uri, "warehouse": warehouse}
+        return ray_case(args.table, args.version, args.batch_size, catalog)
     if args.only in (None, "ray"):
         ray_case(args.table, args.version, args.batch_size)
     if args.only in (None, "daft"):

@@ -78,9 +78,12 @@ ANCHORS_PYTHON = os.environ.get(
 ANCHORS_INSTALL = "make bench-envs"
 
 
-def build(path: str, rows: int, files: int = FILES, tail: int = 0, variable: bool = False) -> None:
-    """``files`` appends of ``rows // files`` rows (then one of ``tail`` rows), each one
-    data file of one row group; ``x`` holds 32 floats a row, or 16-48 with ``variable``."""
+def parts(
+    rows: int, files: int = FILES, tail: int = 0, variable: bool = False
+) -> Iterable[pa.Table]:
+    """``files`` tables of ``rows // files`` rows (then one of ``tail`` rows): what each
+    append writes, the same for a Delta and an Iceberg table; ``x`` holds 32 floats a row,
+    or 16-48 with ``variable``."""
     per = rows // files
     sizes = [per] * files + ([tail] if tail else [])
     start = 0
@@ -92,8 +95,24 @@ def build(path: str, rows: int, files: int = FILES, tail: int = 0, variable: boo
         np.cumsum(lengths, out=offsets[1:])
         values = rng.random(int(offsets[-1]), dtype=np.float32)
         x = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
-        write_deltalake(path, pa.table({"id": ids, "x": x}), mode="append")
+        yield pa.table({"id": ids, "x": x})
         start += count
+
+
+def build(path: str, rows: int, files: int = FILES, tail: int = 0, variable: bool = False) -> None:
+    """A Delta table of :func:`parts`, each append one data file of one row group."""
+    for part in parts(rows, files, tail, variable):
+        write_deltalake(path, part, mode="append")
+
+
+def open_table(table: str) -> Any:
+    """A Delta table's directory opened by ``open_delta``; an Iceberg table's metadata file
+    (``….metadata.json``, the ``--iceberg`` side) by ``open_iceberg``."""
+    if table.endswith(".metadata.json"):
+        from spark_dl_core.tables.iceberg.table import open_iceberg
+
+        return open_iceberg(table)
+    return open_delta(table)
 
 
 def timed(make: Callable[[], Iterable[Any]]) -> tuple[float, float, int]:
@@ -111,7 +130,8 @@ def timed(make: Callable[[], Iterable[Any]]) -> tuple[float, float, int]:
 def scan(files: list[str], batch_size: int) -> Iterable[dict[str, torch.Tensor]]:
     """A plain pyarrow scan (file order, no shuffle) delivering torch tensors."""
     for f in files:
-        for b in pq.ParquetFile(f).iter_batches(batch_size=batch_size):
+        local = f[len("file://") :] if f.startswith("file://") else f  # Iceberg's paths
+        for b in pq.ParquetFile(local).iter_batches(batch_size=batch_size):
             x = b.column("x")
             values = torch.from_numpy(x.values.to_numpy().copy())
             offsets = x.offsets.to_numpy()
@@ -127,9 +147,9 @@ def scan(files: list[str], batch_size: int) -> Iterable[dict[str, torch.Tensor]]
 def inplace(
     table: str, cache_dir: str | None, bs: int, workers: int, cache: bool = True
 ) -> Iterable[Any]:
-    """The in-place loader from ``open_delta`` on (open counts toward the first batch);
-    ``cache_dir`` None: the default place (under ``TMPDIR``)."""
-    snap = open_delta(table)
+    """The in-place loader from ``open_delta`` (or ``open_iceberg``) on (open counts toward
+    the first batch); ``cache_dir`` None: the default place (under ``TMPDIR``)."""
+    snap = open_table(table)
     ds = snap.dataset(cache=cache, cache_dir=cache_dir)
     return ds.to_torch(batch_size=bs, shuffle=True, seed=0, num_workers=workers)
 
@@ -146,10 +166,15 @@ def first_batch(case: str, table: str, bs: int) -> None:
     DataLoader workers'), and the files its caches held before the clock."""
     import torch.distributed.tensor  # noqa: F401 - the first jagged tensor's import: not timed
 
+    if table.endswith(".metadata.json"):  # PyIceberg imported before the clock, as deltalake
+        import pyiceberg.io.pyarrow
+        import pyiceberg.table  # noqa: F401
+
+        import spark_dl_core.tables.iceberg.table  # noqa: F401
     before = cached_files()
     cpu0, start = cpu(), time.perf_counter()
     if case == "scan":
-        batches = scan(open_delta(table).files, bs)
+        batches = scan(open_table(table).files, bs)
     else:
         batches = inplace(table, None, bs, int(case))
     next(iter(batches))
@@ -297,13 +322,16 @@ def epoch_order(ds: Any, bs: int) -> np.ndarray:
     return np.concatenate(list(ds.sample_order(bs, shuffle=True, seed=0)))
 
 
-def anchors(python: str, table: str, version: int, bs: int) -> dict[str, dict[str, Any]]:
-    """Ray Data and Daft in the side environment (bench/delta_anchors.py), or nothing."""
+def anchors(
+    python: str, table: str, version: int, bs: int, extra: tuple[str, ...] = ()
+) -> dict[str, dict[str, Any]]:
+    """Ray Data and Daft in the side environment (bench/delta_anchors.py), or nothing;
+    ``extra``: more of its arguments (``--iceberg`` and a catalog: Ray's ``read_iceberg``)."""
     probe = [python, "-c", "import ray.data, daft"]
     if not os.path.exists(python) or subprocess.run(probe, capture_output=True).returncode:
         print(f"Ray Data / Daft anchors skipped: no {python} with them; make it: {ANCHORS_INSTALL}")
         return {}
-    argv = [python, os.path.join(HERE, "delta_anchors.py"), table, str(version)]
+    argv = [python, os.path.join(HERE, "delta_anchors.py"), table, str(version), *extra]
     out = subprocess.run([*argv, "--batch-size", str(bs)], capture_output=True, text=True)
     found = {}
     for line in out.stdout.splitlines():

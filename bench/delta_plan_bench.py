@@ -25,22 +25,41 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 _LINKS = 50_000
 
 
-def build(root: Path, files: int, rows: int) -> Path:
-    """A table of ``files`` hard links of one ``rows``-row Parquet file."""
+def linked_files(
+    where: Path, files: int, rows: int, field_ids: bool = False
+) -> tuple[list[str], int]:
+    """``files`` hard links in ``where`` of one ``rows``-row Parquet file (``id`` int64,
+    ``x`` double, with Iceberg's field ids 1 and 2 if ``field_ids``; a copy per 50,000
+    names): their names and the file's size."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = root / "t"
-    (table / "_delta_log").mkdir(parents=True)
     data = pa.table({"id": pa.array(range(rows), pa.int64()), "x": [float(i) for i in range(rows)]})
-    seeds = [table / f"seed-{k}.parquet" for k in range(files // _LINKS + 1)]
+    if field_ids:
+        ids = [{b"PARQUET:field_id": str(i + 1)} for i in range(2)]
+        data = data.cast(pa.schema([f.with_metadata(m) for f, m in zip(data.schema, ids)]))
+    seeds = [where / f"seed-{k}.parquet" for k in range(files // _LINKS + 1)]
     for seed in seeds:  # a file takes ~65,000 links at most (ext4): one copy per 50,000
         pq.write_table(data, seed)
     size = seeds[0].stat().st_size
+    names = [f"part-{i:06d}.parquet" for i in range(files)]
+    for i, name in enumerate(names):
+        os.link(seeds[i // _LINKS], where / name)
+    for seed in seeds:
+        seed.unlink()
+    return names, size
+
+
+def build(root: Path, files: int, rows: int) -> Path:
+    """A table of ``files`` hard links of one ``rows``-row Parquet file."""
+    table = root / "t"
+    (table / "_delta_log").mkdir(parents=True)
+    names, size = linked_files(table, files, rows)
     schema = {
         "type": "struct",
         "fields": [
@@ -62,43 +81,53 @@ def build(root: Path, files: int, rows: int) -> Path:
         },
     ]
     stats = json.dumps({"numRecords": rows})
-    for i in range(files):
-        name = f"part-{i:06d}.parquet"
-        os.link(seeds[i // _LINKS], table / name)
+    for name in names:
         add = {"path": name, "partitionValues": {}, "size": size, "modificationTime": 0}
         lines.append({"add": dict(add, dataChange=True, stats=stats)})
-    for seed in seeds:
-        seed.unlink()
     text = "\n".join(json.dumps(line) for line in lines) + "\n"
     (table / "_delta_log" / f"{0:020}.json").write_text(text)
     return table
 
 
-def measure(table: Path) -> dict[str, float]:
+def open_table(table: str) -> Any:
+    """A Delta table's directory, or an Iceberg table's metadata file
+    (bench/iceberg_inplace_bench.py), opened pinned."""
+    if table.endswith(".metadata.json"):
+        from spark_dl_core.tables.iceberg.table import open_iceberg
+
+        return open_iceberg(table)
     from spark_dl_core.tables.delta.table import open_delta
 
+    return open_delta(table)
+
+
+def measure(table: Path | str) -> dict[str, float]:
     out = {}
     started, cpu = time.perf_counter(), time.process_time()
-    snap = open_delta(str(table))
-    out["open_delta_s"] = time.perf_counter() - started
-    out["open_delta_cpu_s"] = time.process_time() - cpu
+    snap = open_table(str(table))
+    out["open_s"] = time.perf_counter() - started
+    out["open_cpu_s"] = time.process_time() - cpu
     started, cpu = time.perf_counter(), time.process_time()
     ds = snap.dataset(cache=False)
+    out["rows"] = len(ds)
     out["dataset_s"] = time.perf_counter() - started
     out["dataset_cpu_s"] = time.process_time() - cpu  # all threads: steadier on a busy host
     started = time.perf_counter()
     next(iter(ds.iter_batches(batch_size=256, shuffle=True, seed=1)))
     out["first_batch_s"] = time.perf_counter() - started
-    out["rows"] = len(ds)
     return out
 
 
-def fresh(table: Path, tmp: Path) -> dict[str, float]:
+def fresh(table: Path | str, tmp: Path) -> dict[str, float]:
     """:func:`measure` in a new process whose caches live in ``tmp``."""
     env = dict(os.environ, TMPDIR=str(tmp))
     code = f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
     code += "import spark_dl_core, delta_plan_bench as b; "  # imported before the clock
-    code += f"print(json.dumps(b.measure(__import__('pathlib').Path({str(table)!r}))))"
+    if str(table).endswith(".metadata.json"):
+        code += "import pyiceberg.table, pyiceberg.io.pyarrow, spark_dl_core.tables.iceberg.table; "
+    else:
+        code += "import deltalake, spark_dl_core.tables.delta.table; "
+    code += f"print(json.dumps(b.measure({str(table)!r})))"
     out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
     result: dict[str, float] = json.loads(out.stdout.decode().strip().splitlines()[-1])
     return {k: round(v, 3) for k, v in result.items()}
