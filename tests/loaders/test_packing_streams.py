@@ -182,6 +182,14 @@ def test_old_states_keep_one_run_and_other_settings_are_refused(
     assert info.value.field == "batch_size"
     with pytest.raises(PackError, match="streams=4"):
         dataset.to_torch(**(SETTINGS | {"streams": 2})).load_state_dict(state)
+    # 2 packed streams shuffle windows of 4 // 2 shards, not 7 // 2 (the sample order's
+    # 4 automatic streams take both as windows of 1 shard)
+    two = SETTINGS | {"streams": 2}
+    saver = dataset.to_torch(**two)
+    next(iter(saver))
+    with pytest.raises(PackError, match="shuffle_window=4") as info:
+        dataset.to_torch(**(two | {"shuffle_window": 7})).load_state_dict(saver.state_dict())
+    assert info.value.field == "shuffle_window"
 
 
 def test_automatic_streams_need_enough_rows_per_stream(dataset: Any) -> None:

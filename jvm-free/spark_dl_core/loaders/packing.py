@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import PackError
-from ..order.locality import AUTO_STREAMS
+from ..order.locality import AUTO_STREAMS, stream_window
 from .packed_epoch import EpochPacking
 from .packed_rows import PackedPlan
 from .packed_streams import StreamedPackedPlan, StreamedPacking, packed_streams
@@ -196,6 +196,18 @@ def _adopt_streams(
             f"loader state was saved with streams={streams}: {why}; this loader packs "
             f"{have} stream(s); pass streams={streams} to resume it exactly",
             field="streams",
+        )
+    saved, window = state.get("shuffle_window"), settings.shuffle_window
+    if isinstance(saved, int) and (
+        stream_window(saved, streams) != stream_window(window, streams)
+        if streams > 1
+        else saved != window
+    ):  # the packing's own windows (the order's check compares the sample streams')
+        raise PackError(
+            f"loader state was saved with shuffle_window={saved}, the loader has "
+            f"shuffle_window={window}: its packed rows are shuffled in other windows; pass "
+            f"shuffle_window={saved} to resume",
+            field="shuffle_window",
         )
     if streams > 1:
         for name in ("batch_size", "drop_last"):
