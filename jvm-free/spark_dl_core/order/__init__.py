@@ -4,9 +4,10 @@
 drawn from fixed streams of shards; ``choice`` picks one for a source and its settings
 (``streams=0``: automatic) and keeps it per dataset; ``mixture_order`` merges
 sources by exact counts, ``mixture_streams`` draws that merge from fixed streams of every
-source's shards; ``plans`` deals an epoch's global batches to ranks; ``state`` is
-the resume position; ``quality`` measures how well an order is shuffled. Nothing here reads
-data or imports another room of the package.
+source's shards; ``token_streams`` cuts whole shards into streams balanced by tokens and
+deals global batches over streams of unequal lengths (packed loaders); ``plans`` deals an
+epoch's global batches to ranks; ``state`` is the resume position; ``quality`` measures how
+well an order is shuffled. Nothing here reads data or imports another room of the package.
 """
 
 from .choice import global_order, resolve_streams
