@@ -212,3 +212,15 @@ def test_streams_balance_tokens_and_rounds_skip_streams_that_ran_out() -> None:
         stream, k = rounds.locate(np.arange(rounds.total))
         want = [(s, r) for r in range(max(counts)) for s in range(len(counts)) if counts[s] > r]
         assert list(zip(stream.tolist(), k.tolist())) == want
+
+
+def test_tf_yields_the_streamed_batches_and_reports_locality(dataset: Any) -> None:
+    pytest.importorskip("tensorflow")
+    one = _batches(dataset)
+    tfds = dataset.to_tf(**(SETTINGS | {"rank": 1, "world_size": 2, "even_batches": False}))
+    got = [b["input_ids"].numpy() for b in tfds]
+    assert len(got) == len(one[1::2])
+    assert all(np.array_equal(a, b["input_ids"]) for a, b in zip(got, one[1::2]))
+    locality = tfds.stats()["locality"]
+    assert locality["streams_read"] == 2
+    assert locality["shards_touched"] <= dataset.num_shards / 2 + 6

@@ -91,15 +91,17 @@ def make_packed_tf_dataset(
         return packed_state(dataset, settings, at_epoch, rows)
 
     def stats() -> dict[str, Any]:
-        """The latest pass as produced for tf.data, with ``tokens``, ``fill`` and
-        ``token_counts`` (as the torch loader's)."""
+        """The latest pass as produced for tf.data, with ``tokens``, ``fill``,
+        ``token_counts`` and ``locality`` (as the torch loader's)."""
         current = passes["stats"] or PassStats(passes["current"][1])
         real, slots = passes["fill"]
+        plan = passes["current"][0]
         return current.as_dict() | {
             "data_starved_pct": None,
             "tokens": real,
             "fill": real / slots if slots else 0.0,
-            "token_counts": "recorded" if passes["current"][0].packing.tokens_known else "read",
+            "token_counts": "recorded" if plan.packing.tokens_known else "read",
+            "locality": plan.locality() | {"shards_touched": len(plan.touched)},
         }
 
     tfds.state_dict = state_dict
