@@ -224,3 +224,9 @@ def test_tf_yields_the_streamed_batches_and_reports_locality(dataset: Any) -> No
     locality = tfds.stats()["locality"]
     assert locality["streams_read"] == 2
     assert locality["shards_touched"] <= dataset.num_shards / 2 + 6
+
+
+def test_the_streams_of_pack_version_2_are_pinned() -> None:
+    """Saved positions count batches of these streams: a change here is a new pack version."""
+    weights = np.array([5, 9, 9, 3, 0, 7, 7, 2, 8, 1])
+    assert weighted_streams(weights, "pinned", 7, 3).tolist() == [1, 0, 1, 1, 0, 0, 2, 2, 2, 0]
