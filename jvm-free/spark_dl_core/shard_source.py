@@ -118,6 +118,15 @@ class ShardSource(Protocol):
 
     def download_stats(self) -> dict[str, float] | None: ...
 
+    def load_rows(
+        self,
+        shard: int,
+        rows: np.ndarray,
+        verify_hashes: bool | None = None,
+        timings: dict[str, float] | None = None,
+    ) -> ShardData | None:
+        """Only ``rows`` of ``shard``, sooner than the whole shard (None: load the shard)."""
+
     # -- the optional parts (:class:`SourceCapabilities` gives each a plain dataset's answer)
 
     @property
@@ -128,6 +137,9 @@ class ShardSource(Protocol):
 
     @property
     def streams_own_order(self) -> bool: ...
+
+    @property
+    def serves_rows(self) -> bool: ...
 
     def auto_streams(self) -> int: ...
 
@@ -188,6 +200,9 @@ class SourceCapabilities:
     # into the same streams), so ``make_order`` takes ``streams`` and ``auto_streams`` says
     # what ``streams=0`` means for it.
     streams_own_order: bool = False
+    # A batch may take some rows of a shard before the whole shard is loaded
+    # (``load_rows``: a table read in place, whose row groups are converted on first use).
+    serves_rows: bool = False
 
     def auto_streams(self) -> int:
         """The streams ``streams=0`` gives this source's own order: 1 (no streams)."""

@@ -31,6 +31,9 @@ DEFAULT_PREFETCH_BYTES = 256 << 20  # one default window (4 shards of 64 MiB) re
 # see a window's shards coming, a few MiB of index arrays at most.
 LOOKAHEAD_SAMPLES = 1 << 18
 MAX_AHEAD_BATCHES = 1024
+# Threads that decode a batch's row groups at once when it takes rows before their whole
+# shards (a table read in place with empty caches): the consumer and one helper.
+ROW_THREADS = 2
 # Decoded columns whose pipelines read their clips' bytes as views of the shard's memory.
 
 
@@ -190,6 +193,15 @@ class BatchReader:
         self.touched: set[int] = set()  # distinct shards loaded this pass (telemetry)
         self._remote = True  # until the dataset says its shards are read in place
         self._net0: dict[str, float] | None = None
+        # Serve a batch rows of shards not loaded yet (load_rows); a DataLoader worker
+        # among several turns it off (the torch loader says why).
+        self.rows_first = dataset.serves_rows
+        # Shards served by rows (load_rows) and not loaded whole yet; those no batch needs
+        # any more are loaded at the pass's end, so a whole pass leaves them converted.
+        self.by_rows: set[int] = set()
+        self.unloaded: set[int] = set()
+        self.in_flight = 0  # shard loads under way
+        self.rows_wanted = False  # the consumer is loading rows: the prefetch thread waits
 
     def _plan_until(self, end: int) -> None:
         """Plan batches up to ``end`` (exclusive): their shards join the load queue."""
@@ -264,6 +276,8 @@ class BatchReader:
         names = self.columns if self.columns is not None else list(ds.layout.names)
         found = None
         for s, data in shards.items():
+            if data.row_matrix is None:  # ragged rows, or a shard's rows alone (load_rows)
+                return None
             if s not in self._row_plans:
                 self._row_plans[s] = ds.row_spans(data, names)
             plan = self._row_plans[s]
@@ -329,6 +343,8 @@ class BatchReader:
     def _may_load_next(self) -> bool:
         """Whether the next queued shard may be loaded now (caller holds ``cond``):
         always when the current batch needs it, else within the read-ahead budget."""
+        if self.rows_wanted:  # the current batch's row groups are being decoded: not now
+            return False
         shard, first_use = self.queue[0]
         if first_use <= self.current:
             return True
@@ -338,18 +354,29 @@ class BatchReader:
         """Claim the next queued shard for loading (caller holds ``cond``)."""
         shard, first_use = self.queue.popleft()
         self.first_use[shard] = first_use
+        self.in_flight += 1
         return shard
 
     def _load(self, shard: int, who: str) -> None:
         """Load a claimed shard (without ``cond``) and publish it."""
         started = time.perf_counter()
-        data = self.dataset.load_shard(shard, self.verify, self.times)
+        try:
+            data = self.dataset.load_shard(shard, self.verify, self.times)
+        except BaseException:
+            with self.cond:
+                self.in_flight -= 1
+                self.cond.notify_all()
+            raise
         if self.spans is not None:
             self.spans.add("load shard", started, time.perf_counter(), who, shard=shard)
         with self.cond:
-            self.loaded[shard] = data
-            self.touched.add(shard)
-            self.times["shards_touched"] = float(len(self.touched))
+            self.in_flight -= 1
+            self.by_rows.discard(shard)
+            self.unloaded.discard(shard)
+            if shard in self.first_use:  # else no batch needs it any more (served by rows)
+                self.loaded[shard] = data
+                self.touched.add(shard)
+                self.times["shards_touched"] = float(len(self.touched))
             self.cond.notify_all()
 
     def _prefetch(self) -> None:
@@ -389,6 +416,116 @@ class BatchReader:
         if self.error is not None:
             raise self.error
 
+    def _batch_shards(self, j: int) -> dict[int, ShardData]:
+        """Batch ``j``'s shards (the current batch). A shard not loaded yet comes as just
+        this batch's rows when the dataset serves them sooner than the whole shard (a table
+        read in place with empty caches: rows taken from its decoded row group), so the
+        first batches need not wait for whole row groups to be converted. Those row groups
+        are decoded by ``ROW_THREADS`` threads at once, and the prefetch thread starts no
+        load meanwhile: it converts them once the batch has its rows."""
+        index, shard_of, needs = self.planned[j]
+        parts: dict[int, ShardData] = {}
+        with self.cond:
+            missing = [s for s in needs if s not in self.loaded]
+            claimed = set(self.first_use)
+            rows_first = bool(missing) and self.rows_first and self.error is None
+            if self.rows_wanted != rows_first:
+                self.rows_wanted = rows_first
+                self._wake()
+        if rows_first:
+            offsets = self.dataset.shard_offsets
+            asks = []
+            # Those no loader has claimed first: the prefetch thread is on the others.
+            for s in sorted(missing, key=lambda s: s in claimed):
+                local = index if len(needs) == 1 else index[shard_of == s]
+                asks.append((s, np.unique(local - offsets[s])))
+            try:
+                parts = self._rows_at_once(asks)
+            finally:
+                with self.cond:
+                    self.rows_wanted = False
+                    self._wake()
+        with self.cond:
+            self.by_rows.update(parts)
+            self._await_shards([s for s in needs if s not in parts])
+            return {s: parts[s] if s in parts else self.loaded[s] for s in needs}
+
+    def _rows_at_once(self, asks: list[tuple[int, np.ndarray]]) -> dict[int, ShardData]:
+        """``dataset.load_rows`` of each ``(shard, rows)`` in ``asks`` (in that order),
+        on this thread and up to ``ROW_THREADS - 1`` helpers; a shard loaded whole
+        meanwhile is left out, and so is one the dataset does not serve by rows."""
+        parts: dict[int, ShardData] = {}
+        errors: list[BaseException] = []
+        todo = deque(asks)
+
+        def work() -> None:
+            while not errors:
+                with self.cond:
+                    if not todo:
+                        return
+                    shard, rows = todo.popleft()
+                    if shard in self.loaded:
+                        continue
+                started = time.perf_counter()
+                try:
+                    part = self.dataset.load_rows(shard, rows, self.verify, self.times)
+                except BaseException as exc:  # raised on the consumer's thread
+                    errors.append(exc)
+                    return
+                if part is None:
+                    continue
+                if self.spans is not None:
+                    self.spans.add("load rows", started, time.perf_counter(), "decode", shard=shard)
+                with self.cond:
+                    parts[shard] = part
+
+        helpers = [
+            threading.Thread(target=work, name="spark-dl-rows", daemon=True)
+            for _ in range(min(ROW_THREADS, len(asks)) - 1)
+        ]
+        for helper in helpers:
+            helper.start()
+        work()
+        for helper in helpers:
+            helper.join()
+        if errors:
+            raise errors[0]
+        return parts
+
+    def _drop(self, shard: int) -> None:
+        """Forget a shard no planned batch needs (caller holds ``cond``): loaded, loading
+        (its load is then not kept) or still queued (served by rows only)."""
+        del self.refs[shard]
+        if shard in self.by_rows:
+            self.by_rows.discard(shard)
+            if shard not in self.first_use:  # its whole load is not under way: at the end
+                self.unloaded.add(shard)
+        self.loaded.pop(shard, None)
+        self.first_use.pop(shard, None)
+        self._row_plans.pop(shard, None)
+        self.pending.discard(shard)
+        self.hinted.discard(shard)
+        if any(s == shard for s, _ in self.queue):
+            self.queue = deque(item for item in self.queue if item[0] != shard)
+        self._wake()
+
+    def _load_unloaded(self) -> None:
+        """At a whole pass's end: load the shards served only by rows (a table read in
+        place converts and caches them), so the next pass reads each whole, not decoded
+        again; and waits for loads under way, raising their errors. A pass left early leaves
+        them to the prefetch thread's loads in flight."""
+        while True:
+            with self.cond:
+                while self.in_flight and self.error is None:
+                    self.cond.wait()
+                if self.error is not None:
+                    raise self.error
+                if not self.unloaded:
+                    return
+                shard = min(self.unloaded)
+                self.unloaded.discard(shard)
+            self.dataset.load_shard(shard, self.verify, self.times)
+
     def __iter__(self) -> Iterator[Batch]:
         if not len(self.batches):
             return
@@ -397,6 +534,9 @@ class BatchReader:
         # in planned order, so there the whole lookahead is planned at once (a few ms):
         # later windows download while the first one does.
         self._plan_until(2 if self._net0 is None else self.ahead)
+        # The first batch's row groups are decoded by ROW_THREADS threads before the
+        # prefetch thread starts a load (_batch_shards), not by one more.
+        self.rows_wanted = self.rows_first
         thread = threading.Thread(target=self._prefetch, name="spark-dl-prefetch", daemon=True)
         thread.start()
         try:
@@ -407,8 +547,7 @@ class BatchReader:
                     self._hint()
                     self._wake()
                     index, _, needs = self.planned[j]
-                    self._await_shards(needs)
-                    shards = {s: self.loaded[s] for s in needs}
+                shards = self._batch_shards(j)
                 out = None
                 if self.out_for is not None and self.out_widths is not None:
                     out = self.out_for(j, self.fixed_bytes(len(index)) or 0)
@@ -434,13 +573,8 @@ class BatchReader:
                     for s in needs:
                         self.refs[s] -= 1
                         if not self.refs[s]:  # no planned batch needs it: drop it
-                            del self.refs[s]
-                            del self.loaded[s]
-                            del self.first_use[s]
-                            self._row_plans.pop(s, None)
-                            self.pending.discard(s)
-                            self.hinted.discard(s)
-                            self._wake()
+                            self._drop(s)
+            self._load_unloaded()
         finally:
             with self.cond:
                 self.stop = True

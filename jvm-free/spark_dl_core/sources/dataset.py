@@ -193,6 +193,18 @@ class Dataset(RandomAccess, SourceCapabilities):
         """This process's download telemetry (None: nothing downloaded)."""
         return None
 
+    def load_rows(
+        self,
+        shard: int,
+        rows: np.ndarray,
+        verify_hashes: bool | None = None,
+        timings: dict[str, float] | None = None,
+    ) -> ShardData | None:
+        """Only ``rows`` (ascending local indices) of ``shard``, answering by the shard's
+        own indices, when the source can serve them sooner than the whole shard (a table
+        read in place, before its row group is converted); None: load the shard."""
+        return None
+
     # -- decoding
 
     def _decode_plan(
