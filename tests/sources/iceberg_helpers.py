@@ -75,6 +75,13 @@ class _AddDeletes(_FastAppendFiles):
         return [writer.to_manifest_file(), *self._existing_manifests()]
 
 
+def _write(table: Any, location: str, data: pa.Table) -> int:
+    """Write a delete file through the table's FileIO (local or S3); its size."""
+    with table.io.new_output(location).create(overwrite=True) as out:
+        pq.write_table(data, out)
+    return len(table.io.new_input(location))
+
+
 def position_deletes(table: Any, deletes: dict[str, list[int]]) -> None:
     """Commit one position-delete file deleting rows ``deletes[data file path]`` (for data
     files of one partition: the file carries that partition)."""
@@ -88,8 +95,7 @@ def position_deletes(table: Any, deletes: dict[str, list[int]]) -> None:
     )
     data = pa.table([[p for p, _ in rows], [r for _, r in rows]], schema=schema)
     location = f"{table.metadata.location}/data/delete-{uuid.uuid4()}.parquet"
-    local = location[len("file://") :]
-    pq.write_table(data, local)
+    size = _write(table, location, data)
     first = next(t.file for t in table.scan().plan_files() if t.file.file_path == paths[0])
     delete = DataFile.from_args(
         content=DataFileContent.POSITION_DELETES,
@@ -97,7 +103,7 @@ def position_deletes(table: Any, deletes: dict[str, list[int]]) -> None:
         file_format=FileFormat.PARQUET,
         partition=first.partition,
         record_count=len(rows),
-        file_size_in_bytes=os.path.getsize(local),
+        file_size_in_bytes=size,
     )
     delete.spec_id = first.spec_id
     with table.transaction() as tx:
@@ -117,8 +123,7 @@ def equality_deletes(table: Any, rows: pa.Table, partition_of: str | None = None
         for f, i in zip(rows.schema, ids)
     ]
     location = f"{table.metadata.location}/data/eq-delete-{uuid.uuid4()}.parquet"
-    local = location[len("file://") :]
-    pq.write_table(rows.cast(pa.schema(fields)), local)
+    size = _write(table, location, rows.cast(pa.schema(fields)))
     partition, spec_id = Record(), table.metadata.default_spec_id
     if partition_of is not None:
         data = next(t.file for t in table.scan().plan_files() if t.file.file_path == partition_of)
@@ -129,7 +134,7 @@ def equality_deletes(table: Any, rows: pa.Table, partition_of: str | None = None
         file_format=FileFormat.PARQUET,
         partition=partition,
         record_count=rows.num_rows,
-        file_size_in_bytes=os.path.getsize(local),
+        file_size_in_bytes=size,
         equality_ids=ids,
     )
     delete.spec_id = spec_id

@@ -22,10 +22,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..parquet.table_files import file_key, first_line
+from ..parquet.table_files import first_line
 from .columns import field_id
 
 Fail = Callable[[str], Exception]
+Open = Callable[[str], pq.ParquetFile]  # a file of the table opened where it lies
 
 
 @dataclass
@@ -187,9 +188,10 @@ def listed_in(table: Any, snapshot_id: int, path: str) -> str:
 class DeleteReader:
     """Delete files read once each: positions per data file, equality rows per file."""
 
-    def __init__(self, table: Any, fail: Fail) -> None:
+    def __init__(self, table: Any, fail: Fail, open_file: Open) -> None:
         self.table = table
         self.fail = fail
+        self.open_file = open_file
         self._positions: dict[str, dict[str, Any]] = {}
         self._rows: dict[str, pa.Table] = {}
 
@@ -213,7 +215,7 @@ class DeleteReader:
             if not ids:
                 raise self.fail(f"equality delete file {delete.file_path} names no columns")
             try:
-                pf = pq.ParquetFile(file_key(delete.file_path))
+                pf = self.open_file(delete.file_path)
                 by_id = {field_id(f): f.name for f in pf.schema_arrow}
                 missing = [i for i in ids if i not in by_id]
                 if missing:
@@ -236,12 +238,12 @@ def applies(delete: Any, delete_seq: int, data: Any, data_seq: int, global_specs
     return bool(delete.spec_id == data.spec_id and delete.partition == data.partition)
 
 
-def equality_keep(data: Any, deletes: list[pa.Table], fail: Fail) -> np.ndarray:
+def equality_keep(data: Any, deletes: list[pa.Table], fail: Fail, open_file: Open) -> np.ndarray:
     """The data file's rows no equality delete matches (True: kept)."""
     uri = data.file_path
     wanted = sorted({int(c) for rows in deletes for c in rows.column_names})
     try:
-        pf = pq.ParquetFile(file_key(uri))
+        pf = open_file(uri)
         by_id = {field_id(f): f.name for f in pf.schema_arrow}
         missing = [i for i in wanted if i not in by_id]
         if missing:

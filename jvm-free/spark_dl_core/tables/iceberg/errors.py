@@ -24,7 +24,8 @@ class IcebergSnapshotError(TableError):
 
 class UnsupportedIcebergFeatureError(IcebergSnapshotError):
     """The snapshot uses a feature this reader refuses rather than read wrong (ORC or Avro
-    data files, files without Parquet field ids, nested schema evolution, remote storage)."""
+    data files, files without Parquet field ids, nested schema evolution, a storage
+    scheme it cannot reach)."""
 
 
 class IcebergFilterError(IcebergSnapshotError):

@@ -76,6 +76,7 @@ class IcebergSnapshot(ReadInPlace):
     _sizes: dict[str, int] = field(default_factory=dict, repr=False)
     _mtimes: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     _inplace: Any = field(default=None, repr=False, compare=False)
+    _pafs: tuple[Any, str] | None = field(default=None, repr=False, compare=False)
     # what the modules built on this one give (None only for a snapshot built by hand)
     kind: IcebergKind | None = field(default=None, repr=False, compare=False)
 
@@ -146,13 +147,32 @@ class IcebergSnapshot(ReadInPlace):
         return IcebergFilterError(self.name, message, snapshot=self.version, column=column)
 
     def _filesystem(self) -> tuple[Any, str]:
-        from pyarrow import fs as pafs
+        """A pyarrow filesystem for the table's files and the URI prefix its paths drop:
+        a remote table's from its ``storage_options`` (the endpoint and credentials its
+        metadata was read with), made once."""
+        if self._pafs is None:
+            from pyarrow import fs as pafs
 
-        return pafs.LocalFileSystem(), ""
+            from ..parquet.remote import is_remote_table, remote_filesystem
+
+            if is_remote_table(self):
+                self._pafs = remote_filesystem(self.table_uri, self.storage_options)
+            else:
+                self._pafs = (pafs.LocalFileSystem(), "")
+        return self._pafs
 
     @staticmethod
     def _fs_path(uri: str, prefix: str) -> str:
+        if prefix and uri.startswith(prefix):
+            return uri[len(prefix) :]
         return file_key(uri)
+
+    def parquet_file(self, uri: str) -> Any:
+        """A data or delete file of the table, opened where it lies (local or remote)."""
+        import pyarrow.parquet as pq
+
+        filesystem, prefix = self._filesystem()
+        return pq.ParquetFile(self._fs_path(uri, prefix), filesystem=filesystem)
 
     def _finish(
         self,
@@ -203,12 +223,10 @@ class IcebergSnapshot(ReadInPlace):
         )
 
     def _file_batches(self, boundaries: bool) -> Iterator[pa.RecordBatch]:
-        import pyarrow.parquet as pq
-
         out_schema = self.output_schema
         for uri in self.files:
             try:
-                pf = pq.ParquetFile(file_key(uri))
+                pf = self.parquet_file(uri)
                 columns = self.file_columns(pf.schema_arrow, out_schema.names, uri)
                 keep = self._keep.get(file_key(uri))
                 start = 0
@@ -283,9 +301,11 @@ class IcebergSnapshot(ReadInPlace):
 
     def reopen(self, snapshot_id: int, since: int | None = None, **changes: Any) -> Any:
         """Another snapshot of this table, opened from this one's metadata file (which names
-        every snapshot the table keeps) with its columns and filter, for a run carried on or
-        a dataset following the table; ``changes`` override those arguments."""
+        every snapshot the table keeps) with its storage options, columns and filter, for a
+        run carried on or a dataset following the table; ``changes`` override those
+        arguments."""
         asked: dict[str, Any] = {
+            "storage_options": self.storage_options,
             "columns": self.projection,
             "filter": self.filter,
             "since": since,
@@ -315,7 +335,7 @@ def plan_snapshot(
         raise snap.table_error(
             f"its manifests cannot be read{where}: {type(exc).__name__}: {first_line(exc)}"
         ) from None
-    reader = deletes.DeleteReader(table, snap.table_error)
+    reader = deletes.DeleteReader(table, snap.table_error, snap.parquet_file)
     listed = functools.partial(deletes.listed_in, table, snapshot_id)
     unpartitioned = {i for i, spec in table.metadata.specs().items() if spec.is_unpartitioned()}
     # a partition spec's identity columns, worked out once per spec (not once per file)
@@ -355,7 +375,7 @@ def plan_snapshot(
             if deletes.applies(e.data_file, int(e.sequence_number or 0), data, seq, unpartitioned)
         ]
         if equality:
-            matched = deletes.equality_keep(data, equality, snap.table_error)
+            matched = deletes.equality_keep(data, equality, snap.table_error, snap.parquet_file)
             if keep is None:
                 keep = np.ones(max(rows, len(matched)), dtype=bool)
             keep[: len(matched)] &= matched
@@ -404,12 +424,42 @@ def _identity_columns(table: Any, spec_id: int, schema_id: int) -> set[str]:
 
 
 def _scheme_check(snap: IcebergSnapshot, uri: str, listed: Callable[[str], str]) -> None:
-    if "://" in uri and not uri.startswith("file:"):
+    """A data file the reader reaches: a local one of a local table, or one under a remote
+    table's location on an object store fsspec can open (the table's ``storage_options``
+    reach it); anything else is refused by its scheme or place, never read from elsewhere."""
+    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+    root = snap.table_uri.split("://", 1)[0] if "://" in snap.table_uri else "file"
+    if scheme == "file" and root == "file":
+        return
+    if scheme != root:
         raise _refused(
             snap,
-            f"data file {uri}{listed(uri)} is on an object store: remote Iceberg tables are not "
-            "read in place yet",
+            f"data file {uri}{listed(uri)} is on scheme {scheme!r}, the table's location "
+            f"{snap.table_uri} on {root!r}: only data files on the table's own storage are read",
         )
+    if not uri.startswith(snap.table_uri.rstrip("/") + "/"):
+        raise _refused(
+            snap,
+            f"data file {uri}{listed(uri)} lies outside the table's location {snap.table_uri}"
+            " (write.data.path elsewhere): not read in place from an object store",
+        )
+    if not _reachable(scheme):
+        raise _refused(
+            snap,
+            f"data file {uri}{listed(uri)} is on scheme {scheme!r}, which no installed fsspec "
+            "filesystem reads (install its package, e.g. s3fs, gcsfs, adlfs)",
+        )
+
+
+@functools.cache
+def _reachable(scheme: str) -> bool:
+    import fsspec
+
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except (ImportError, ValueError):
+        return False
+    return True
 
 
 def _refused(snap: IcebergSnapshot, message: str) -> UnsupportedIcebergFeatureError:
@@ -419,7 +469,13 @@ def _refused(snap: IcebergSnapshot, message: str) -> UnsupportedIcebergFeatureEr
 def _stat_files(snap: IcebergSnapshot, listed: Callable[[str], str]) -> None:
     """Every data file present with its manifest's size (else: expired, or truncated), and
     its modification time (part of its identity in the footer cache); an error names the
-    manifest that lists the file (``listed``: a damaged manifest can name another path)."""
+    manifest that lists the file (``listed``: a damaged manifest can name another path).
+    A remote table's files are checked with one listing of its location (no modification
+    times: a data file is never rewritten in place)."""
+    from ..parquet.remote import check_remote_files, is_remote_table
+
+    if is_remote_table(snap):
+        return check_remote_files(snap, snap.table_error, "its manifest")
     for uri in snap.files:
         key = file_key(uri)
         try:

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...errors import SpecError
+from ..parquet.remote import fsspec_options
 from ..parquet.table_files import first_line as first_line_of
 from . import deletes
 from .carry import IcebergCarrier
@@ -38,6 +39,7 @@ def open_iceberg(
     columns: Sequence[str] | None = None,
     filter: Any = None,
     since: int | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> IcebergSnapshot:
     """Pin a snapshot of an Iceberg table, read in place (no export, no JVM).
 
@@ -52,10 +54,17 @@ def open_iceberg(
     snapshot between them that rewrites data files (an overwrite, a compaction) is refused,
     as its rows cannot be told new from old by their files.
 
+    ``storage_options``: how to reach a table on an object store (``s3://``), as fsspec's
+    (``key``, ``secret``, ``client_kwargs={"endpoint_url":…, "region_name":…}``) or
+    ``open_delta``'s keys: a metadata file is opened through PyIceberg with the matching
+    ``s3.*`` FileIO properties (a catalog keeps its own; without ``storage_options`` its
+    ``s3.*`` properties reach the data files too), and data files are read in place through
+    the node's span cache, as a Delta table on S3 is.
+
     Raises :class:`~.errors.IcebergSnapshotError` naming the table and snapshot when it
     cannot be read, :class:`~.errors.UnsupportedIcebergFeatureError` naming the feature
-    this reader refuses (non-Parquet data files, remote storage). Position deletes, deletion
-    vectors and equality deletes are applied.
+    this reader refuses (non-Parquet data files, a scheme it cannot reach). Position
+    deletes, deletion vectors and equality deletes are applied.
     """
     given = {"snapshot_id": snapshot_id, "timestamp": timestamp, "ref": ref}
     pins = [k for k, v in given.items() if v is not None]
@@ -68,7 +77,9 @@ def open_iceberg(
             f"filter must be a pyarrow.compute.Expression (e.g. pc.field('x') > 3), "
             f"not {type(filter).__name__}"
         )
-    loaded, name, catalog_name, identifier = _load(table, catalog, catalog_properties, snapshot_id)
+    loaded, name, catalog_name, identifier = _load(
+        table, catalog, catalog_properties, snapshot_id, storage_options
+    )
     meta = loaded.metadata
     asked = f"{pins[0]}={given[pins[0]]!r}" if pins else None
     chosen = _pick(loaded, name, snapshot_id, timestamp, ref, asked)
@@ -111,6 +122,7 @@ def open_iceberg(
         projection=list(columns) if columns is not None else None,
         filter=filter,
         column_mapping=FieldIds(with_ids),
+        storage_options=storage_options or _fsspec_options(loaded.io.properties),
         kind=ICEBERG,
     )
     snap.output_schema  # noqa: B018  (a column that does not exist: refused now)
@@ -157,10 +169,15 @@ def _files_then(table: Any, snap: IcebergSnapshot, chosen: Any) -> set[str]:
 
 
 def _load(
-    table: Any, catalog: Any, properties: dict[str, str] | None, snapshot_id: int | None = None
+    table: Any,
+    catalog: Any,
+    properties: dict[str, str] | None,
+    snapshot_id: int | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> tuple[Any, str, str | None, str | None]:
     """The PyIceberg table, how messages name it, its catalog's name and its identifier
-    (an error names the snapshot asked, ``snapshot_id``, where one was)."""
+    (an error names the snapshot asked, ``snapshot_id``, where one was); a metadata file is
+    opened with the FileIO properties ``storage_options`` give."""
     import_pyiceberg()
     from pyiceberg.table import StaticTable, Table
 
@@ -176,7 +193,8 @@ def _load(
                 "metadata file (…/metadata/….metadata.json)"
             )
         try:
-            return StaticTable.from_metadata(text), text, None, None
+            io = _io_properties(text, storage_options)
+            return StaticTable.from_metadata(text, properties=io), text, None, None
         except Exception as exc:
             why = f"its metadata file cannot be read: {first_line_of(exc)}"
             raise IcebergSnapshotError(text, why, snapshot=snapshot_id) from None
@@ -190,6 +208,38 @@ def _load(
         why = f"cannot be loaded: {first_line_of(exc)}"
         raise IcebergSnapshotError(f"{catalog.name}.{text}", why, snapshot=snapshot_id) from None
     return loaded, f"{catalog.name}.{text}", catalog.name, text
+
+
+# fsspec's (s3fs's) option for each of PyIceberg's S3 FileIO properties
+_S3_PROPERTIES = {
+    "s3.access-key-id": "key",
+    "s3.secret-access-key": "secret",
+    "s3.session-token": "token",
+}
+_S3_CLIENT_PROPERTIES = {"s3.endpoint": "endpoint_url", "s3.region": "region_name"}
+
+
+def _io_properties(uri: str, storage_options: dict[str, Any] | None) -> dict[str, str]:
+    """PyIceberg FileIO properties reaching ``uri`` as ``storage_options`` do (fsspec's or
+    ``open_delta``'s keys, :func:`~..parquet.remote.fsspec_options`): the same endpoint,
+    region and credentials for metadata, manifests and delete files as for data files."""
+    options = fsspec_options(uri, storage_options)
+    if uri.split("://", 1)[0] not in ("s3", "s3a"):
+        return {}
+    client = dict(options.get("client_kwargs") or {})
+    out = {p: options[o] for p, o in _S3_PROPERTIES.items() if options.get(o) is not None}
+    out.update({p: client[o] for p, o in _S3_CLIENT_PROPERTIES.items() if client.get(o)})
+    return {k: str(v) for k, v in out.items()}
+
+
+def _fsspec_options(properties: dict[str, str]) -> dict[str, Any] | None:
+    """fsspec options from a catalog's S3 FileIO properties (None: it sets none), so the
+    data files read in place reach the same endpoint with the same credentials."""
+    out: dict[str, Any] = {o: properties[p] for p, o in _S3_PROPERTIES.items() if p in properties}
+    client = {o: properties[p] for p, o in _S3_CLIENT_PROPERTIES.items() if p in properties}
+    if client:
+        out["client_kwargs"] = client
+    return out or None
 
 
 def _pick(
@@ -253,5 +303,6 @@ def reopen_in_place(record: dict[str, Any], storage_options: dict[str, Any] | No
         snapshot_id=record["snapshot_id"],
         since=record.get("since"),
         columns=record.get("projection"),
+        storage_options=storage_options,
     )
     return snap.dataset(record.get("spec") or {})
