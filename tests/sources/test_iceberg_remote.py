@@ -26,7 +26,7 @@ from spark_dl_core.tables.iceberg.errors import (
     UnsupportedIcebergFeatureError,
 )
 from spark_dl_core.tables.iceberg.snapshot import IcebergSnapshot, _scheme_check
-from spark_dl_core.tables.iceberg.table import _io_properties, open_iceberg
+from spark_dl_core.tables.iceberg.table import _io_properties, open_iceberg, reopen_in_place
 
 PER = 300
 
@@ -126,6 +126,10 @@ def test_every_snapshot_on_s3_reads_pyiceberg_rows_in_place(
     )
     again = last.reopen(snapshots[2])
     assert again.storage_options == options and len(again) == 2 * PER - 3
+    # A saved mixture's source, reopened with the options open_mixture is given.
+    kind, record = ds.in_place_record()
+    reopened = reopen_in_place(record, options)
+    assert kind == "iceberg" and reopened.fingerprint == ds.fingerprint
 
 
 def test_a_missing_data_file_on_s3_is_a_typed_error_naming_it(s3: Any) -> None:
