@@ -143,8 +143,17 @@ lint: install
 typecheck: install
 	$(PY) -m mypy jvm-free/spark_dl_core spark_dl pyspark_spark_dl.py
 
+# Two processes side by side: the tests that start or share a JVM (marked `jvm` by
+# tests/conftest.py: one Spark JVM, each session kind started once) and the rest. A serial run
+# keeps about a third of the 2 cores busy. The JVM half's output follows the other's.
 pytest: install mosaic-env browser-env fuse-env
-	$(PY) -m pytest -q tests
+	@mkdir -p build
+	@$(PY) -m pytest -q -m jvm tests > build/pytest-jvm.log 2>&1 & jvm=$$!; \
+	$(PY) -m pytest -q -m "not jvm" tests; rest=$$?; \
+	wait $$jvm; spark=$$?; \
+	echo "== the tests that start or share a JVM (build/pytest-jvm.log) =="; \
+	cat build/pytest-jvm.log; \
+	[ $$rest -eq 0 ] && [ $$spark -eq 0 ]
 
 test: lint typecheck pytest
 

@@ -11,6 +11,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,8 @@ _CONF = {
     # Delta's log replay shuffles into 50 partitions by default: seconds per query here
     "spark.databricks.delta.snapshotPartitions": "2",
 }
+# Tests that need a JVM whatever their fixtures (marked ``jvm`` below)
+SPARK_TESTS = Path(__file__).parent / "spark"
 # Not "UTC": Spark hands Python data sources the session zone's name, and a reader or writer
 # that only works when it is spelled exactly "UTC" must fail here (issue: Etc/UTC, New York).
 _ZONES = {"classic": "America/New_York", "connect": "Etc/UTC"}
@@ -66,6 +69,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "own_spark_session: the module stops the shared session and runs its own (ordered last)",
     )
+    config.addinivalue_line(
+        "markers", "jvm: starts or shares a JVM (marked here; `make pytest` runs them apart)"
+    )
+    config.pluginmanager.register(_JvmTests(), "spark-dl-jvm-tests")
 
 
 def _kind(item: pytest.Item) -> str | None:
@@ -93,6 +100,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items[:] = [*rest[:at], *strays, *rest[at:]]
     own = [item for item in items if item.get_closest_marker("own_spark_session")]
     items[:] = [*(item for item in items if item not in own), *own]
+
+
+class _JvmTests:
+    """Marks ``jvm`` every test that starts or shares a JVM: `make pytest` runs them in one
+    process (one JVM, each session kind started once, in the order above) beside a second
+    process running the rest. Marked first, so ``-m jvm`` / ``-m "not jvm"`` select on it."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            shares = "_spark_sessions" in getattr(item, "fixturenames", ())  # the closure
+            own = item.get_closest_marker("own_spark_session") is not None
+            if shares or own or SPARK_TESTS in item.path.parents:
+                item.add_marker(pytest.mark.jvm)
 
 
 class _Sessions:

@@ -19,8 +19,17 @@ _BIN = Path(sys.executable).with_name("spark-dl")
 CLI = [str(_BIN)] if _BIN.exists() else [sys.executable, "-m", "spark_dl.cli"]
 
 
+# What PySpark sets in this process while a Spark Connect session of the suite is alive: a
+# CLI started with them would take its own session for a Connect one
+_CONNECT_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_REMOTE")
+
+
+def cli_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _CONNECT_ENV}
+
+
 def run(*args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    env = dict(cli_env(), PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     proc = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=240)
     if check is not None:
         assert proc.returncode == check, (proc.returncode, proc.stdout, proc.stderr)
@@ -301,7 +310,7 @@ def test_sql_workers_use_the_cli_interpreter(tmp_path: Path) -> None:
     (fake / "python3").write_text("#!/bin/sh\necho 'not this python' >&2\nexit 3\n")
     (fake / "python3").chmod(0o755)
     unset = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
-    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env = {k: v for k, v in cli_env().items() if k not in unset}
     env["PATH"] = f"{fake}:{os.path.dirname(sys.executable)}:/usr/bin:/bin"
     proc = subprocess.run(
         [*CLI, "sql", str(sql), "--json", "--master", "local[1]"],
