@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import CacheTooSmallWarning
+from ..mixture.dataset import Mixture
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -197,27 +198,27 @@ def node_cache_share(dataset: ShardSource, locality: dict[str, Any]) -> dict[str
     mixture's remote sources are summed by the cache they share, each at its own share of
     the epoch (``locality["sources"]``). None where no source is remote."""
     ranks_here = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    if dataset.orders_itself:
-        sources = list(getattr(dataset, "sources", ()))
-        per = locality.get("sources") or [locality] * len(sources)
-        parts = [(src, float(share["data_share"])) for src, share in zip(sources, per)]
+    if isinstance(dataset, Mixture):
+        sources: list[Any] = dataset.sources
+        shares = [
+            float(s["data_share"]) for s in locality.get("sources") or [locality] * len(sources)
+        ]
+        groups = dataset.by_store()
     else:
-        parts = [(dataset, float(locality["data_share"]))]
-    caches: dict[int, list[Any]] = {}  # by the cache a source reads through: [node, limit]
-    for source, share in parts:
-        downloads = source.download_stats()
+        sources, shares, groups = [dataset], [float(locality["data_share"])], [[0]]
+    caches = []  # [node share, limit] of each node cache the remote sources read through
+    for group in groups:
+        downloads = sources[group[0]].download_stats()
         if not downloads or "cache_limit_bytes" not in downloads:
             continue
-        stored = float(np.sum(source.shards.stored_bytes))
-        cache = caches.setdefault(
-            id(getattr(source, "store", source)), [0.0, float(downloads["cache_limit_bytes"])]
-        )
-        cache[0] += min(stored, stored * share * ranks_here)
+        stored = [float(np.sum(sources[i].shards.stored_bytes)) for i in group]
+        node = sum(min(b, b * shares[i] * ranks_here) for b, i in zip(stored, group))
+        caches.append((node, float(downloads["cache_limit_bytes"])))
     if not caches:
         return None
-    if dataset not in _WARNED_SMALL and any(n > lim - lim / 8 for n, lim in caches.values()):
+    if dataset not in _WARNED_SMALL and any(n > lim - lim / 8 for n, lim in caches):
         _WARNED_SMALL.add(dataset)  # above the cache's evict mark
-        node, limit = max(caches.values(), key=lambda c: c[0] - c[1])
+        node, limit = max(caches, key=lambda c: c[0] - c[1])
         gib = 1 << 30
         message = (
             f"{dataset.shown}: this node's ranks read about {node / gib:.2f} GiB of it an "
@@ -229,6 +230,6 @@ def node_cache_share(dataset: ShardSource, locality: dict[str, Any]) -> dict[str
         warning = CacheTooSmallWarning(message, node_bytes=int(node), limit_bytes=int(limit))
         warnings.warn(warning, stacklevel=4)
     return {
-        "node_share_bytes": sum(n for n, _ in caches.values()),
-        "cache_limit_bytes": sum(lim for _, lim in caches.values()),
+        "node_share_bytes": sum(n for n, _ in caches),
+        "cache_limit_bytes": sum(lim for _, lim in caches),
     }

@@ -518,17 +518,20 @@ class Mixture(Dataset):
         for s, local in self._by_source(shards).items():
             self.sources[s].release_shards(local)
 
+    def by_store(self) -> list[list[int]]:
+        """The sources' indices grouped by the store they read through: MDS sources on one
+        store share its node cache and its counters."""
+        groups: dict[int, list[int]] = {}
+        for i, source in enumerate(self.sources):
+            groups.setdefault(id(getattr(source, "store", source)), []).append(i)
+        return list(groups.values())
+
     def download_stats(self) -> dict[str, float] | None:
-        seen: set[int] = set()
         total: dict[str, float] | None = None
-        for source in self.sources:
-            stats = source.download_stats()
-            # MDS sources on one store share its cache's counters: counted once
-            shared = id(getattr(source, "store", source))
-            if stats is None or shared in seen:
-                continue
-            seen.add(shared)
-            total = {k: (total or {}).get(k, 0.0) + v for k, v in stats.items()}
+        for group in self.by_store():
+            stats = self.sources[group[0]].download_stats()  # counted once a store
+            if stats is not None:
+                total = {k: (total or {}).get(k, 0.0) + v for k, v in stats.items()}
         return total
 
     def _by_source(self, shards: list[int]) -> dict[int, list[int]]:
