@@ -143,17 +143,10 @@ lint: install
 typecheck: install
 	$(PY) -m mypy jvm-free/spark_dl_core spark_dl pyspark_spark_dl.py
 
-# Two processes side by side: the tests that start or share a JVM (marked `jvm` by
-# tests/conftest.py: one Spark JVM, each session kind started once) and the rest. A serial run
-# keeps about a third of the 2 cores busy. The JVM half's output follows the other's.
+# One process: two side by side (`-m jvm` and `-m "not jvm"`, tests/conftest.py) took 26
+# minutes instead of about 38, but a DDP test's free port was taken by the other half once.
 pytest: install mosaic-env browser-env fuse-env
-	@mkdir -p build
-	@$(PY) -m pytest -q -m jvm tests > build/pytest-jvm.log 2>&1 & jvm=$$!; \
-	$(PY) -m pytest -q -m "not jvm" tests; rest=$$?; \
-	wait $$jvm; spark=$$?; \
-	echo "== the tests that start or share a JVM (build/pytest-jvm.log) =="; \
-	cat build/pytest-jvm.log; \
-	[ $$rest -eq 0 ] && [ $$spark -eq 0 ]
+	$(PY) -m pytest -q tests
 
 test: lint typecheck pytest
 

@@ -70,7 +70,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "own_spark_session: the module stops the shared session and runs its own (ordered last)",
     )
     config.addinivalue_line(
-        "markers", "jvm: starts or shares a JVM (marked here; `make pytest` runs them apart)"
+        "markers", "jvm: starts or shares a JVM (marked here: -m jvm runs them apart)"
     )
     config.pluginmanager.register(_JvmTests(), "spark-dl-jvm-tests")
 
@@ -103,9 +103,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 class _JvmTests:
-    """Marks ``jvm`` every test that starts or shares a JVM: `make pytest` runs them in one
-    process (one JVM, each session kind started once, in the order above) beside a second
-    process running the rest. Marked first, so ``-m jvm`` / ``-m "not jvm"`` select on it."""
+    """Marks ``jvm`` every test that starts or shares a JVM, so ``-m jvm`` / ``-m "not jvm"``
+    run them apart (one JVM, each session kind started once, in the order above) from the
+    rest. Marked first, so that selection sees it."""
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
