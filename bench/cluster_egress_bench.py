@@ -59,36 +59,19 @@ def rank_worker(args: argparse.Namespace) -> None:
     """One rank of one node, one epoch: its batches' ids and what it downloaded, as JSON."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     ds = _open(args.kind, args.url, json.loads(args.options), args.cache)
+    order = {
+        "shuffle": True,
+        "seed": SEED,
+        "epoch": args.epoch,
+        "rank": rank,
+        "world_size": world,
+        "even_batches": False,
+        "streams": args.streams,
+    }
     if args.kind == "packed":
-        batches = [
-            _real_tokens(b)
-            for b in ds.iter_batches(
-                PACK_BATCH,
-                shuffle=True,
-                seed=SEED,
-                epoch=args.epoch,
-                rank=rank,
-                world_size=world,
-                even_batches=False,
-                streams=args.streams,
-                pack=PACK,
-            )
-        ]
+        batches = [_real_tokens(b) for b in ds.iter_batches(PACK_BATCH, pack=PACK, **order)]
     else:
-        batches = [
-            b["id"].tolist()
-            for b in ds.iter_batches(
-                BATCH,
-                shuffle=True,
-                seed=SEED,
-                epoch=args.epoch,
-                rank=rank,
-                world_size=world,
-                even_batches=False,
-                streams=args.streams,
-                columns=["id", "x"],
-            )
-        ]
+        batches = [b["id"].tolist() for b in ds.iter_batches(BATCH, columns=["id", "x"], **order)]
     out = {"batches": batches, "net": ds.download_stats()}
     Path(args.out).write_text(json.dumps(out))
 
