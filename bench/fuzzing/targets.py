@@ -130,7 +130,9 @@ def iceberg_snapshot(path: str, target: str, out: str | None = None) -> str:
 
     clear_manifest_cache()  # PyIceberg keeps manifest-list entries per process, by path
     pin = pin_of(path)
-    snap = open_iceberg(pin["metadata"], snapshot_id=pin["snapshot_id"])
+    # planned from the manifests every time: a plan cached from the pristine files would
+    # serve their rows, and the damaged manifests would go unread
+    snap = open_iceberg(pin["metadata"], snapshot_id=pin["snapshot_id"], plan_cache=False)
     if target == "iceberg-export":
         table = snap.to_arrow()
         text = repr((snap.version, len(snap), table.schema, table.to_pylist()))

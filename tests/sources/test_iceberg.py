@@ -459,3 +459,74 @@ def test_since_an_earlier_snapshot_reads_the_rows_appended_since(table: dict[str
         open_iceberg("db.t", catalog=cat, since=snaps[0].snapshot_id)
     with pytest.raises(IcebergSnapshotError, match="not an ancestor"):
         open_iceberg("db.t", catalog=cat, snapshot_id=before, since=snaps[-1].snapshot_id)
+
+
+def _plans_run() -> int:
+    from spark_dl_core.tables.iceberg import deletes
+
+    return deletes.plans_run
+
+
+def test_a_warm_open_is_served_the_cached_plan(table: dict[str, Any], tmp_path: Path) -> None:
+    """A second open of a snapshot takes its planned files and deletes from the plan cache
+    (PyIceberg's planner not run again) and reads the same rows as the first and as
+    PyIceberg's scan, in the same order; ``plan_cache=False`` plans and stores nothing."""
+    cat, t = table["catalog"], table["table"]
+    plans, cols = str(tmp_path / "plans"), ["id", "emb", "n"]  # in every snapshot, no nulls
+    for sid in (table["snapshots"][1], table["snapshots"][-1]):  # position deletes in both
+        cold = open_iceberg("db.t", catalog=cat, snapshot_id=sid, plan_cache=plans, columns=cols)
+        ran = _plans_run()
+        warm = open_iceberg("db.t", catalog=cat, snapshot_id=sid, plan_cache=plans, columns=cols)
+        assert _plans_run() == ran  # not planned again
+        assert warm.files == cold.files and warm.deleted_rows() == cold.deleted_rows() != {}
+        assert warm.to_arrow().equals(cold.to_arrow())
+        oracle = [{c: r[c] for c in cols} for r in _oracle(t, sid)]
+        assert sorted(warm.to_arrow().to_pylist(), key=lambda r: r["id"]) == oracle
+        assert _ids(warm.iter_batches(64)) == _ids(cold.iter_batches(64))
+        assert warm.fingerprint == cold.fingerprint
+    off = tmp_path / "off"
+    open_iceberg("db.t", catalog=cat, plan_cache=False)
+    ran = _plans_run()
+    open_iceberg("db.t", catalog=cat, plan_cache=False)
+    assert _plans_run() == ran + 1 and not off.exists()
+
+
+def test_a_new_snapshot_or_a_damaged_plan_is_planned_again(tmp_path: Path) -> None:
+    """The cache is keyed by snapshot and manifest list: a commit's new snapshot is planned
+    (its new rows and deletes read), the old one still served; a cached plan that is cut,
+    altered or holds another snapshot's files is planned again, never read as rows."""
+    import pyarrow.parquet as pq
+
+    cat = catalog(tmp_path)
+    schema = pa.schema([pa.field("id", pa.int64(), False)])
+    t = cat.create_table("db.c", schema=schema)
+    t.append(pa.table({"id": pa.array(range(100), pa.int64())}, schema=schema))
+    t = cat.load_table("db.c")
+    first = t.current_snapshot().snapshot_id
+    plans = tmp_path / "plans"
+
+    def ids(**pin: Any) -> list[int]:
+        snap = open_iceberg("db.c", catalog=cat, plan_cache=str(plans), **pin)
+        return sorted(snap.to_arrow()["id"].to_pylist())
+
+    assert ids() == list(range(100))
+    path = next(p.file.file_path for p in t.scan().plan_files())
+    assert pq.read_table(path.removeprefix("file://")).num_rows == 100
+    position_deletes(t, {path: [1, 2]})
+    t = cat.load_table("db.c")
+    t.append(pa.table({"id": pa.array(range(100, 150), pa.int64())}, schema=schema))
+    ran = _plans_run()
+    want = [i for i in range(150) if i not in (1, 2)]
+    assert ids() == want and _plans_run() == ran + 1  # the new snapshot: planned
+    assert ids(snapshot_id=first) == list(range(100)) and _plans_run() == ran + 1  # cached
+    current = cat.load_table("db.c").current_snapshot().snapshot_id
+    entry = plans / f"iceberg-{current}.plan"
+    whole = entry.read_bytes()
+    older = (plans / f"iceberg-{first}.plan").read_bytes()
+    flipped = bytearray(whole)
+    flipped[len(whole) // 2] ^= 0xFF
+    for damaged in (whole[:-9], bytes(flipped), older, b""):  # cut, altered, another's
+        entry.write_bytes(damaged)
+        ran = _plans_run()
+        assert ids() == want and _plans_run() == ran + 1
+        assert entry.read_bytes() == whole  # written again whole

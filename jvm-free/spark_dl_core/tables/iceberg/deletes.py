@@ -39,8 +39,17 @@ class Planned:
     equality: list[Any] = field(default_factory=list)
 
 
+# Snapshots this process planned from their manifests (not served from the plan cache).
+plans_run = 0
+
+
 def plan(table: Any, snapshot_id: int) -> Planned:
+    """The snapshot's data files planned from its manifests (each manifest's entries
+    counted first, the totals checked after)."""
     from pyiceberg.manifest import DataFileContent
+
+    global plans_run
+    plans_run += 1
 
     scan = table.scan(snapshot_id=snapshot_id)
     snapshot = scan.snapshot()
@@ -60,22 +69,19 @@ def plan(table: Any, snapshot_id: int) -> Planned:
         _check_entries(table.io, manifest)
     tasks = scan._manifest_planner.plan_files(manifests, manifest_entry_filter=sort_out)
     out.tasks = sorted(tasks, key=lambda t: t.file.file_path)
-    _check_totals(snapshot, out.tasks)
+    check_totals(snapshot, [int(t.file.record_count) for t in out.tasks])
     return out
 
 
-def _check_totals(snapshot: Any, tasks: list[Any]) -> None:
-    """The planned data files and their records add up to the snapshot summary's totals
+def check_totals(snapshot: Any, records: Any) -> None:
+    """The planned data files and their ``records`` add up to the snapshot summary's totals
     (``total-data-files``, ``total-records``), where it records them: a manifest list cut at
     an Avro block boundary reads as fewer manifests, whose files' rows would be dropped
     silently (the list itself counts nothing to check it against)."""
     summary = getattr(snapshot, "summary", None)
     if summary is None:
         return
-    for key, found in (
-        ("total-data-files", len(tasks)),
-        ("total-records", sum(int(t.file.record_count) for t in tasks)),
-    ):
+    for key, found in (("total-data-files", len(records)), ("total-records", int(sum(records)))):
         said = summary.get(key)
         if said is not None and str(said).isdigit() and int(said) != found:
             raise ValueError(

@@ -27,6 +27,7 @@ from ..parquet.table_files import ReadInPlace, file_batches, file_key, first_lin
 from . import deletes
 from .columns import FieldIds
 from .errors import IcebergFilterError, IcebergSnapshotError, UnsupportedIcebergFeatureError
+from .plan_cache import PlanStore, SnapshotPlan, plan_key
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class IcebergSnapshot(ReadInPlace):
     since: int | None = None
     sequence_number: int | None = None  # the snapshot's (v2 and later): a followed version's
     table_uuid: str | None = None
+    plan_dir: str | None = field(default=None, compare=False)  # where plans are cached
     _identity: dict[str, set[str]] = field(default_factory=dict, repr=False)
     _partition_values: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     _keep: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -309,6 +311,7 @@ class IcebergSnapshot(ReadInPlace):
             "columns": self.projection,
             "filter": self.filter,
             "since": since,
+            "plan_cache": self.plan_dir or False,
         }
         return self._kind.reopen(
             self.metadata_location, snapshot_id=int(snapshot_id), **{**asked, **changes}
@@ -316,13 +319,64 @@ class IcebergSnapshot(ReadInPlace):
 
 
 def plan_snapshot(
-    table: Any, snap: IcebergSnapshot, snapshot_id: int | None, skip: set[str] | None = None
+    table: Any,
+    snap: IcebergSnapshot,
+    snapshot_id: int | None,
+    skip: set[str] | None = None,
+    plan_dir: str | None = None,
 ) -> None:
     """Fill ``snap``'s files, sizes, modification times and keep-masks from the snapshot's
-    manifests (but the data files in ``skip``); refuse what this reader cannot read right,
-    naming it."""
+    manifests (but the data files in ``skip``), or from the plan cached under ``plan_dir``
+    (:mod:`.plan_cache`); refuse what this reader cannot read right, naming it."""
     if snapshot_id is None:
         return
+    listed = functools.partial(deletes.listed_in, table, snapshot_id)
+    store = cached_plans(table, snapshot_id, plan_dir)
+    plan = None if store is None else store.load()
+    if plan is not None:
+        try:
+            deletes.check_totals(table.metadata.snapshot_by_id(snapshot_id), plan.records)
+        except ValueError:  # not the snapshot's files: planned again
+            plan = None
+    if plan is None:
+        plan = _plan_files(table, snap, snapshot_id, skip, listed)
+        if store is not None and not skip:
+            store.save(plan)
+    else:
+        for uri in plan.paths:
+            _scheme_check(snap, uri, listed)
+    # a partition spec's identity columns, worked out once per spec (not once per file)
+    identity = functools.cache(lambda spec_id: _identity_columns(table, spec_id, snap.schema_id))
+    for uri, size, spec_id in zip(plan.paths, plan.sizes.tolist(), plan.specs.tolist()):
+        if skip and uri in skip:
+            continue
+        key = file_key(uri)
+        snap.files.append(uri)
+        snap._sizes[key] = size
+        snap._identity[key] = identity(spec_id)
+        keep = plan.keeps.get(uri)
+        if keep is not None:
+            snap._keep[key] = keep
+    _stat_files(snap, listed)
+
+
+def cached_plans(table: Any, snapshot_id: int, plan_dir: str | None) -> PlanStore | None:
+    """Where a snapshot's plan is cached (None: ``plan_dir`` None, or no key to check)."""
+    if plan_dir is None:
+        return None
+    key = plan_key(table, snapshot_id)
+    return None if key is None else PlanStore(plan_dir, key)
+
+
+def _plan_files(
+    table: Any,
+    snap: IcebergSnapshot,
+    snapshot_id: int,
+    skip: set[str] | None,
+    listed: Callable[[str], str],
+) -> SnapshotPlan:
+    """The snapshot's data files (but ``skip``) planned from its manifests by PyIceberg's
+    planner, each one's deletes read into a keep-mask."""
     from pyiceberg.manifest import FileFormat
 
     try:
@@ -336,11 +390,11 @@ def plan_snapshot(
             f"its manifests cannot be read{where}: {type(exc).__name__}: {first_line(exc)}"
         ) from None
     reader = deletes.DeleteReader(table, snap.table_error, snap.parquet_file)
-    listed = functools.partial(deletes.listed_in, table, snapshot_id)
     unpartitioned = {i for i, spec in table.metadata.specs().items() if spec.is_unpartitioned()}
-    # a partition spec's identity columns, worked out once per spec (not once per file)
-    identity = functools.cache(lambda spec_id: _identity_columns(table, spec_id, snap.schema_id))
     equality_files = sorted(planned.equality, key=lambda e: e.data_file.file_path)
+    paths: list[str] = []
+    sizes, records, specs = [], [], []
+    keeps: dict[str, np.ndarray] = {}
     for task in planned.tasks:
         data = task.file
         uri = data.file_path
@@ -352,11 +406,11 @@ def plan_snapshot(
                 f"data file {uri} is {data.file_format.name}: only Parquet data files are read",
             )
         _scheme_check(snap, uri, listed)
-        key = file_key(uri)
-        snap.files.append(uri)
-        snap._sizes[key] = int(data.file_size_in_bytes)
-        snap._identity[key] = identity(data.spec_id)
+        paths.append(uri)
+        sizes.append(int(data.file_size_in_bytes))
+        specs.append(int(data.spec_id))
         rows = int(data.record_count)
+        records.append(rows)
         gone = []
         for d in sorted(task.delete_files, key=_path):
             positions = reader.positions(d, uri)
@@ -380,8 +434,9 @@ def plan_snapshot(
                 keep = np.ones(max(rows, len(matched)), dtype=bool)
             keep[: len(matched)] &= matched
         if keep is not None and not keep.all():
-            snap._keep[key] = keep
-    _stat_files(snap, listed)
+            keeps[uri] = keep
+    as_array = functools.partial(np.array, dtype=np.int64)
+    return SnapshotPlan(paths, as_array(sizes), as_array(records), as_array(specs), keeps)
 
 
 def _check_positions(

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...errors import SpecError
+from ...store.cache import default_cache_dir
 from ..parquet.remote import fsspec_options
 from ..parquet.table_files import first_line as first_line_of
 from . import deletes
@@ -25,7 +26,7 @@ from .columns import FieldIds, duplicate_id
 from .errors import IcebergSnapshotError, import_pyiceberg, timestamp_ms
 from .follow import update_mds
 from .in_place import IcebergDataset
-from .snapshot import IcebergKind, IcebergSnapshot, check_filter, plan_snapshot
+from .snapshot import IcebergKind, IcebergSnapshot, cached_plans, check_filter, plan_snapshot
 
 
 def open_iceberg(
@@ -40,6 +41,7 @@ def open_iceberg(
     filter: Any = None,
     since: int | None = None,
     storage_options: dict[str, Any] | None = None,
+    plan_cache: bool | str = True,
 ) -> IcebergSnapshot:
     """Pin a snapshot of an Iceberg table, read in place (no export, no JVM).
 
@@ -60,6 +62,11 @@ def open_iceberg(
     ``s3.*`` FileIO properties (a catalog keeps its own; without ``storage_options`` its
     ``s3.*`` properties reach the data files too), and data files are read in place through
     the node's span cache, as a Delta table on S3 is.
+
+    ``plan_cache``: keep the snapshot's planned data files (and their deletes) on local
+    disk, so the next open of it does not decode its manifests again (:mod:`.plan_cache`;
+    a directory, default the in-place read's ``plan_cache``, ``<tmp>/spark-dl-cache/<hash
+    of the table URI and "#plan">``; False: plan from the manifests every time).
 
     Raises :class:`~.errors.IcebergSnapshotError` naming the table and snapshot when it
     cannot be read, :class:`~.errors.UnsupportedIcebergFeatureError` naming the feature
@@ -125,13 +132,17 @@ def open_iceberg(
         storage_options=storage_options or _fsspec_options(loaded.io.properties),
         kind=ICEBERG,
     )
+    if plan_cache:
+        own = plan_cache if isinstance(plan_cache, str) else None
+        snap.plan_dir = own or default_cache_dir(f"{snap.table_uri}#plan")
     snap.output_schema  # noqa: B018  (a column that does not exist: refused now)
     check_filter(snap)
     old: set[str] = set()
     if since is not None:
         snap.since = int(since)
         old = _files_then(loaded, snap, chosen)
-    plan_snapshot(loaded, snap, None if chosen is None else chosen.snapshot_id, skip=old)
+    chosen_id = None if chosen is None else chosen.snapshot_id
+    plan_snapshot(loaded, snap, chosen_id, skip=old, plan_dir=snap.plan_dir)
     return snap
 
 
@@ -165,6 +176,10 @@ def _files_then(table: Any, snap: IcebergSnapshot, chosen: Any) -> set[str]:
                 f"rewrites data files, carrying old rows into new files: the rows new since "
                 "cannot be told by their files (read the snapshot whole)"
             )
+    store = cached_plans(table, at.snapshot_id, snap.plan_dir)
+    cached = None if store is None else store.load()
+    if cached is not None:
+        return set(cached.paths)
     return {t.file.file_path for t in deletes.plan(table, at.snapshot_id).tasks}
 
 

@@ -188,18 +188,39 @@ class PlanCache:
     def save(self, keys: list[str], footers: list[FileFooter]) -> None:
         """Store these files' footers (replacing the cache); best effort: a full or
         read-only disk only costs the next open its footer reads."""
-        temp = os.path.join(self.directory, f".tmp-{uuid.uuid4().hex}")
-        try:
-            payload = _encode(keys, footers)
-            trailer = _TRAILER.pack(_MAGIC, len(payload), digest(STORED_HASH, payload).encode())
-            os.makedirs(self.directory, exist_ok=True)
-            with open(temp, "wb") as f:
-                f.write(payload)
-                f.write(trailer)
-            os.replace(temp, self.path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.remove(temp)
+        write_sealed(self.path, _encode(keys, footers))
+
+
+def write_sealed(path: str, payload: bytes, magic: bytes = _MAGIC) -> None:
+    """``payload`` then a trailer (``magic``, its size, its xxh3_64) written to ``path``
+    through a temporary file and a rename, so a reader sees a whole file or none; best
+    effort (a full or read-only disk only costs a cache its next hit)."""
+    directory = os.path.dirname(path)
+    temp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+    try:
+        trailer = _TRAILER.pack(magic, len(payload), digest(STORED_HASH, payload).encode())
+        os.makedirs(directory, exist_ok=True)
+        with open(temp, "wb") as f:
+            f.write(payload)
+            f.write(trailer)
+        os.replace(temp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(temp)
+
+
+def read_sealed(data: bytes, magic: bytes = _MAGIC) -> memoryview | None:
+    """The payload :func:`write_sealed` wrote, or None when ``data`` is torn, truncated,
+    altered or of another ``magic``."""
+    if len(data) <= _TRAILER.size:
+        return None
+    found, nbytes, recorded = _TRAILER.unpack(data[-_TRAILER.size :])
+    payload = memoryview(data)[: -_TRAILER.size]
+    if found != magic or nbytes != len(payload):
+        return None
+    if digest(STORED_HASH, payload).encode() != recorded:
+        return None
+    return payload
 
 
 def _encode(keys: list[str], footers: list[FileFooter]) -> bytes:
@@ -255,13 +276,8 @@ def _find(
 
 
 def _decode(data: bytes) -> dict[str, FileFooter]:
-    if len(data) <= _TRAILER.size:
-        return {}
-    magic, nbytes, recorded = _TRAILER.unpack(data[-_TRAILER.size :])
-    payload = memoryview(data)[: -_TRAILER.size]
-    if magic != _MAGIC or nbytes != len(payload):
-        return {}
-    if digest(STORED_HASH, payload).encode() != recorded:
+    payload = read_sealed(data)
+    if payload is None:
         return {}
     length = int.from_bytes(payload[:8], "little")
     header = json.loads(bytes(payload[8 : 8 + length]))
