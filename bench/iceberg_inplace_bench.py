@@ -14,7 +14,7 @@ temporary directory; Parquet files snappy-compressed as deltalake's are), then p
   on the same Iceberg table, in the side environment (``--anchors-python``), and the ratio;
 - the load average before and after.
 
-    python bench/iceberg_inplace_bench.py --rows 4000000 [--runs 5]
+    python bench/iceberg_inplace_bench.py --rows 4000000 [--runs 5] [--first-batch-only]
 
 ``--plan-files N [N …]``: the planning case instead: a table of N one-row-group data files
 (hard links of one small Parquet file, as bench/delta_plan_bench.py makes them) committed by
@@ -93,6 +93,9 @@ def epoch_main(args: argparse.Namespace) -> None:
                 print(f"{name + ' in place, ' + case + ' workers':<40} {first}")
                 for run in range(args.runs):
                     shutil.rmtree(f"{tmp}/first-{case}-{run}", ignore_errors=True)
+        if args.first_batch_only:
+            print(delta_bench.load())
+            return
         print(f"-- passes (cold then warm), {delta_bench.load()}:")
         rates: dict[str, float] = {}
         for workers in (0, 2):
@@ -174,6 +177,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per first batch")
     parser.add_argument("--anchors-python", default=delta_bench.ANCHORS_PYTHON)
+    parser.add_argument(
+        "--first-batch-only", action="store_true", help="stop after the first batches"
+    )
     parser.add_argument("--plan-files", type=int, nargs="+", help="the planning case")
     parser.add_argument("--plan-rows", type=int, default=8, help="rows of each data file")
     args = parser.parse_args()
