@@ -104,8 +104,19 @@ def test_every_snapshot_on_s3_reads_pyiceberg_rows_in_place(
         ds = snap.dataset(cache=False, span_dir=str(tmp_path / f"s{sid}"), plan_cache=False)
         got = [i for b in ds.iter_batches(128) for i in b["id"].tolist()]
         assert sorted(got) == want.column("id").to_pylist()
-    # the last snapshot: the equality delete applied by this reader
-    last = open_iceberg(metadata, snapshot_id=snapshots[3], storage_options=options)
+    # the last snapshot: the equality delete applied by this reader; opened again, its
+    # plan comes from this machine's plan cache (the manifest list's size asked of S3)
+    from spark_dl_core.tables.iceberg import deletes
+
+    plans = str(tmp_path / "plans")
+    cold = open_iceberg(
+        metadata, snapshot_id=snapshots[3], storage_options=options, plan_cache=plans
+    )
+    ran = deletes.plans_run
+    last = open_iceberg(
+        metadata, snapshot_id=snapshots[3], storage_options=options, plan_cache=plans
+    )
+    assert deletes.plans_run == ran and last.files == cold.files
     live = [i for i in range(2 * PER) if i not in (1, 5, 7, 10, PER + 2)]
     assert sorted(last.to_arrow().column("id").to_pylist()) == live
     # A second epoch reads every row group from the node's span cache.
