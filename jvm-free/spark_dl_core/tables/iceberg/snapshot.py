@@ -338,18 +338,18 @@ def plan_snapshot(
             deletes.check_totals(table.metadata.snapshot_by_id(snapshot_id), plan.records)
         except ValueError:  # not the snapshot's files: planned again
             plan = None
+    cached = plan is not None
     if plan is None:
         plan = _plan_files(table, snap, snapshot_id, skip, listed)
         if store is not None and not skip:
             store.save(plan)
-    else:
-        for uri in plan.paths:
-            _scheme_check(snap, uri, listed)
     # a partition spec's identity columns, worked out once per spec (not once per file)
     identity = functools.cache(lambda spec_id: _identity_columns(table, spec_id, snap.schema_id))
     for uri, size, spec_id in zip(plan.paths, plan.sizes.tolist(), plan.specs.tolist()):
         if skip and uri in skip:
             continue
+        if cached:  # checked as a fresh plan checks it (a filesystem may be gone since)
+            _scheme_check(snap, uri, listed)
         key = file_key(uri)
         snap.files.append(uri)
         snap._sizes[key] = size
