@@ -519,6 +519,7 @@ def test_a_new_snapshot_or_a_damaged_plan_is_planned_again(tmp_path: Path) -> No
     want = [i for i in range(150) if i not in (1, 2)]
     assert ids() == want and _plans_run() == ran + 1  # the new snapshot: planned
     assert ids(snapshot_id=first) == list(range(100)) and _plans_run() == ran + 1  # cached
+    assert ids(since=first) == list(range(100, 150)) and _plans_run() == ran + 1  # both cached
     current = cat.load_table("db.c").current_snapshot().snapshot_id
     entry = plans / f"iceberg-{current}.plan"
     whole = entry.read_bytes()
