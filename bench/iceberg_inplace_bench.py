@@ -20,7 +20,8 @@ temporary directory; Parquet files snappy-compressed as deltalake's are), then p
 (hard links of one small Parquet file, as bench/delta_plan_bench.py makes them) committed by
 PyIceberg's fast append in commits of 25,000 files, then ``open_iceberg(...)``, ``len`` of
 its dataset and the first shuffled batch, each in a fresh process: ``cold`` with an empty
-plan cache (every footer read), ``warm`` the second (footers from the plan cache).
+plan cache (every manifest decoded, every footer read), ``warm`` the second (the
+snapshot's plan and the footers from the plan cache).
 
     python bench/iceberg_inplace_bench.py --plan-files 10000 30000 100000
 """
