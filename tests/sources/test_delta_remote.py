@@ -3,6 +3,7 @@ loopback), tables written by deltalake, spans fetched once per machine, faults t
 
 from __future__ import annotations
 
+import pickle
 import time
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,46 @@ def test_in_place_on_s3_reads_right_rows_and_fetches_each_span_once(
     # DataLoader workers read the spans from the machine's cache, with the same order.
     workers = ds.to_torch(batch_size=64, shuffle=True, seed=3, num_workers=2)
     assert sorted(_ids(workers)) == list(range(FILES * PER))
+
+
+def test_a_second_reader_finds_the_footers_on_disk_under_the_same_names(
+    s3: Any, tmp_path: Path
+) -> None:
+    """A footer's tail is guessed from the first footer read, and the guess names its span.
+    A second reader of the span directory (a DataLoader worker, a copy, the next process)
+    starts from the layout kept there, so it asks for the footers under the same names and
+    fetches none again, whichever file it reads first; a damaged layout is only ignored."""
+    from spark_dl_core.tables.parquet.remote import LAYOUT
+
+    _fs, options = s3
+    uri = "s3://bucket/layout"
+    _write(uri, options)
+    spans = tmp_path / "spans"
+    ds = open_delta(uri, storage_options=options).dataset(
+        cache=False, span_dir=str(spans), plan_cache=False
+    )
+    first = ds._remote_files()
+    assert first is not None and first.cache.downloads == FILES  # the footers, at open
+    assert (spans / LAYOUT).exists()
+    copy = pickle.loads(pickle.dumps(ds))  # its own process state: a fresh reader
+    remote = copy._remote_files()
+    assert remote is not None and remote is not first and remote.cache is first.cache
+    for f in reversed(range(FILES)):  # the last file first: not the one the probe read
+        assert remote.footer(f).num_row_groups == 4
+    assert first.cache.downloads == FILES
+    got = [i for b in copy.iter_batches(64, shuffle=True, seed=3) for i in b["id"].tolist()]
+    assert sorted(got) == list(range(FILES * PER))
+    assert first.cache.downloads == FILES * 5  # each row group once, no footer again
+    # A layout that does not read is a guess not made: the footers are read as at first.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / LAYOUT).write_text("{not json")
+    again = open_delta(uri, storage_options=options).dataset(
+        cache=False, span_dir=str(other), plan_cache=False
+    )
+    assert sorted(i for b in again.iter_batches(100) for i in b["id"].tolist()) == list(
+        range(FILES * PER)
+    )
 
 
 def test_file_missing_or_truncated_on_the_server_is_a_typed_error(s3: Any, tmp_path: Path) -> None:

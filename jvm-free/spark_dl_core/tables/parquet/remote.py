@@ -16,6 +16,11 @@ Why each mechanism:
   cross-process locks as MDS shards) and checked against the size the Delta log records.
   Spans are named by content (the file's path relative to the table, its size, the byte
   range): Delta never rewrites a data file, so a later version keeping it reuses them.
+- *Footer tails sized alike in every process*: the tail a footer is fetched with is guessed
+  from the first footer read (:meth:`RemoteFiles._tail_guess`), and that guess is part of
+  the span's name; the first footer's length is kept in the span directory
+  (:data:`LAYOUT`), so another reader of the table (a DataLoader worker, the next open)
+  guesses the same tails and finds the footers on disk rather than fetching them again.
 - *Memory-mapped spans*: a row group is parsed from its span on local disk, so memory holds
   only the row groups being converted, bounded by the loader's shuffle window and
   prefetch budget, not by the table.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -52,6 +58,9 @@ FOOTER_TAIL = 64 << 10
 TAIL_ALIGN = 4 << 10
 FOOTER_THREADS = 32
 PAD = 1 << 10  # past a column chunk's end: old writers' readers read a little beyond
+# In a span directory: the footer the tails were sized from (its length, its file's size,
+# the file fetched with FOOTER_PROBE), so every reader names the same footer spans.
+LAYOUT = ".footer-layout"
 
 _S3_KEYS = {
     "access_key_id": "key",
@@ -246,9 +255,12 @@ class RemoteFiles:
         self._lock = threading.Lock()
         self._tails: dict[int, int] = {}  # per file: the tail bytes its footer is read with
         self._learnt: tuple[int, int] | None = None  # a footer's length and its file's size
+        self._probed: tuple[str, int] | None = None  # the file read with FOOTER_PROBE
         prefix = _scheme_prefix(snap.table_uri)
         self.paths = [file_key(u)[len(prefix) :] for u in snap.files]
         self.sizes = [int(snap.file_size(u) or 0) for u in snap.files]
+        self._layout = os.path.join(directory, LAYOUT)
+        self._load_layout()
         store = _SpanStore(table_store(snap.table_uri, snap.storage_options))
         # one cache per process and directory (other datasets of the table share it)
         self.cache: _SpanCache = cache_for(  # type: ignore[assignment]
@@ -276,9 +288,10 @@ class RemoteFiles:
 
     def _tail_guess(self, file: int) -> int:
         """Tail bytes to fetch for ``file``'s footer: :data:`FOOTER_PROBE` until a footer
-        was read, then twice that footer scaled by file size, rounded up to
-        :data:`TAIL_ALIGN` (one table's files come from like writers)."""
-        if self._learnt is None:
+        was read (and for the file that footer came from), then twice that footer scaled by
+        file size, rounded up to :data:`TAIL_ALIGN` (one table's files come from like
+        writers)."""
+        if self._learnt is None or self._probed == (self.relative[file], self.sizes[file]):
             return FOOTER_PROBE
         length, size = self._learnt
         scale = max(1.0, self.sizes[file] / max(1, size))
@@ -317,12 +330,42 @@ class RemoteFiles:
         with self._lock:
             if self._learnt is None:
                 self._learnt = (length, end)
+                if self._tails.get(file) == FOOTER_PROBE:
+                    self._probed = (self.relative[file], end)
+                    self._save_layout()
         if length + 8 > end - start:
             if length + 12 > end:
                 raise OSError(f"its footer length {length} exceeds the file's {end} bytes")
             start = end - length - 8
             name = self._span(file, start, end, "footer")
         return self._parsed(name, end - start, lambda tail: _footer(tail, length))
+
+    def _load_layout(self) -> None:
+        """The footer layout another reader of this directory learnt, if any (one that does
+        not read is ignored: the tails are only guesses, any guess reads right)."""
+        try:
+            with open(self._layout, encoding="utf-8") as f:
+                found = json.load(f)
+            learnt = (int(found["length"]), int(found["size"]))
+            probed = (str(found["probed"]), int(found["size"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        self._learnt, self._probed = learnt, probed
+
+    def _save_layout(self) -> None:
+        """Publish the layout learnt here unless a reader published one first (written
+        whole, then linked into place: never a partial file, never replaced)."""
+        if self._learnt is None or self._probed is None or os.path.exists(self._layout):
+            return
+        length, size = self._learnt
+        temp = f"{self._layout}.{os.getpid()}.{threading.get_ident()}"
+        with contextlib.suppress(OSError):
+            with open(temp, "w", encoding="utf-8") as f:
+                json.dump({"length": length, "size": size, "probed": self._probed[0]}, f)
+            with contextlib.suppress(FileExistsError):
+                os.link(temp, self._layout)
+        with contextlib.suppress(OSError):
+            os.remove(temp)
 
     def _parsed(self, name: str, nbytes: int, parse: Any) -> Any:
         """``parse`` of a span's bytes. Spans are not fsynced (thousands of small files): one
