@@ -47,6 +47,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -180,7 +181,11 @@ def first_batch(case: str, table: str, bs: int) -> None:
     next(iter(batches))
     wall = time.perf_counter() - start
     print(json.dumps([wall, cpu() - cpu0 + workers_cpu(), before]), flush=True)
-    os._exit(0)  # DataLoader workers: no teardown in the figure's process
+    # No teardown in the figure's process; its workers go too: left orphaned, one blocks
+    # writing a batch to a pipe the other holds open, and so holds this one's stdout.
+    for pid in children():
+        os.kill(pid, signal.SIGKILL)
+    os._exit(0)
 
 
 def cpu() -> float:
@@ -188,23 +193,29 @@ def cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def children() -> list[int]:
+    """This process's live children (its DataLoader workers), from /proc."""
+    pids = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += [int(pid) for pid in f.read().split()]
+        except OSError:
+            continue
+    return pids
+
+
 def workers_cpu() -> float:
     """CPU seconds of this process's live children (its DataLoader workers, all started
     after the clock), from /proc; 0 where there is none."""
     total = 0
-    for task in os.listdir("/proc/self/task"):
+    for pid in children():
         try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids = f.read().split()
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
+        total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
     return total / os.sysconf("SC_CLK_TCK")
 
 

@@ -124,8 +124,14 @@ class ShardSource(Protocol):
         rows: np.ndarray,
         verify_hashes: bool | None = None,
         timings: dict[str, float] | None = None,
+        decoded_only: bool = False,
     ) -> ShardData | None:
         """Only ``rows`` of ``shard``, sooner than the whole shard (None: load the shard)."""
+
+    def decode_ahead(self, shards: list[int]) -> list[int]:
+        """Decode these shards now, for DataLoader workers forked next (those it holds)."""
+
+    def forget_decoded(self) -> None: ...
 
     # -- the optional parts (:class:`SourceCapabilities` gives each a plain dataset's answer)
 

@@ -5,6 +5,7 @@ pyarrow reads the rows, and the conversions still land in the cache for later ep
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,37 @@ def test_first_batch_with_two_workers_equals_warm_cache_and_pyarrow(
             assert [r.tolist() for r in got.unbind()] == [xs[i] for i in order[k]]
         assert torch.equal(c["x"].offsets(), w["x"].offsets())
         assert c["x"].values().numpy().tobytes() == w["x"].values().numpy().tobytes()
+
+
+def test_two_workers_inherit_the_first_window_decoded_once(
+    tables: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The main process decodes the row groups of each worker's first batches before the
+    workers fork (``decode_ahead``); they take those rows from the inherited decode and
+    convert from it: over a whole pass no row group is decoded twice on the machine."""
+    pytest.importorskip("torch")
+    path, log = tables["ragged"], tmp_path / "decodes"
+    real = InPlaceDataset._finished
+
+    def logged(self: InPlaceDataset, g: Any) -> Any:
+        with open(log, "a") as f:  # forked workers inherit the patch: one line a decode
+            f.write(f"{os.getpid()} {g.file} {g.group}\n")
+        return real(self, g)
+
+    monkeypatch.setattr(InPlaceDataset, "_finished", logged)
+    ds = open_delta(path).dataset(cache_dir=str(tmp_path / "cache"))
+    loader = ds.to_torch(batch_size=BATCH, shuffle=True, seed=3, num_workers=2)
+    ahead = [line.split() for line in log.read_text().splitlines()]  # before any batch
+    assert ahead and {pid for pid, _, _ in ahead} == {str(os.getpid())}
+    got = [b["id"].tolist() for b in loader]
+    order = ds.sample_order(BATCH, shuffle=True, seed=3)
+    ids, _ = _pyarrow_rows(path)
+    assert got == [ids[np.asarray(order[k])].tolist() for k in range(len(order))]
+    decodes = [tuple(line.split()[1:]) for line in log.read_text().splitlines()]
+    assert len(decodes) == len(set(decodes)) == ds.num_shards
+    first = {int(s) for s in np.searchsorted(ds.shard_offsets, order[0], "right") - 1}
+    shards = {(str(g.file), str(g.group)) for g in (ds._groups[s] for s in first)}
+    assert shards <= {(f, g) for _, f, g in ahead}
 
 
 def test_rows_served_first_are_converted_by_the_pass_and_cached(

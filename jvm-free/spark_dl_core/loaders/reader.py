@@ -196,6 +196,9 @@ class BatchReader:
         # Serve a batch rows of shards not loaded yet (load_rows); a DataLoader worker
         # among several turns it off (the torch loader says why).
         self.rows_first = dataset.serves_rows
+        # Only from shards this process holds decoded (a DataLoader worker among several:
+        # the decode was done once before they forked, and is not to be done in each).
+        self.rows_decoded_only = False
         # Shards served by rows (load_rows) and not loaded whole yet; those no batch needs
         # any more are loaded at the pass's end, so a whole pass leaves them converted.
         self.by_rows: set[int] = set()
@@ -468,7 +471,9 @@ class BatchReader:
                         continue
                 started = time.perf_counter()
                 try:
-                    part = self.dataset.load_rows(shard, rows, self.verify, self.times)
+                    part = self.dataset.load_rows(
+                        shard, rows, self.verify, self.times, self.rows_decoded_only
+                    )
                 except BaseException as exc:  # raised on the consumer's thread
                     errors.append(exc)
                     return

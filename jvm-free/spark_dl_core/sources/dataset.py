@@ -199,11 +199,22 @@ class Dataset(RandomAccess, SourceCapabilities):
         rows: np.ndarray,
         verify_hashes: bool | None = None,
         timings: dict[str, float] | None = None,
+        decoded_only: bool = False,
     ) -> ShardData | None:
         """Only ``rows`` (ascending local indices) of ``shard``, answering by the shard's
         own indices, when the source can serve them sooner than the whole shard (a table
-        read in place, before its row group is converted); None: load the shard."""
+        read in place, before its row group is converted); None: load the shard.
+        ``decoded_only``: only from a shard this process already holds decoded."""
         return None
+
+    def decode_ahead(self, shards: list[int]) -> list[int]:
+        """Decode ``shards`` now and hold them, so DataLoader workers forked next inherit
+        the decode (:meth:`load_rows` then serves rows without decoding again); the shards
+        held, none for a source whose shards are read whole."""
+        return []
+
+    def forget_decoded(self) -> None:
+        """Drop what :meth:`decode_ahead` holds (its workers have forked)."""
 
     # -- decoding
 

@@ -151,10 +151,10 @@ class _Batches(IterableDataset):
         reader = BatchReader(self.dataset, merged, **{**self.read, "epoch": epoch})
         if workers > 1:
             # Workers share each row group's conversion through the row-group cache (one
-            # converts, the others read its file); serving rows first would decode every
-            # row group of the first window in every worker: 1.5-2x the CPU before the
-            # first batches with 2 workers, and slower on the shared 2-core machine.
-            reader.rows_first = False
+            # converts, the others read its file). Rows first only from row groups decoded
+            # before they forked (Loader._decode_first_items): decoding the first window in
+            # every worker cost 1.5-2x the CPU before the first batches with 2 workers.
+            reader.rows_decoded_only = True
         leases = self.leases if in_worker else None
         if leases is not None:
             reader.ops.alloc = functools.partial(leases.alloc, worker)
@@ -236,8 +236,14 @@ class _Workers:
         control: _PassControl,
         slabs: _Slabs | None,
         leases: _Leases | None,
+        before_fork: Callable[[int, int], bool],
+        after_fork: Callable[[], None],
     ) -> None:
         self.loader, self.control, self.slabs, self.leases = loader, control, slabs, leases
+        # Around the workers' start: what they inherit is made ready (True: something to
+        # let go of once they have forked).
+        self.before_fork, self.after_fork = before_fork, after_fork
+        self.forked = False  # persistent workers started: later passes fork none
         self.busy = False  # a pass is iterating it
         # A pass started before anyone asked for it (the loader's first, begun when the
         # loader was made): (epoch, consumed, DataLoader iterator).
@@ -253,7 +259,51 @@ class _Workers:
                 return ahead[2]
             self.control.end()
         self.control.start(epoch, consumed)  # before its workers read it
-        return iter(self.loader)
+        held = not self.forked and self.before_fork(epoch, consumed)
+        try:
+            return iter(self.loader)  # its workers fork here (the first pass, if persistent)
+        finally:
+            self.forked = bool(self.loader.persistent_workers)
+            if held:
+                self.after_fork()
+
+
+def _decode_first_items(
+    dataset: ShardSource,
+    epoch_plan: Callable[[int, int, int, int], EpochPlan],
+    group: int,
+    workers: int,
+    context: Any,
+    rank: int,
+    world_size: int,
+    epoch: int,
+    consumed: int,
+) -> bool:
+    """Decode the shards of each worker's first item once, in the main process, before the
+    workers fork: they inherit the decode and take those batches' rows from it (a table
+    read in place with empty caches; ``dataset.decode_ahead``). Each worker decoding the
+    first window for itself cost 1.5-2x the CPU before the first batches. Not where workers
+    start by spawn or forkserver (they would not inherit it). True: something is held."""
+    if workers < 2 or not dataset.serves_rows or not _forks(context):
+        return False
+    plan = epoch_plan(epoch, consumed, rank, world_size)
+    first = _Grouped(plan, group, 0, workers)
+    groups = min(workers, first.n_groups)
+    if not groups:
+        return False
+    index = np.asarray(plan.joined(range(first.span(groups - 1).stop)), dtype=np.int64)
+    offsets = np.asarray(dataset.shard_offsets, dtype=np.int64)
+    shards = np.unique(np.searchsorted(offsets, index, side="right") - 1)
+    return bool(dataset.decode_ahead(shards.tolist()))
+
+
+def _forks(context: Any) -> bool:
+    """Whether DataLoader workers of this multiprocessing context start by fork (None:
+    the default start method, the first of ``get_all_start_methods``)."""
+    if context is None or isinstance(context, str):
+        method = context or torch.multiprocessing.get_start_method(allow_none=True)
+        return (method or torch.multiprocessing.get_all_start_methods()[0]) == "fork"
+    return bool(context.get_start_method() == "fork")
 
 
 class _Grouped(Sequence[np.ndarray]):
@@ -498,7 +548,19 @@ class TorchLoader:
             generator=generator,
             **self.loader_kwargs,
         )
-        fresh = _Workers(loader, control, slabs, leases)
+        # Not a method of this loader: the workers must not keep it alive (a cycle would
+        # outlive ``del loader``, and its workers with it, until a garbage collection).
+        before_fork = functools.partial(
+            _decode_first_items,
+            self.dataset,
+            functools.partial(self.settings.epoch_plan, self.dataset),
+            self.group,
+            self.num_workers,
+            self.loader_kwargs["multiprocessing_context"],
+            self.rank,
+            self.world_size,
+        )
+        fresh = _Workers(loader, control, slabs, leases, before_fork, self.dataset.forget_decoded)
         fresh.busy = True
         if persistent:
             self._pool = fresh

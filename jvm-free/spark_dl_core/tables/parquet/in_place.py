@@ -22,6 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
@@ -52,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
 INPLACE_VERSION = 1
 CONVERTED_FORMAT = 1  # bump when a converted row group's bytes change for the same inputs
 DEFAULT_CACHED_SHARDS = 4  # converted row groups kept per process (a shuffle window's worth)
+DECODE_THREADS = 2  # row groups decoded at once ahead of forked workers (decode_ahead)
 # Row groups converted by this process (Parquet decode + MDS encode): tests and telemetry.
 conversions = 0
 
@@ -160,9 +162,13 @@ class InPlaceDataset(RowGroupPlanning, Dataset):
 
     def _own_process(self) -> None:
         """A forked DataLoader worker inherits open files and locks (perhaps held by a
-        thread that does not exist there): it starts its own."""
+        thread that does not exist there): it starts its own. It keeps the decoded row
+        groups (:meth:`decode_ahead`): whole tables, never changed once stored."""
         if getattr(self, "_pid", None) != os.getpid():
+            decoded = getattr(self, "_decoded", None)
             self._reset_process_state()
+            if decoded:
+                self._decoded.update(decoded)
 
     def _file_lock(self, file: int) -> threading.Lock:
         with self._lock:
@@ -412,6 +418,7 @@ class InPlaceDataset(RowGroupPlanning, Dataset):
             timings["read"] = timings.get("read", 0.0) + time.perf_counter() - started
         with self._lock:
             self._remember(shard, data)
+            self._decoded.pop(shard, None)  # read converted (another worker's): not needed
         return data
 
     def load_rows(
@@ -420,22 +427,30 @@ class InPlaceDataset(RowGroupPlanning, Dataset):
         rows: np.ndarray,
         verify_hashes: bool | None = None,
         timings: dict[str, float] | None = None,
+        decoded_only: bool = False,
     ) -> ShardData | None:
         """Rows ``rows`` (ascending local indices) of row group ``shard`` for a batch that
         need not wait for the whole row group's conversion: the converted shard when this
         process or the disk cache has it, else those rows taken from the row group's decoded
         table and encoded alone (a :class:`.row_subset.RowSubset`; each row's bytes are the
         whole conversion's). The row group stays decoded until :meth:`load_shard` converts
-        it. None with write transforms (they see whole row groups): load the shard."""
+        it. None with write transforms (they see whole row groups): load the shard; None
+        too with ``decoded_only`` for a row group this process does not hold decoded (a
+        DataLoader worker among several, which would decode what the others decode)."""
         if self.user_spec.transforms:
             return None
         self._own_process()
         with self._lock:
             found = self._lru.get(shard)
+            held = shard in self._decoded
         if found is not None:
             return found
+        if decoded_only and not held:
+            return None
         started = time.perf_counter()
-        data = self._from_disk(shard, verify_hashes)
+        # Rows of a row group held decoded come from it (ms), not from its converted file
+        # another worker may have cached meanwhile (read and hashed whole: 0.2-0.5 s).
+        data = None if held else self._from_disk(shard, verify_hashes)
         if data is not None:
             with self._lock:
                 self._remember(shard, data)
@@ -454,6 +469,34 @@ class InPlaceDataset(RowGroupPlanning, Dataset):
         if timings is not None:
             timings["read"] = timings.get("read", 0.0) + time.perf_counter() - started
         return data
+
+    def decode_ahead(self, shards: list[int]) -> list[int]:
+        """Decode row groups ``shards`` now, ``DECODE_THREADS`` at a time, and hold them: the
+        DataLoader workers forked next inherit the decode, so each takes its first batch's
+        rows (:meth:`load_rows`) and converts a row group without decoding it again; before,
+        each worker decoded the first window for itself. Skipped: row groups the disk cache
+        holds converted, and those past the per-process limit. The row groups held; the
+        caller drops them (:meth:`forget_decoded`) once the workers have forked."""
+        if self.user_spec.transforms:
+            return []
+        self._own_process()
+        disk = self._disk()
+        todo = [
+            s
+            for s in dict.fromkeys(int(s) for s in shards)
+            if disk is None or not os.path.exists(disk.path(self._cache_key(s)))
+        ][: self._cached_shards]
+        if len(todo) > 1:
+            with ThreadPoolExecutor(min(DECODE_THREADS, len(todo))) as pool:
+                list(pool.map(self._decoded_rows, todo))
+        elif todo:
+            self._decoded_rows(todo[0])
+        return todo
+
+    def forget_decoded(self) -> None:
+        """Drop the row groups :meth:`decode_ahead` held (forked workers keep theirs)."""
+        with self._lock:
+            self._decoded.clear()
 
     def _decoded_rows(self, shard: int) -> pa.Table:
         """Row group ``shard``'s live rows as the export has them, decoded once per process
