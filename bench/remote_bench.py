@@ -15,11 +15,19 @@ connection; its own process too). One run prints, for the same objects:
 (``open_delta("s3://...").dataset().iter_batches(shuffle=True)``): open (log, listing,
 footers), cold epoch (empty span and converted-row-group caches) against the parallel GETs
 of the data files, warm epoch, and the same reads of a local copy of the table (same
-relative paths, so the same fingerprint and order).
+relative paths, so the same fingerprint and order). The in-place read GETs one byte range a
+row group, so the GETs of those ranges are measured too (a server may serve ranges slower:
+moto reads the whole object for each). A cold in-place epoch both downloads and converts
+every row group, and on a small machine both take the same cores (this process's GIL, and
+the server's and the link's own processes here): that limit is measured in the same run as
+the ranges' GETs *while* a cold epoch of the local copy converts in this process (the
+slower of the two sets the rate), and the cold epoch is printed against it too.
+``--repeat N``: N cold epochs, each between two runs of the GETs; the median is reported
+(a busy machine moves every figure).
 
     python bench/remote_bench.py                       # ~160 MB in 16 MiB shards
     python bench/remote_bench.py --mb 400 --rtt-ms 50 --mbps 25 --threads 16
-    python bench/remote_bench.py --delta --mb 160
+    python bench/remote_bench.py --delta --mb 160 --repeat 3
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -115,17 +124,51 @@ def _write(url: str, options: dict[str, Any], mb: int, shard_mib: int) -> None:
     write_mds(pa.Table.from_batches(list(batches()), schema), url, spec, storage_options=options)
 
 
-def _parallel_gets(options: dict[str, Any], paths: list[str], gets: int) -> float:
-    """Seconds for ``gets`` threads to GET every object once (a fresh client)."""
+def _parallel_gets(
+    options: dict[str, Any],
+    paths: list[str],
+    gets: int,
+    ranges: list[tuple[str, int, int]] | None = None,
+) -> float:
+    """Seconds for ``gets`` threads to GET every object once (a fresh client), or each of
+    ``ranges`` (path, start, end) once."""
     import s3fs
 
     fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
     fs.cat_file(paths[0], start=0, end=1)  # connect first, as the loader's metadata reads do
+
+    def get(what: Any) -> int:
+        if isinstance(what, str):
+            return len(fs.cat_file(what, max_concurrency=1))
+        return len(fs.cat_file(what[0], start=what[1], end=what[2]))
+
     started = time.perf_counter()
     with ThreadPoolExecutor(gets) as pool:
-        sizes = list(pool.map(lambda p: len(fs.cat_file(p, max_concurrency=1)), paths))
+        sizes = list(pool.map(get, paths if ranges is None else ranges))
     assert all(sizes)
     return time.perf_counter() - started
+
+
+def _group_ranges(local: str, paths: list[str], relative: list[str]) -> list[tuple[str, int, int]]:
+    """Each row group's byte range (all its column chunks) in each data file, from the
+    local copy's footers: the ranges an in-place read GETs, one a row group."""
+    import pyarrow.parquet as pq
+
+    out = []
+    for path, rel in zip(paths, relative):
+        meta = pq.ParquetFile(f"{local}/{rel}").metadata
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            cols = [rg.column(i) for i in range(rg.num_columns)]
+            starts = [
+                c.dictionary_page_offset
+                if c.has_dictionary_page and 0 < c.dictionary_page_offset < c.data_page_offset
+                else c.data_page_offset
+                for c in cols
+            ]
+            ends = [a + c.total_compressed_size for a, c in zip(starts, cols)]
+            out.append((path, min(starts), max(ends)))
+    return out
 
 
 def _epoch(url: str, options: dict[str, Any], cache: str, epoch: int, **kw: Any) -> dict[str, Any]:
@@ -173,7 +216,9 @@ def _delta_epoch(
 
     started = time.perf_counter()
     snap = open_delta(uri, storage_options=options)
-    ds = snap.dataset(cache_dir=f"{caches}/rows", span_dir=f"{caches}/spans")
+    ds = snap.dataset(
+        cache_dir=f"{caches}/rows", span_dir=f"{caches}/spans", plan_cache=f"{caches}/plan"
+    )
     opened = time.perf_counter() - started
     first, n = None, 0
     for batch in ds.iter_batches(batch_size=256, shuffle=True, seed=1, epoch=epoch):
@@ -195,6 +240,38 @@ def _delta_epoch(
     }
 
 
+def _gets_while_converting(
+    options: dict[str, Any],
+    paths: list[str],
+    gets: int,
+    local: str,
+    caches: str,
+    ranges: list[tuple[str, int, int]],
+) -> dict[str, float]:
+    """The parallel GETs of ``ranges`` while a cold epoch of the local copy ``local`` runs
+    on another thread of this process: what downloading and converting every row group
+    at once can reach on this machine (seconds of each, and of both)."""
+    import threading
+
+    done: dict[str, Any] = {}
+
+    def convert() -> None:
+        try:
+            done["convert"] = _delta_epoch(local, None, caches, 0)
+        except BaseException as exc:  # re-raised below, on the bench's thread
+            done["error"] = exc
+
+    started = time.perf_counter()
+    worker = threading.Thread(target=convert, name="local-cold")
+    worker.start()
+    gets_s = _parallel_gets(options, paths, gets, ranges)
+    worker.join()
+    both_s = time.perf_counter() - started
+    if "error" in done:
+        raise done["error"]
+    return {"gets_s": gets_s, "convert_s": done["convert"]["wall_s"], "both_s": both_s}
+
+
 def delta_main(args: argparse.Namespace) -> None:
     """The ``--delta`` bench (see the module's docstring)."""
     import s3fs
@@ -213,20 +290,61 @@ def delta_main(args: argparse.Namespace) -> None:
         shaped = _delta_options(link)
         from spark_dl_core.tables.delta.table import open_delta
 
-        files = open_delta(uri, storage_options=shaped).files
-        paths = [f.split("://", 1)[1] for f in files]
-        before = _parallel_gets(_options(link), paths, args.gets)
-        cold = _delta_epoch(uri, shaped, f"{tmp}/remote", 0)
-        after = _parallel_gets(_options(link), paths, args.gets)
-        stored = cold["bytes"]
-        out.update(files=len(files), stored_mb=stored / 1e6)
-        out.update(anchor_runs=[stored / before, stored / after])
-        out["anchor_bytes_per_s"] = sum(out["anchor_runs"]) / 2
-        warm = _delta_epoch(uri, shaped, f"{tmp}/remote", 1)
-        local_cold = _delta_epoch(f"{tmp}/local", None, f"{tmp}/local-cache", 0)
-        local_warm = _delta_epoch(f"{tmp}/local", None, f"{tmp}/local-cache", 1)
-        out.update(cold=cold, warm=warm, local_cold=local_cold, local_warm=local_warm)
-        out["cold_vs_gets"] = cold["bytes_per_s"] / out["anchor_bytes_per_s"]
+        snap = open_delta(uri, storage_options=shaped)
+        paths = [f.split("://", 1)[1] for f in snap.files]
+        stored = sum(snap.file_size(f) or 0 for f in snap.files)
+        out.update(files=len(paths), stored_mb=stored / 1e6)
+        # A busy machine moves every figure: each cold epoch runs between two runs of the
+        # GETs and is compared with their mean, and with the local cold epoch and the GETs
+        # while converting measured right after it; the median run is reported.
+        # The GETs of the row groups' byte ranges (what the in-place read asks for): a
+        # server may serve ranges slower than whole objects (moto reads the whole object
+        # for each range), so the read is compared with both.
+        ranges = _group_ranges(
+            f"{tmp}/local", paths, [p.removeprefix("bench/delta/") for p in paths]
+        )
+        ranged = sum(end - start for _, start, end in ranges)
+        out["ranges"] = len(ranges)
+        link_options = _options(link)
+        anchors = [stored / _parallel_gets(link_options, paths, args.gets)]
+        runs: list[dict[str, Any]] = []
+        for r in range(args.repeat):
+            cold = _delta_epoch(uri, shaped, f"{tmp}/remote{r}", 0)
+            anchors.append(stored / _parallel_gets(link_options, paths, args.gets))
+            ranges_rate = ranged / _parallel_gets(link_options, paths, args.gets, ranges)
+            both = _gets_while_converting(
+                link_options, paths, args.gets, f"{tmp}/local", f"{tmp}/both{r}", ranges
+            )
+            local_cold = _delta_epoch(f"{tmp}/local", None, f"{tmp}/local{r}", 0)
+            gets = (anchors[r] + anchors[r + 1]) / 2
+            runs.append(
+                {
+                    "cold": cold,
+                    "local_cold": local_cold,
+                    "both": {**both, "bytes_per_s": ranged / both["both_s"]},
+                    "anchor_bytes_per_s": gets,
+                    "anchor_runs": anchors[r : r + 2],
+                    "ranges_bytes_per_s": ranges_rate,
+                    "cold_vs_gets": cold["bytes_per_s"] / gets,
+                    "cold_vs_ranges": cold["bytes_per_s"] / ranges_rate,
+                    "cold_vs_local_cold": cold["rows_per_s"] / local_cold["rows_per_s"],
+                    "cold_vs_both": cold["bytes_per_s"] * both["both_s"] / ranged,
+                }
+            )
+            for name in (f"both{r}", *((f"remote{r}", f"local{r}") if r else ())):
+                shutil.rmtree(f"{tmp}/{name}", ignore_errors=True)  # keep the disk small
+        median = sorted(runs, key=lambda run: run["cold_vs_gets"])[len(runs) // 2]
+        out.update(median)
+        out["repeats"] = [
+            {
+                k: run[k]
+                for k in ("cold_vs_gets", "cold_vs_ranges", "cold_vs_local_cold", "cold_vs_both")
+            }
+            for run in runs
+        ]
+        out["warm"] = warm = _delta_epoch(uri, shaped, f"{tmp}/remote0", 1)
+        out["local_warm"] = local_warm = _delta_epoch(f"{tmp}/local", None, f"{tmp}/local0", 1)
+        cold, local_cold = out["cold"], out["local_cold"]
     if args.json:
         print(json.dumps(out, indent=2))
         return
@@ -238,7 +356,11 @@ def delta_main(args: argparse.Namespace) -> None:
     runs = " / ".join(f"{r / mb:.1f}" for r in out["anchor_runs"])
     print(
         f"{args.gets} parallel GETs of the files: {out['anchor_bytes_per_s'] / mb:.1f} MB/s "
-        f"({runs})"
+        f"({runs}: before / after the cold epoch; the median of {args.repeat} runs below)"
+    )
+    print(
+        f"{args.gets} parallel GETs of the {out['ranges']} row groups' ranges: "
+        f"{out['ranges_bytes_per_s'] / mb:.1f} MB/s"
     )
     for name, r in (
         ("s3 cold", cold),
@@ -256,11 +378,22 @@ def delta_main(args: argparse.Namespace) -> None:
         f"s3 cold fetched {cold.get('download_bytes', 0) / mb:.0f} MB at {fetched / mb:.1f} MB/s "
         f"while a range was in flight ({fetched / out['anchor_bytes_per_s']:.2f}x the GETs)"
     )
+    b = out["both"]
     print(
-        f"s3 cold: {out['cold_vs_gets']:.2f}x the link's GETs, "
-        f"{cold['rows_per_s'] / local_cold['rows_per_s']:.2f}x local cold; s3 warm "
+        f"the ranges' GETs while a local cold epoch converts (this process): "
+        f"{b['bytes_per_s'] / mb:.1f} MB/s (GETs {b['gets_s']:.2f} s, convert "
+        f"{b['convert_s']:.2f} s, both {b['both_s']:.2f} s; local cold alone "
+        f"{out['stored_mb'] * mb / local_cold['bytes_per_s']:.2f} s)"
+    )
+    print(
+        f"s3 cold: {out['cold_vs_gets']:.2f}x the GETs of the files, {out['cold_vs_ranges']:.2f}x "
+        f"those of the ranges, {out['cold_vs_local_cold']:.2f}x local cold, "
+        f"{out['cold_vs_both']:.2f}x the ranges' GETs while converting; s3 warm "
         f"{warm['rows_per_s'] / local_warm['rows_per_s']:.2f}x local warm"
     )
+    if args.repeat > 1:
+        each = ", ".join("/".join(f"{v:.2f}" for v in r.values()) for r in out["repeats"])
+        print(f"every run (vs files' GETs / ranges' GETs / local cold / while converting): {each}")
 
 
 def main() -> None:
@@ -276,6 +409,7 @@ def main() -> None:
     ap.add_argument("--delta", action="store_true", help="a Delta table read in place")
     ap.add_argument("--dim", type=int, default=1024, help="--delta: floats per row")
     ap.add_argument("--files", type=int, default=8, help="--delta: data files")
+    ap.add_argument("--repeat", type=int, default=1, help="cold epochs (the median reported)")
     args = ap.parse_args()
     os.environ.update(
         AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_EC2_METADATA_DISABLED="true"
@@ -300,16 +434,22 @@ def main() -> None:
         paths = [f"bench/ds/{s.stored.basename}" for s in ds.shards]
         stored = int(ds.shards.stored_bytes.sum())
         out.update(shards=ds.num_shards, stored_mb=stored / 1e6)
-        before = stored / _parallel_gets(shaped, paths, args.gets)
         kw = {} if args.threads is None else {"download_threads": args.threads}
-        cold = _epoch(url, shaped, f"{tmp}/cache", 0, **kw)
-        after = stored / _parallel_gets(shaped, paths, args.gets)
-        # The anchor runs before and after the cold epoch: a busy machine moves both.
-        out.update(anchor_runs=[before, after], anchor_bytes_per_s=(before + after) / 2)
-        warm = _epoch(url, shaped, f"{tmp}/cache", 1, **kw)
-        out.update(
-            cold=cold, warm=warm, cold_vs_gets=cold["bytes_per_s"] / out["anchor_bytes_per_s"]
-        )
+        # The anchor runs before and after each cold epoch: a busy machine moves both; the
+        # median of ``--repeat`` cold epochs (each against its two anchors) is reported.
+        anchors = [stored / _parallel_gets(shaped, paths, args.gets)]
+        runs = []
+        for r in range(args.repeat):
+            cold = _epoch(url, shaped, f"{tmp}/cache{r}", 0, **kw)
+            anchors.append(stored / _parallel_gets(shaped, paths, args.gets))
+            gets = (anchors[r] + anchors[r + 1]) / 2
+            runs.append((cold["bytes_per_s"] / gets, r, cold, anchors[r : r + 2], gets))
+            if r:
+                shutil.rmtree(f"{tmp}/cache{r}", ignore_errors=True)
+        ratio, _, cold, anchor_runs, gets = sorted(runs, key=lambda run: run[:2])[len(runs) // 2]
+        out.update(anchor_runs=anchor_runs, anchor_bytes_per_s=gets, repeats=[x[0] for x in runs])
+        warm = _epoch(url, shaped, f"{tmp}/cache0", 1, **kw)
+        out.update(cold=cold, warm=warm, cold_vs_gets=ratio)
         if not args.no_serial:
             serial = _epoch(url, shaped, f"{tmp}/serial", 0, download_threads=1)
             out["cold_one_thread"] = serial
@@ -330,6 +470,11 @@ def main() -> None:
     print(
         f"cold shuffled epoch:     {cold['bytes_per_s'] / mb:7.1f} MB/s  "
         f"({out['cold_vs_gets']:.2f}x the GETs), first batch {cold['first_batch_s']:.2f} s"
+        + (
+            f"; every run {', '.join(f'{x:.2f}x' for x in out['repeats'])}"
+            if args.repeat > 1
+            else ""
+        )
     )
     print(
         f"warm epoch:              {warm['bytes_per_s'] / mb:7.1f} MB/s, "
