@@ -5,11 +5,13 @@ machine mounts no network filesystem, so the cache path is exercised on a local 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,19 +149,16 @@ def test_a_cache_dir_holding_another_datasets_shards_is_refused(tmp_path: Path) 
     assert sorted(os.listdir(fresh)) == [".dataset"]
 
 
-@pytest.fixture
-def fuse_mount(tmp_path: Path) -> Any:
-    """A directory and its read-only FUSE passthrough, mounted for the test by a real FUSE
-    daemon (tests/store/fuse_passthrough.py); skipped, saying why, where the machine has no
-    libfuse3 (make fuse-env), no /dev/fuse, or refuses the mount."""
+@contextlib.contextmanager
+def _fuse(source: Path, mount: Path, tmp_path: Path) -> Iterator[None]:
+    """``source`` served at the directory ``mount`` by a real read-only FUSE daemon
+    (tests/store/fuse_passthrough.py) while inside; skipped, saying why, where the machine
+    has no libfuse3 (make fuse-env), no /dev/fuse, or refuses the mount."""
     if shutil.which("fusermount3") is None:
         pytest.skip("no fusermount3: libfuse3 is not installed (make fuse-env installs fuse3)")
     pytest.importorskip("mfusepy", reason="mfusepy (a dev dependency) is not installed")
     if not os.path.exists("/dev/fuse"):
         pytest.skip("no /dev/fuse on this machine: FUSE filesystems cannot be mounted")
-    source, mount = tmp_path / "source", tmp_path / "mount"
-    source.mkdir()
-    mount.mkdir()
     daemon = Path(__file__).with_name("fuse_passthrough.py")
     log = (tmp_path / "fuse.log").open("w")
     proc = subprocess.Popen([sys.executable, str(daemon), str(source), str(mount)], stderr=log)
@@ -173,7 +172,7 @@ def fuse_mount(tmp_path: Path) -> Any:
         said = (tmp_path / "fuse.log").read_text()[-500:]
         pytest.skip(f"the FUSE mount was refused here: {said}")
     try:
-        yield source, mount
+        yield
     finally:  # lazily: a dataset object of the test may still map a file there
         subprocess.run(["fusermount3", "-u", "-z", str(mount)], check=False, capture_output=True)
         try:  # the daemon ends once the test's mapped files are let go; do not wait for it
@@ -182,6 +181,16 @@ def fuse_mount(tmp_path: Path) -> Any:
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture
+def fuse_mount(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A directory and its read-only FUSE passthrough, mounted for the test."""
+    source, mount = tmp_path / "source", tmp_path / "mount"
+    source.mkdir()
+    mount.mkdir()
+    with _fuse(source, mount, tmp_path):
+        yield source, mount
 
 
 def test_a_dataset_on_a_fuse_mount_is_read_through_the_node_cache(
@@ -261,3 +270,79 @@ def test_each_rank_of_a_local_delta_table_copies_only_its_share(tmp_path: Path) 
         pulled.append(loader.stats()["download_bytes"])
     assert sorted(seen) == list(range(8000))
     assert all(p <= 0.6 * stored for p in pulled) and sum(pulled) <= 1.1 * stored, pulled
+
+
+def _iceberg(where: Path) -> tuple[Any, int]:
+    """A PyIceberg table ``db.t`` of 8,000 rows (``v`` float32 lists of 32) in 4 appends of
+    250-row row groups under ``where`` (its SQL catalog too); its data files' bytes."""
+    import pyarrow.parquet as pq
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    cat = SqlCatalog("t", uri=f"sqlite:///{where}/catalog.db", warehouse=f"file://{where}")
+    cat.create_namespace("db")
+    v = np.random.default_rng(0).random((8000, 32), dtype=np.float32)
+    data = pa.table(
+        {"id": np.arange(8000, dtype=np.int64), "v": pa.array(list(v), pa.list_(pa.float32()))}
+    )
+    props = {"write.parquet.row-group-limit": "250"}
+    table = cat.create_table("db.t", data.schema, properties=props)
+    for part in range(4):
+        table.append(data.slice(part * 2000, 2000))
+    files = list(where.rglob("*.parquet"))
+    assert sum(pq.ParquetFile(f).num_row_groups for f in files) == 32
+    return cat, sum(f.stat().st_size for f in files)
+
+
+def test_an_iceberg_table_on_a_fuse_mount_is_read_through_the_node_cache(
+    tmp_path: Path,
+) -> None:
+    """An Iceberg table whose metadata and data files all lie on a real FUSE mount (written
+    where the mount point is, then served from elsewhere through the daemon) goes through
+    the span cache with no option, as an ``s3://`` table does: the first epoch copies its
+    row groups once, the second reads local disk; ``node_cache=False`` reads it in place."""
+    pytest.importorskip("pyiceberg")
+    from spark_dl_core import open_iceberg
+
+    source, mount = tmp_path / "source", tmp_path / "mount"
+    mount.mkdir()
+    cat, stored = _iceberg(mount)  # every path in its metadata is under the mount point
+    mount.rename(source)
+    mount.mkdir()
+    with _fuse(source, mount, tmp_path):
+        snap = open_iceberg("db.t", catalog=cat)
+        ds = snap.dataset(cache=False, span_dir=str(tmp_path / "spans"), plan_cache=False)
+        assert ds.through_spans
+        loader = ds.to_torch(batch_size=100, shuffle=True, seed=1, columns=["id"])
+        assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(8000))
+        first = loader.stats()["download_bytes"]
+        assert 0 < first <= 1.1 * stored  # its row groups and footers, once
+        loader.set_epoch(1)
+        assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(8000))
+        assert loader.stats()["download_bytes"] == 0  # the second epoch reads local disk
+        assert not snap.dataset(cache=False, node_cache=False, plan_cache=False).through_spans
+
+
+def test_each_rank_of_a_local_iceberg_table_copies_only_its_share(tmp_path: Path) -> None:
+    """``node_cache=True`` on a local Iceberg table: two ranks, each its own span cache, each
+    copies about half of the row groups in its first epoch and nothing in its second, and
+    together they read every row once an epoch."""
+    pytest.importorskip("pyiceberg")
+    from spark_dl_core import open_iceberg
+
+    (tmp_path / "warehouse").mkdir()
+    cat, stored = _iceberg(tmp_path / "warehouse")
+    assert not open_iceberg("db.t", catalog=cat).dataset(cache=False).through_spans
+    seen, seen_again, pulled = [], [], []
+    for rank in range(2):
+        ds = open_iceberg("db.t", catalog=cat).dataset(
+            cache=False, node_cache=True, span_dir=str(tmp_path / f"node{rank}"), plan_cache=False
+        )
+        kw = {"shuffle": True, "seed": 5, "rank": rank, "world_size": 2, "columns": ["id", "v"]}
+        loader = ds.to_torch(batch_size=50, even_batches=False, **kw)
+        seen += [i for b in loader for i in b["id"].tolist()]
+        pulled.append(loader.stats()["download_bytes"])
+        loader.set_epoch(1)
+        seen_again += [i for b in loader for i in b["id"].tolist()]
+        assert loader.stats()["download_bytes"] == 0  # the second epoch reads local disk
+    assert sorted(seen) == sorted(seen_again) == list(range(8000))
+    assert all(0 < p <= 0.6 * stored for p in pulled) and sum(pulled) <= 1.1 * stored, pulled
