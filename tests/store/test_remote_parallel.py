@@ -91,6 +91,38 @@ def test_shards_arrive_in_concurrent_byte_ranges(
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 
+def test_a_shard_a_reader_waits_for_comes_over_every_thread(
+    s3: tuple[dict[str, Any], ShapedLink], tmp_path: Path, small_parts: None
+) -> None:
+    """A shard a reader waits for before its download began (an epoch's first) is split
+    over every download thread, no finer than an eighth of the part size, so it arrives at
+    the link's speed; a shard queued ahead comes in part-size ranges. Its bytes are the
+    object's and checked against the index's hash either way."""
+    import s3fs
+
+    options, link = s3
+    ds = open_dataset(URL, cache_dir=str(tmp_path), storage_options=options)
+    cache = shard_cache(ds)
+    cache.set_threads(8)
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+    first, second = (s.stored for s in ds.shards[:2])
+    assert first.bytes > 16 * 1024 and first.hashes  # 8 ranges of 4 KiB, not 4 of 8 KiB
+    ranged = link.ranged
+    data = cache.fetch(first.basename, first.bytes)
+    assert link.ranged - ranged == 8
+    assert data.tobytes() == fs.cat_file(f"{URL}/{first.basename}")
+    ranged = link.ranged
+    cache.prefetch([(second.basename, second.bytes, second.hashes)])
+    deadline = time.monotonic() + TIMEOUT_S
+    while not (tmp_path / second.basename).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert link.ranged - ranged == -(-second.bytes // 8192)
+    assert cache.fetch(second.basename, second.bytes).tobytes() == fs.cat_file(
+        f"{URL}/{second.basename}"
+    )
+    assert cache.downloads == 2 and cache.redownloads == 0
+
+
 def test_loader_stats_show_downloads(s3: tuple[dict[str, Any], ShapedLink], tmp_path: Path) -> None:
     options, _link = s3
     ds = open_dataset(URL, cache_dir=str(tmp_path), storage_options=options)

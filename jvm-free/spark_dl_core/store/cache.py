@@ -398,7 +398,7 @@ class ShardCache:
         job.temp = os.path.join(self.directory, f"{_TMP}{uuid.uuid4().hex}-{job.basename}")
         job.fd = os.open(job.temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         os.ftruncate(job.fd, job.nbytes)
-        step = self.part_bytes
+        step = self._part_size(job)
         job.parts = [(a, min(a + step, job.nbytes)) for a in range(0, job.nbytes, step)]
         if job.bar is not None:
             job.bar.close()
@@ -415,6 +415,17 @@ class ShardCache:
                 self._push(job, len(job.parts))
         if not job.parts:  # an empty shard
             self._complete_download(job)
+
+    def _part_size(self, job: _Job) -> int:
+        """Bytes per range of ``job``: :attr:`part_bytes`; for a shard a reader already
+        waits for (urgent: the first of an epoch, a prefetch that fell behind), split over
+        every download thread, no finer than an eighth of :attr:`part_bytes`, so it arrives
+        at the link's speed rather than one connection's while the others bring later ones
+        (urgent ranges are served first)."""
+        if not job.urgent:
+            return self.part_bytes
+        spread = -(-job.nbytes // max(1, self.threads))
+        return max(1, min(self.part_bytes, max(self.part_bytes // 8, spread)))
 
     def _part(self, job: _Job, i: int) -> None:
         """Fetch one byte range (retrying transient failures) into the temporary file."""
