@@ -238,15 +238,21 @@ def test_a_delta_table_on_a_fuse_mount_is_read_through_the_node_cache(
 
     source, mount = fuse_mount
     stored = _delta(source / "t", 2000)
-    snap = open_delta(str(mount / "t"))
-    ds = snap.dataset(cache=False, span_dir=str(tmp_path / "spans"), plan_cache=False)
+    _two_epochs_through_spans(open_delta(str(mount / "t")), 2000, stored, tmp_path / "spans")
+
+
+def _two_epochs_through_spans(snap: Any, rows: int, stored: int, spans: Path) -> None:
+    """A table snapshot on a network mount, read in place with no option: through the span
+    cache, its first epoch copying its row groups and footers once, its second reading local
+    disk, every row once an epoch; ``node_cache=False`` reads it in place."""
+    ds = snap.dataset(cache=False, span_dir=str(spans), plan_cache=False)
     assert ds.through_spans
     loader = ds.to_torch(batch_size=100, shuffle=True, seed=1, columns=["id"])
-    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(2000))
+    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(rows))
     first = loader.stats()["download_bytes"]
     assert 0 < first <= 1.1 * stored  # its row groups and footers, once
     loader.set_epoch(1)
-    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(2000))
+    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(rows))
     assert loader.stats()["download_bytes"] == 0  # the second epoch reads local disk
     assert not snap.dataset(cache=False, node_cache=False, plan_cache=False).through_spans
 
@@ -310,16 +316,7 @@ def test_an_iceberg_table_on_a_fuse_mount_is_read_through_the_node_cache(
     mount.mkdir()
     with _fuse(source, mount, tmp_path):
         snap = open_iceberg("db.t", catalog=cat)
-        ds = snap.dataset(cache=False, span_dir=str(tmp_path / "spans"), plan_cache=False)
-        assert ds.through_spans
-        loader = ds.to_torch(batch_size=100, shuffle=True, seed=1, columns=["id"])
-        assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(8000))
-        first = loader.stats()["download_bytes"]
-        assert 0 < first <= 1.1 * stored  # its row groups and footers, once
-        loader.set_epoch(1)
-        assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(8000))
-        assert loader.stats()["download_bytes"] == 0  # the second epoch reads local disk
-        assert not snap.dataset(cache=False, node_cache=False, plan_cache=False).through_spans
+        _two_epochs_through_spans(snap, 8000, stored, tmp_path / "spans")
 
 
 def test_each_rank_of_a_local_iceberg_table_copies_only_its_share(tmp_path: Path) -> None:
