@@ -240,8 +240,8 @@ class _Workers:
         after_fork: Callable[[], None],
     ) -> None:
         self.loader, self.control, self.slabs, self.leases = loader, control, slabs, leases
-        # Around the workers' start: what they inherit is made ready (True: something to
-        # let go of once they have forked).
+        # Around the workers' start: what they inherit is made ready, and let go of once
+        # they have forked (or failed to).
         self.before_fork, self.after_fork = before_fork, after_fork
         self.forked = False  # persistent workers started: later passes fork none
         self.busy = False  # a pass is iterating it
@@ -259,13 +259,15 @@ class _Workers:
                 return ahead[2]
             self.control.end()
         self.control.start(epoch, consumed)  # before its workers read it
-        held = not self.forked and self.before_fork(epoch, consumed)
+        if self.forked:
+            return iter(self.loader)
         try:
-            return iter(self.loader)  # its workers fork here (the first pass, if persistent)
-        finally:
-            self.forked = bool(self.loader.persistent_workers)
-            if held:
-                self.after_fork()
+            self.before_fork(epoch, consumed)
+            items = iter(self.loader)  # its workers fork here (the first pass, if persistent)
+        finally:  # what was decoded for them goes, whether they started or not
+            self.after_fork()
+        self.forked = bool(self.loader.persistent_workers)
+        return items
 
 
 def _decode_first_items(
