@@ -6,6 +6,7 @@ pyarrow reads the rows, and the conversions still land in the cache for later ep
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +200,25 @@ def test_a_row_subset_holds_the_whole_shards_bytes_and_refuses_other_rows(
         part.positions(np.array([3, 4]))
     with pytest.raises(SampleIndexError, match="row 500 was not read"):
         part.columns(np.array([500]), ["x"])
+
+
+def test_a_damaged_row_group_decoded_ahead_of_the_workers_is_an_error_naming_its_file(
+    tables: dict[str, str], tmp_path: Path
+) -> None:
+    """A data file whose pages are damaged fails the decode done before the workers fork:
+    the first batch raises the table's error naming the file (no batch is served), and the
+    main process holds no decoded row group afterwards."""
+    pytest.importorskip("torch")
+    from spark_dl_core.tables.delta.snapshot import DeltaSnapshotError
+
+    path = tmp_path / "t"
+    shutil.copytree(tables["ragged"], path)
+    for f in path.glob("*.parquet"):  # the pages, not the footer: the table still opens
+        raw = bytearray(f.read_bytes())
+        raw[8 : len(raw) // 2] = np.random.default_rng(0).bytes(len(raw) // 2 - 8)
+        f.write_bytes(bytes(raw))
+    ds = open_delta(str(path)).dataset(cache_dir=str(tmp_path / "cache"))
+    loader = ds.to_torch(batch_size=BATCH, shuffle=True, seed=3, num_workers=2)
+    with pytest.raises(DeltaSnapshotError, match=r"part-.*\.parquet.*cannot be read as Parquet"):
+        next(iter(loader))
+    assert not ds._decoded
