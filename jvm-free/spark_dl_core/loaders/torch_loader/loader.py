@@ -25,7 +25,7 @@ from ...order import (
     plan_position,
 )
 from ..position import adopted, resumed, saved_state
-from ..reader import BatchReader
+from ..reader import BatchReader, ShardOf
 from ..settings import (
     PAD_MASK,
     TORCH_ONLY,
@@ -152,7 +152,7 @@ class _Batches(IterableDataset):
         if workers > 1:
             # Workers share each row group's conversion through the row-group cache (one
             # converts, the others read its file). Rows first only from row groups decoded
-            # before they forked (Loader._decode_first_items): decoding the first window in
+            # before they forked (_decode_first_items): decoding the first window in
             # every worker cost 1.5-2x the CPU before the first batches with 2 workers.
             reader.rows_decoded_only = True
         leases = self.leases if in_worker else None
@@ -236,7 +236,7 @@ class _Workers:
         control: _PassControl,
         slabs: _Slabs | None,
         leases: _Leases | None,
-        before_fork: Callable[[int, int], bool],
+        before_fork: Callable[[int, int], None],
         after_fork: Callable[[], None],
     ) -> None:
         self.loader, self.control, self.slabs, self.leases = loader, control, slabs, leases
@@ -280,23 +280,22 @@ def _decode_first_items(
     world_size: int,
     epoch: int,
     consumed: int,
-) -> bool:
+) -> None:
     """Decode the shards of each worker's first item once, in the main process, before the
     workers fork: they inherit the decode and take those batches' rows from it (a table
     read in place with empty caches; ``dataset.decode_ahead``). Each worker decoding the
     first window for itself cost 1.5-2x the CPU before the first batches. Not where workers
-    start by spawn or forkserver (they would not inherit it). True: something is held."""
+    start by spawn or forkserver (they would not inherit it)."""
     if workers < 2 or not dataset.serves_rows or not _forks(context):
-        return False
+        return
     plan = epoch_plan(epoch, consumed, rank, world_size)
     first = _Grouped(plan, group, 0, workers)
     groups = min(workers, first.n_groups)
     if not groups:
-        return False
+        return
     index = np.asarray(plan.joined(range(first.span(groups - 1).stop)), dtype=np.int64)
-    offsets = np.asarray(dataset.shard_offsets, dtype=np.int64)
-    shards = np.unique(np.searchsorted(offsets, index, side="right") - 1)
-    return bool(dataset.decode_ahead(shards.tolist()))
+    shards = np.unique(ShardOf(np.asarray(dataset.shard_offsets, dtype=np.int64))(index))
+    dataset.decode_ahead(shards.tolist())
 
 
 def _forks(context: Any) -> bool:
