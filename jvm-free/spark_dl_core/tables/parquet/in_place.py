@@ -165,7 +165,7 @@ class InPlaceDataset(RowGroupPlanning, Dataset):
         thread that does not exist there): it starts its own. It keeps the decoded row
         groups (:meth:`decode_ahead`): whole tables, never changed once stored."""
         if getattr(self, "_pid", None) != os.getpid():
-            decoded = getattr(self, "_decoded", None)
+            decoded = self._decoded  # set at init and unpickling
             self._reset_process_state()
             if decoded:
                 self._decoded.update(decoded)
