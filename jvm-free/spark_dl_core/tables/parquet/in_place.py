@@ -106,6 +106,9 @@ class InPlaceDataset(RowGroupPlanning, Dataset):
         plan_cache: bool | str = True,
         node_cache: bool | None = None,
     ) -> None:
+        # Planning and reading the footers below open files (and filters read row groups):
+        # they need this process's state first; it is started clean again at the end.
+        self._reset_process_state()
         self.snapshot = snapshot
         self.through_spans = read_through_spans(snapshot, node_cache)
         self.user_spec = spec if isinstance(spec, DatasetSpec) else DatasetSpec(**(spec or {}))
@@ -141,7 +144,7 @@ class InPlaceDataset(RowGroupPlanning, Dataset):
         # into the cache file in one copy, and serving rows first measured no faster there.
         variable = [self.layout.names[i] for i in self.layout.variable]
         self.serves_rows = any(self.forms.get(n, ("",))[0] != "dense" for n in variable)
-        self._reset_process_state()
+        self._reset_process_state()  # let go of what planning opened
 
     # -- per-process state (not pickled: a DataLoader worker starts with its own)
 
