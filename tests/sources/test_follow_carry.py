@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 deltalake = pytest.importorskip("deltalake")
@@ -212,6 +213,27 @@ def test_states_of_another_table_or_an_in_place_read_are_refused(
     next(it)
     with pytest.raises(VersionCarryError, match="read in place"):
         loader.load_state_dict(in_place.state_dict(), strict=False)
+
+
+def test_a_streamed_packed_position_inside_an_epoch_is_refused(tmp_path: Path) -> None:
+    """A packed loader over a followed export cuts rows from streams (its shards record their
+    tokens), so its position counts global batches, not rows: one inside an epoch cannot
+    carry on to another version (other shards, other streams), as a position in rows cannot."""
+    table, out = str(tmp_path / "t"), str(tmp_path / "followed")
+    lengths = np.random.default_rng(0).integers(1, 40, size=1500)
+    docs = pa.array([list(range(1, k + 1)) for k in lengths.tolist()], pa.list_(pa.int32()))
+    write_deltalake(table, pa.table({"tokens": docs.slice(0, 1000)}))
+    open_delta(table).write_mds(out, {"shard_size": "8KiB"}, mode="update")
+    write_deltalake(table, pa.table({"tokens": docs.slice(1000)}), mode="append")
+    open_delta(table).write_mds(out, {"shard_size": "8KiB"}, mode="update")
+    packed = {**KW, "batch_size": 4, "streams": 4, "pack": {"column": "tokens", "seq_len": 32}}
+    loader = open_dataset(out, version=0).to_torch(**packed)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert state["pack"]["version"] == 2 and state["pack"]["batches"] == 1
+    with pytest.raises(VersionCarryError, match="packed position inside an epoch"):
+        open_dataset(out).to_torch(**packed).load_state_dict(state, strict=False)
 
 
 def _where(ds: Any) -> dict[int, tuple[str, int]]:

@@ -10,6 +10,7 @@ from typing import Any
 from ..order import LoaderState, position_record
 from ..order.choice import resolve_streams
 from ..order.locality import AUTO_STREAMS
+from ..order.state import packed_position
 from ..shard_source import ShardSource
 from .settings import LoaderSettings
 
@@ -27,7 +28,7 @@ def saved_state(
     ``pack``: a packed loader's position in rows (``consumed`` is then 0, and the order's
     streams are the packed order's own); the source records a packed position only at the
     start of an epoch, where a changed source can still carry it on."""
-    packed_mid_epoch = pack is not None and int(pack.get("rows", 0)) != 0
+    packed_mid_epoch = packed_position(pack) != 0
     streams = resolve_streams(dataset, settings.shuffle, settings.streams)
     fields: dict[str, Any] = {"pack": pack} if pack is not None else {"streams": streams}
     return LoaderState(

@@ -37,7 +37,7 @@ from ..order import (
     range_counts,
     schedule_parts,
 )
-from ..order.state import LoaderState
+from ..order.state import LoaderState, packed_position
 from ..sources.dataset import Dataset
 from .carry import Carry, carried_parts, carry_from, differences, served_at
 from .columns import Form, MixedLayout, common_columns, mixed_forms, shared_read_spec
@@ -347,7 +347,7 @@ class Mixture(Dataset):
                 "over a plain dataset or by an older spark-dl, so a mixture cannot tell which "
                 "samples it served"
             )
-        if state.pack is not None and int(state.pack.get("rows", 0)):
+        if packed_position(state.pack):
             raise MixtureError(
                 "loader state is a packed position inside an epoch (field pack): a changed "
                 "mixture packs other documents, so a packed run carries on only from an "

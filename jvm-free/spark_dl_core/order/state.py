@@ -32,6 +32,15 @@ def _mixture_record(state: dict[str, Any]) -> bool:
     return isinstance(source, dict) and "sources" in source and state.get("pack") is None
 
 
+def packed_position(pack: dict[str, Any] | None) -> int:
+    """How far into its epoch a packed loader's ``pack`` entry stands: rows consumed (pack
+    version 1) or global batches consumed over streams (version 2); 0 at an epoch's start
+    and for a position that is not packed."""
+    if pack is None:
+        return 0
+    return int(pack.get("rows", 0)) or int(pack.get("batches", 0))
+
+
 if TYPE_CHECKING:
     from ..shard_source import ShardSource
 
@@ -57,8 +66,9 @@ class LoaderState:
     # order of version 2 (a version 2 state is read as ``streams=1``). Loaders record the
     # number their setting resolved to; 0 (automatic) is resolved against the dataset.
     streams: int = AUTO_STREAMS
-    # Packed loaders: {"settings": pack settings, "rows": global rows consumed, "version"}
-    # (see spark_dl_core.loaders.packing); ``consumed`` is then 0.
+    # Packed loaders: {"settings": pack settings, "rows": global rows consumed, "version"},
+    # or "batches" (global batches over streams, version 2: see spark_dl_core.loaders.
+    # packing, :func:`packed_position`); ``consumed`` is then 0.
     pack: dict[str, Any] | None = None
     # What the source records about the position (``ShardSource.position_record``): a
     # mixture, each source's stream position, so a changed mixture can carry on.

@@ -39,7 +39,7 @@ from ..errors import RowsDroppedWarning, SpecError
 from ..order.choice import _order_of
 from ..order.dataset_order import GlobalOrder
 from ..order.locality import StreamedOrder
-from ..order.state import epoch_total
+from ..order.state import epoch_total, packed_position
 
 if TYPE_CHECKING:
     from ..order.state import LoaderState
@@ -369,7 +369,7 @@ def check_carry(plain: Any, state: LoaderState, strict: bool, theirs: str, here:
             "up samples; load_state_dict(state, strict=False) carries the run on to this "
             "version (docs/delta.md)"
         )
-    if state.pack is not None and int(state.pack.get("rows", 0)):
+    if packed_position(state.pack):
         raise VersionCarryError(
             f"loader state ({theirs}) is a packed position inside an epoch (field pack): "
             f"a packed run carries on to {here} only from an epoch's start"
