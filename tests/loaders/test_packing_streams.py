@@ -9,6 +9,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from packing_helpers import (
+    check_rank_batches,
+    check_resume_at_four_ranks,
+    check_whole_documents,
+    token_ids,
+)
 
 from spark_dl_core import DatasetSpec, open_dataset, write_mds
 from spark_dl_core.errors import PackError
@@ -45,72 +51,26 @@ def _batches(ds: Any, **kw: Any) -> list[dict[str, Any]]:
     return list(ds.iter_batches(**(SETTINGS | kw)))
 
 
-def _ids(batches: list[dict[str, Any]]) -> np.ndarray:
-    return np.concatenate([np.asarray(b["input_ids"]).reshape(-1) for b in batches])
-
-
 def test_every_token_once_with_positions_labels_and_segments(dataset: Any) -> None:
-    docs = _docs()
     got = _batches(dataset)
-    ids = _ids(got)
-    assert np.array_equal(np.sort(ids[ids > 0]), np.sort(np.concatenate(docs)))
+    check_whole_documents(got, _docs(), L)
+    ids = token_ids(got)
     assert (ids == 0).sum() < 4 * L  # each of the 4 streams pads its last row only
-    firsts = np.array([d[0] for d in docs if len(d)])
-    for b in got:
-        tok, pos = b["input_ids"].reshape(-1), b["position_ids"].reshape(-1)
-        labels, cu = b["labels"].reshape(-1), b["cu_seqlens"]
-        assert cu[0] == 0 and cu[-1] == tok.size and cu.dtype == np.int32
-        assert b["max_seqlen"] == int(np.diff(cu).max())
-        for a, z in zip(cu[:-1].tolist(), cu[1:].tolist()):
-            seg = tok[a:z]
-            assert labels[a] == -100
-            if seg[0] == 0:  # padding: to its row's end, masked
-                assert (seg == 0).all() and (labels[a:z] == -100).all() and z % L == 0
-                continue
-            assert np.array_equal(np.diff(seg), np.ones(len(seg) - 1))  # one document's run
-            first = firsts[np.searchsorted(firsts, seg[0], side="right") - 1]
-            assert np.array_equal(pos[a:z], seg - first)  # counted from the document's start
-            assert np.array_equal(labels[a + 1 : z], seg[1:])
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_a_steps_batches_are_the_one_rank_batches_and_ranks_read_their_share(
     dataset: Any, world: int
 ) -> None:
-    one = _batches(dataset)
-    shards = dataset.num_shards
-    for rank in range(world):
-        ranked = {"rank": rank, "world_size": world, "even_batches": False}
-        loader = dataset.to_torch(**(SETTINGS | ranked))
-        mine = [b["input_ids"].numpy() for b in loader]
-        assert len(mine) == len(one[rank::world])
-        for k, batch in enumerate(mine):
-            assert np.array_equal(batch, one[k * world + rank]["input_ids"])
-        locality = loader.stats()["locality"]
+    for locality in check_rank_batches(dataset.to_torch, _batches(dataset), world, SETTINGS):
         assert locality["streams"] == 4 and locality["streams_read"] == 4 // world
         assert abs(locality["data_share"] - 1 / world) < 0.05
         # its streams' shards, and at most a window's at the other streams' ends
-        assert locality["shards_touched"] <= shards / world + 6, locality
+        assert locality["shards_touched"] <= dataset.num_shards / world + 6, locality
 
 
 def test_resume_mid_epoch_at_another_world_size_is_exact(dataset: Any) -> None:
-    one = _batches(dataset)
-    loader = dataset.to_torch(**(SETTINGS | {"rank": 0, "world_size": 2}))
-    it = iter(loader)
-    for _ in range(7):
-        next(it)
-    state = loader.state_dict()  # 7 steps of 2 ranks: global batches 0..13 consumed
-    assert state["pack"]["version"] == 2 and state["pack"]["batches"] == 14
-    rest = []
-    for rank in range(4):
-        other = dataset.to_torch(**(SETTINGS | {"rank": rank, "world_size": 4}))
-        other.load_state_dict(state)
-        rest.append([b["input_ids"].numpy() for b in other])
-    for g in range(14, len(one)):
-        step, rank = divmod(g - 14, 4)
-        assert np.array_equal(rest[rank][step], one[g]["input_ids"]), g
-    left = len(one) - 14  # dealt in whole rounds (even_batches: the last one filled)
-    assert sum(len(r) for r in rest) == -(-left // 4) * 4
+    check_resume_at_four_ranks(dataset.to_torch, _batches(dataset), 7, SETTINGS)
 
 
 def test_workers_give_the_batches_of_one_process(dataset: Any) -> None:
@@ -141,7 +101,7 @@ def test_even_batches_and_drop_last_give_every_rank_the_same_steps(dataset: Any)
     served = np.concatenate(
         [b["input_ids"].numpy().reshape(-1) for e in even for b in e if not b["pad_mask"].any()]
     )
-    assert np.array_equal(np.sort(served), np.sort(_ids(one)))
+    assert np.array_equal(np.sort(served), np.sort(token_ids(one)))
     for e in even:
         for b in e:
             if b["pad_mask"].any():

@@ -95,8 +95,9 @@ class _Docs:
         if self.recorded is not None and int(lengths.sum()) != int(self.recorded[s]):
             raise PackError(
                 f"pack column {self.column!r} holds {int(lengths.sum())} tokens in shard "
-                f"{data.file!r}, its spark_dl.json records {int(self.recorded[s])}: the "
-                "metadata does not describe this shard (rows would be counted wrong)",
+                f"{data.file!r}, the dataset's metadata records {int(self.recorded[s])} "
+                "(its spark_dl.json, or a table's Parquet footer): the metadata does not "
+                "describe this shard (rows would be counted wrong)",
                 field="column",
             )
         return _ShardDocs(data.raw, byte_starts.astype(np.int64), lengths, dtype)

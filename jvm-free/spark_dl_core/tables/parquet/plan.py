@@ -29,10 +29,13 @@ from .footer import (
     read_local_footer,
 )
 from .footers import FileFooter, PlanCache, Summaries, footer_key, summarize
+from .shard_tokens import footer_tokens
 from .table_files import TableError, file_key, past_the_end
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ...format.shard import Layout
     from ...meta import ColumnPlan
+    from ...spec import DatasetSpec
     from .remote import RemoteFiles
     from .table_files import TableFiles
 
@@ -65,6 +68,10 @@ class RowGroupPlanning:
         converted_dir: str | None
         _plans: list[ColumnPlan]
         _filter_keep: list[np.ndarray]
+        _groups: list[_RowGroup]
+        _leaf_values: dict[str, list[tuple[int, int]]]
+        user_spec: DatasetSpec
+        layout: Layout
 
         @property
         def _file_identities(self) -> list[list[Any]]: ...
@@ -105,6 +112,24 @@ class RowGroupPlanning:
             if keep is not None and not keep[start:].all():
                 raise self._file_error(i, None, past_the_end(start))
         return groups, leaves
+
+    def shard_values(self, column: str) -> np.ndarray | None:
+        """Per row group served, list-of-integers ``column``'s values as the footers record
+        them (a packed loader's token counts, :mod:`.shard_tokens`); None when they are not
+        exactly the served rows' (deletes, a filter, null or empty lists, transforms). Worked
+        out once per column: every stream of a packed epoch asks."""
+        known: dict[str, np.ndarray | None] = self.__dict__.setdefault("_shard_tokens", {})
+        if column not in known:
+            names = self.layout.names
+            at = names.index(column) if column in names else None
+            known[column] = footer_tokens(
+                self._groups,
+                self._leaf_values.get(column),
+                next((p for p in self._plans if p.name == column), None),
+                None if at is None else self.layout.encodings[at],
+                bool(self.user_spec.transforms),
+            )
+        return known[column]
 
     def _leaf_names(self, file: int, foot: FileFooter, lists: list[str]) -> dict[str, str]:
         """Logical list column -> the name of its column in the file (physical names under
