@@ -143,10 +143,19 @@ lint: install
 typecheck: install
 	$(PY) -m mypy jvm-free/spark_dl_core spark_dl pyspark_spark_dl.py
 
-# One process: two side by side (`-m jvm` and `-m "not jvm"`, tests/conftest.py) took 26
-# minutes instead of about 38, but a DDP test's free port was taken by the other half once.
+# Two processes side by side: the tests that start or share a JVM (marked `jvm` by
+# tests/conftest.py: one Spark JVM, each session kind started once) and the rest. One process
+# keeps about a third of the 2 cores busy. Servers the tests start take ports below the
+# kernel's ephemeral range (tests/ports.py), which the other half's sockets are never given.
+# The JVM half's output follows the other's; the slowest tests of each are listed.
 pytest: install mosaic-env browser-env fuse-env
-	$(PY) -m pytest -q tests
+	@mkdir -p build
+	@$(PY) -m pytest -q --durations=15 -m jvm tests > build/pytest-jvm.log 2>&1 & jvm=$$!; \
+	$(PY) -m pytest -q --durations=15 -m "not jvm" tests; rest=$$?; \
+	wait $$jvm; spark=$$?; \
+	echo "== the tests that start or share a JVM (build/pytest-jvm.log) =="; \
+	cat build/pytest-jvm.log; \
+	[ $$rest -eq 0 ] && [ $$spark -eq 0 ]
 
 test: lint typecheck pytest
 

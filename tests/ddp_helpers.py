@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from ports import free_port
 
 _HARNESS = """
 import json, os, sys
@@ -44,9 +45,7 @@ if __name__ == "__main__":
 
 def run_two_ranks(work: str, path: str, tmp_path: Path, timeout: float = 120) -> list[Any]:
     """Each rank's result of ``work(rank, path)`` (given as source), rank 0 first."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     script = tmp_path / "ddp.py"
     script.write_text(_HARNESS.format(work=work))
     out = tmp_path / "out.json"

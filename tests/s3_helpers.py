@@ -188,15 +188,14 @@ def moto_process() -> Iterator[tuple[str, int]]:
 
     ``deltalake`` holds the GIL while it waits on some requests (``DeltaTable.history``),
     so a server thread in the test's own process would never answer them."""
-    import socket
     import subprocess
     import sys
     import time
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from ports import free_port
+
+    port = free_port()
     cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from ports import free_port
 
 from spark_dl_core import DatasetSpec, open_dataset, open_delta, write_mds
 
@@ -62,12 +62,6 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _launch(
     work: Path, name: str, nodes: int, per_node: int, args: list[str]
 ) -> list[dict[str, Any]]:
@@ -75,7 +69,7 @@ def _launch(
     every rank's report, in rank order."""
     script = work / "worker.py"
     script.write_text(WORKER)
-    port, procs = _free_port(), []
+    port, procs = free_port(), []
     for node in range(nodes):
         home = work / f"{name}-node{node}"
         home.mkdir()

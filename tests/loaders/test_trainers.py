@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from ports import free_port
 
 torch = pytest.importorskip("torch")
 
@@ -36,12 +36,6 @@ def ds_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     )
     write_mds(table, str(path), DatasetSpec(shard_size="4KiB"))
     return str(path)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- the rules
@@ -174,7 +168,7 @@ def _lightning(ds_path: str, tmp_path: Path, devices: int) -> list[dict[str, Any
     pytest.importorskip("pytorch_lightning")
     script = tmp_path / "fit.py"
     script.write_text(_LIGHTNING)
-    env = {**os.environ, "MASTER_PORT": str(_free_port()), "GLOO_SOCKET_IFNAME": "lo"}
+    env = {**os.environ, "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(name, None)
     result = subprocess.run(
@@ -267,7 +261,7 @@ def test_accelerate_prepare_two_processes(ds_path: str, tmp_path: Path) -> None:
     script.write_text(_ACCELERATE)
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    command += ["--master_port", str(_free_port()), str(script), ds_path, str(tmp_path)]
+    command += ["--master_port", str(free_port()), str(script), ds_path, str(tmp_path)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
     runs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
