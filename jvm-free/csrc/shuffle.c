@@ -230,21 +230,23 @@ static inline uint64_t feistel_in_range(uint64_t v, uint64_t n, uint64_t key)
     return v;
 }
 
-/* A whole range with one key, in passes: every value once, then again only the values still
- * outside the range (cycle walking), gathered branch-free into a list. No per-value branch
- * stalls the pipeline, so the independent multiply chains of neighbouring values overlap.
+/* Positions start .. start+count-1 of a range of n with one key, into out[0..count-1], in
+ * passes: every value once, then again only the values still outside the range (cycle
+ * walking), gathered branch-free into a list. No per-value branch stalls the pipeline, so the
+ * independent multiply chains of neighbouring values overlap. A whole window is the span
+ * 0..n-1; a DataLoader worker or one of many ranks computes only the spans it reads.
  * Returns -1 when the list cannot be allocated. */
-static int permute_whole_range(int64_t *out, uint64_t n, uint64_t key)
+static int permute_span(int64_t *out, uint64_t start, uint64_t count, uint64_t n, uint64_t key)
 {
     feistel f = feistel_for(n, key);
     uint64_t i, j, k = 0, m, v;
     uint64_t *todo;
-    for (i = 0; i < n; i++)
-        out[i] = (int64_t)feistel_pass(&f, i);
-    todo = (uint64_t *)malloc((n ? n : 1) * sizeof(uint64_t));
+    for (i = 0; i < count; i++)
+        out[i] = (int64_t)feistel_pass(&f, start + i);
+    todo = (uint64_t *)malloc((count ? count : 1) * sizeof(uint64_t));
     if (todo == NULL)
         return -1;
-    for (i = 0; i < n; i++) {
+    for (i = 0; i < count; i++) {
         todo[k] = i;
         k += (uint64_t)out[i] >= n;
     }
@@ -282,7 +284,41 @@ static PyObject *permute_range(PyObject *self, PyObject *args)
     }
     n = out.len / 8;
     Py_BEGIN_ALLOW_THREADS
-    failed = permute_whole_range((int64_t *)out.buf, (uint64_t)n, (uint64_t)key);
+    failed = permute_span((int64_t *)out.buf, 0, (uint64_t)n, (uint64_t)n, (uint64_t)key);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&out);
+    if (failed)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(permute_span_doc,
+             "permute_span(out, start, n, key)\n\n"
+             "out[i] = the keyed window permutation of start + i over range(n).\n"
+             "out: C-contiguous int64; start + len(out) <= n.");
+
+static PyObject *permute_span_py(PyObject *self, PyObject *args)
+{
+    Py_buffer out;
+    unsigned long long start, n, key;
+    uint64_t count;
+    int failed;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "w*KKK:permute_span", &out, &start, &n, &key))
+        return NULL;
+    if (out.len % 8 || !PyBuffer_IsContiguous(&out, 'C')) {
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "permute_span: a contiguous int64 output");
+        return NULL;
+    }
+    count = (uint64_t)(out.len / 8);
+    if (start > n || count > n - start) {
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "permute_span: the span passes the range's end");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    failed = permute_span((int64_t *)out.buf, (uint64_t)start, count, (uint64_t)n, (uint64_t)key);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&out);
     if (failed)
@@ -505,6 +541,7 @@ static PyMethodDef methods[] = {
     {"shuffle_slices", shuffle_slices, METH_VARARGS, shuffle_slices_doc},
     {"interleave_shuffle", interleave_shuffle, METH_VARARGS, interleave_shuffle_doc},
     {"permute_range", permute_range, METH_VARARGS, permute_range_doc},
+    {"permute_span", permute_span_py, METH_VARARGS, permute_span_doc},
     {"window_permute", window_permute_c, METH_VARARGS, window_permute_doc},
     {"runs_to_ids", runs_to_ids, METH_VARARGS, runs_to_ids_doc},
     {NULL, NULL, 0, NULL},

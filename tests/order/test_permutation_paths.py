@@ -69,3 +69,42 @@ def test_a_position_outside_the_runs_is_refused() -> None:
     assert values.tolist() == [10, 13, 24, 28]
     with pytest.raises(ValueError, match="outside the runs"):
         order._shuffle.runs_to_ids(np.array([9], np.int64), bounds, shifts)
+
+
+@pytest.mark.parametrize("n", [1, 2, 9, 257, 4097, 65_537])
+def test_a_span_of_a_range_is_that_slice_of_the_whole_range(n: int) -> None:
+    """What a DataLoader worker computes of a window (its spans) equals the same slice of
+    the window's whole order, in C and in numpy."""
+    rng = np.random.default_rng(n)
+    for key in KEYS:
+        whole = order._permute_range_numpy(n, np.uint64(key))
+        for start, stop in [(0, n), (0, 1), (n - 1, n), *rng.integers(0, n + 1, (6, 2)).tolist()]:
+            start, stop = int(min(start, stop)), int(max(start, stop))
+            span = order._permute_span(start, stop - start, n, np.uint64(key))
+            np.testing.assert_array_equal(span, whole[start:stop])
+            slow = order.window_permute(np.arange(start, stop), np.int64(n), np.uint64(key))
+            np.testing.assert_array_equal(slow, whole[start:stop])
+    with pytest.raises(ValueError, match="passes the range's end"):
+        order._shuffle.permute_span(np.empty(3, np.int64), n - 1, n, 1)
+
+
+@pytest.mark.parametrize("window", [1, 2, 3])
+def test_a_sparse_take_equals_the_dense_order(window: int) -> None:
+    """A reader of part of each window (``take(..., dense=False)``: a DataLoader worker)
+    gets the ids the whole windows give, over ranges across window and shard boundaries."""
+    rng = np.random.default_rng(window)
+    sizes = rng.integers(0, 700, 11)
+    o = order.GlobalOrder(sizes, "fp", 5, 2, True, window=window)
+    dense = o.take(0, o.total, True)
+    assert sorted(dense.tolist()) == list(range(o.total))
+    fresh = order.GlobalOrder(sizes, "fp", 5, 2, True, window=window)
+    for start, stop in [(0, o.total), *rng.integers(0, o.total + 1, (40, 2)).tolist()]:
+        start, stop = min(start, stop), max(start, stop)
+        np.testing.assert_array_equal(fresh.take(start, stop, False), dense[start:stop])
+    assert not fresh.__dict__.get("_dense")  # no window computed whole
+
+
+def test_a_span_without_the_c_extension_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = order._permute_span(100, 900, 4097, np.uint64(KEYS[2]))
+    monkeypatch.setattr(order, "_shuffle", None)
+    np.testing.assert_array_equal(order._permute_span(100, 900, 4097, np.uint64(KEYS[2])), fast)

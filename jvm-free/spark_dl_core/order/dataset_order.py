@@ -36,7 +36,7 @@ import contextlib
 import hashlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -149,6 +149,19 @@ def _permute_range(n: int, key: np.uint64) -> np.ndarray:
         _shuffle.permute_range(out, int(key))
         return out
     return _permute_range_numpy(n, key)
+
+
+def _permute_span(start: int, count: int, n: int, key: np.uint64) -> np.ndarray:
+    """``window_permute(arange(start, start + count), n, key)``: the positions of one span
+    of a window (what a DataLoader worker, or one of many ranks, reads of it), computed as a
+    whole range is (several times cheaper per position than per-position widths and keys)."""
+    if _shuffle is not None:
+        out = np.empty(count, dtype=np.int64)
+        _shuffle.permute_span(out, int(start), int(n), int(key))
+        return out
+    positions = np.arange(start, start + count, dtype=np.uint64)
+    each_n, each_key = np.full(count, n, np.uint64), np.full(count, key, np.uint64)
+    return _window_permute_numpy(positions, each_n, each_key)
 
 
 def _permute_range_numpy(n: int, key: np.uint64) -> np.ndarray:
@@ -346,22 +359,43 @@ class GlobalOrder:
         return self._ids_of(member, np.searchsorted(self.permuted_offsets, member, "right") - 1)
 
     def take(self, start: int, stop: int, dense: bool = False) -> np.ndarray:
-        if not (dense and self.shuffle) or stop <= start:
+        if not self.shuffle or stop <= start:
             return self.ids(np.arange(start, stop, dtype=np.int64), dense)
+        if not dense:  # a reader of a part of each window: only its spans' positions
+            return self._span_ids(start, stop)
         if self._in_head(start, stop):  # per position, before the window's whole order
             return self.ids(np.arange(start, stop, dtype=np.int64))
         # consecutive positions: slices of the windows' orders, no per-position lookup
+        parts = [
+            self._window_ids(w)[a - lo : b - lo] for w, lo, _, a, b in self._pieces(start, stop)
+        ]
+        return parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
+
+    def _pieces(self, start: int, stop: int) -> Iterator[tuple[int, int, int, int, int]]:
+        """(window, its first and end positions, the piece's) of each window that positions
+        ``start:stop`` meet, in order."""
         bounds = self.window_bounds
         w = int(np.searchsorted(bounds, start, side="right")) - 1
-        parts = []
         while start < stop:
             lo, hi = int(bounds[w]), int(bounds[w + 1])
             end = min(stop, hi)
             if end > start:
-                parts.append(self._window_ids(w)[start - lo : end - lo])
+                yield w, lo, hi, start, end
                 start = end
             w += 1
-        return parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
+
+    def _span_ids(self, start: int, stop: int) -> np.ndarray:
+        """Ids at consecutive positions ``start:stop``, each window's piece permuted as a
+        span (:func:`_permute_span`) and mapped to ids in one pass: O(stop - start), the
+        same ids as :meth:`ids`, nothing kept."""
+        parts = []
+        for w, lo, hi, a, b in self._pieces(start, stop):
+            member = _permute_span(a - lo, b - a, hi - lo, self._keys(np.array([w]))[0])
+            member += lo
+            first = w * self.window
+            last = min(first + self.window, len(self.perm))
+            parts.append(self._window_members_ids(member, first, last))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

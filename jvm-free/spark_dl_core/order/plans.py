@@ -48,6 +48,9 @@ class EpochPlan(Sequence[np.ndarray]):
     drop_last: bool
     consumed: int = 0
     even_batches: bool = False
+    # Processes this rank's batches are dealt over (DataLoader workers): each reads only a
+    # part of every shuffle window, so it computes the order of just the spans it reads.
+    readers: int = 1
     global_batches: int = field(init=False)
     # Set when padding applies: (start of the last round, samples per rank in it).
     tail: tuple[int, int] | None = field(init=False, default=None)
@@ -167,7 +170,10 @@ class EpochPlan(Sequence[np.ndarray]):
     def _dense(self) -> bool:
         """Whether this rank reads most of each shuffle window it meets (see
         ``GlobalOrder.ids``): few ranks, or a streamed order (a dataset's or a mixture's)
-        whose streams it reads whole."""
+        whose streams it reads whole; not one of several DataLoader workers (``readers``),
+        which would each compute every window whole to read a part of it."""
+        if self.readers > 1:
+            return False
         if isinstance(self.order, RoundRobinOrder):
             return self.order.dense_for(self.world_size)
         return self.world_size <= DENSE_WORLD

@@ -4,6 +4,7 @@ the saved position and the passes."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -145,6 +146,8 @@ class _Batches(IterableDataset):
         self, plan: EpochPlan, epoch: int, live: Callable[[], bool], worker: int, workers: int
     ) -> Iterator[_Item]:
         in_worker = get_worker_info() is not None
+        if workers > 1:  # each worker reads every other group: the order of its spans only
+            plan = dataclasses.replace(plan, readers=workers)
         # Groups k = 0, 1, ... of 1, 2, 4, ... up to ``group`` batches go to worker k % workers
         # (the order DataLoader returns them in): small first groups, fast first batches.
         merged = _Grouped(plan, self.group, worker, workers)  # lazy index arrays
