@@ -142,6 +142,31 @@ def test_v3_deletion_vectors(iceberg: Any) -> None:
     assert list(counts.values())[:2] == [80, 53]
 
 
+def test_a_damaged_deletion_vector_is_refused_naming_its_file(iceberg: Any) -> None:
+    """One bit flipped in a vector Spark wrote: the open fails with the table's error
+    naming the Puffin file and the CRC, instead of deleting other rows."""
+    from spark_dl_core.tables.iceberg.errors import IcebergSnapshotError
+
+    t = "iceberg.db.dv_damaged"
+    _sql(
+        iceberg,
+        f"""CREATE TABLE {t} (id BIGINT, v DOUBLE) USING iceberg
+            TBLPROPERTIES ('format-version'='3', 'write.delete.mode'='merge-on-read')""",
+        f"INSERT INTO {t} SELECT id, cast(id as double) FROM range(0, 500)",
+        f"DELETE FROM {t} WHERE id % 7 = 3",
+    )
+    metadata = _metadata_file(iceberg, t)
+    assert open_iceberg(metadata, plan_cache=False).to_arrow().num_rows == 500 - 71
+    row = iceberg.sql(f"SELECT file_path, content_offset FROM {t}.delete_files").collect()[0]
+    puffin = Path(str(row["file_path"]).removeprefix("file:"))
+    data = bytearray(puffin.read_bytes())
+    data[int(row["content_offset"]) + 20] ^= 0x01  # inside the bitmap: its CRC no longer fits
+    puffin.write_bytes(bytes(data))
+    with pytest.raises(IcebergSnapshotError, match="CRC-32") as caught:
+        open_iceberg(metadata, plan_cache=False)
+    assert puffin.name in str(caught.value)
+
+
 def _ids(loader: Any) -> list[int]:
     return [int(i) for batch in loader for i in batch["id"]]
 

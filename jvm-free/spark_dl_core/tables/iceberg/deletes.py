@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from ..parquet.table_files import first_line
 from .columns import field_id
+from .deletion_vectors import Vector, entry_vector, read_vectors
 
 Fail = Callable[[str], Exception]
 Open = Callable[[str], pq.ParquetFile]  # a file of the table opened where it lies
@@ -180,19 +181,28 @@ class DeleteReader:
         self.fail = fail
         self.open_file = open_file
         self._positions: dict[str, dict[str, Any]] = {}
+        self._vectors: dict[str, dict[int, Vector]] = {}  # a Puffin file's, by blob offset
         self._rows: dict[str, pa.Table] = {}
 
     def positions(self, delete: Any, uri: str) -> np.ndarray | None:
+        """Positions of data file ``uri`` that ``delete`` (a position delete file, or a
+        deletion vector checked against its blob: :mod:`.deletion_vectors`) deletes."""
         from pyiceberg.io.pyarrow import _read_deletes
+        from pyiceberg.manifest import FileFormat
 
-        if delete.file_path not in self._positions:
-            try:
-                self._positions[delete.file_path] = _read_deletes(self.table.io, delete)
-            except Exception as exc:
-                raise self.fail(
-                    f"delete file {delete.file_path} cannot be read: {first_line(exc)}"
-                ) from None
-        found = self._positions[delete.file_path].get(uri)
+        path = delete.file_path
+        try:
+            if delete.file_format == FileFormat.PUFFIN:
+                if path not in self._vectors:
+                    with self.table.io.new_input(path).open() as f:
+                        self._vectors[path] = read_vectors(f.read())
+                vector = entry_vector(self._vectors[path], delete, uri)
+                return None if vector is None else vector.positions
+            if path not in self._positions:
+                self._positions[path] = _read_deletes(self.table.io, delete)
+        except Exception as exc:
+            raise self.fail(f"delete file {path} cannot be read: {first_line(exc)}") from None
+        found = self._positions[path].get(uri)
         return None if found is None else np.asarray(found, dtype=np.int64)
 
     def equality_rows(self, delete: Any) -> pa.Table:
