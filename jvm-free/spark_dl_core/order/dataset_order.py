@@ -252,6 +252,7 @@ class GlobalOrder:
             then = self.__dict__.pop("_then", None)
             if then is not None:
                 then()
+        self.__dict__["_last"] = (int(self.window_bounds[w]), int(self.window_bounds[w + 1]), ids)
         return ids
 
     def prepare(self) -> None:
@@ -363,6 +364,9 @@ class GlobalOrder:
             return self.ids(np.arange(start, stop, dtype=np.int64), dense)
         if not dense:  # a reader of a part of each window: only its spans' positions
             return self._span_ids(start, stop)
+        last = self.__dict__.get("_last")  # the window read last: most takes lie in it
+        if last is not None and last[0] <= start and stop <= last[1]:
+            return last[2][start - last[0] : stop - last[0]].copy()
         if self._in_head(start, stop):  # per position, before the window's whole order
             return self.ids(np.arange(start, stop, dtype=np.int64))
         # consecutive positions: slices of the windows' orders, no per-position lookup
@@ -400,6 +404,7 @@ class GlobalOrder:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_dense", None)  # a cache: each process computes its own windows
+        state.pop("_last", None)
         state.pop("_ahead", None)
         state.pop("_then", None)
         return state
