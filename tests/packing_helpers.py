@@ -14,6 +14,12 @@ import numpy as np
 OpenLoader = Callable[..., Any]
 
 
+# The streamed packing every test of it uses: 4 streams of 32-token rows, batches of 4.
+L = 32
+PACK = {"column": "tokens", "seq_len": L, "pad_id": 0}
+SETTINGS = {"batch_size": 4, "shuffle": True, "seed": 5, "streams": 4, "pack": PACK}
+
+
 def token_ids(batches: list[dict[str, Any]]) -> np.ndarray:
     return np.concatenate([np.asarray(b["input_ids"]).reshape(-1) for b in batches])
 

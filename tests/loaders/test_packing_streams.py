@@ -10,6 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from packing_helpers import (
+    PACK,
+    SETTINGS,
+    L,
     check_rank_batches,
     check_resume_at_four_ranks,
     check_whole_documents,
@@ -22,10 +25,6 @@ from spark_dl_core.loaders import packed_streams as packed_streams_module
 from spark_dl_core.loaders.packed_streams import packed_streams
 from spark_dl_core.loaders.settings import LoaderSettings
 from spark_dl_core.order.token_streams import StreamRounds, weighted_streams
-
-L = 32
-PACK = {"column": "tokens", "seq_len": L, "pad_id": 0}
-SETTINGS = {"batch_size": 4, "shuffle": True, "seed": 5, "streams": 4, "pack": PACK}
 
 
 def _docs(n: int = 700, seed: int = 1, top: int = 120) -> list[np.ndarray]:

@@ -22,6 +22,9 @@ deltalake = pytest.importorskip("deltalake")
 from delta_helpers import add_deletion_vector  # noqa: E402
 from deltalake import WriterProperties, write_deltalake  # noqa: E402
 from packing_helpers import (  # noqa: E402
+    PACK,
+    SETTINGS,
+    L,
     check_rank_batches,
     check_resume_at_four_ranks,
     check_whole_documents,
@@ -34,9 +37,6 @@ from spark_dl_core.loaders.settings import LoaderSettings  # noqa: E402
 from spark_dl_core.sources.row_carry import VersionCarryError  # noqa: E402
 from spark_dl_core.tables.delta.table import open_delta  # noqa: E402
 
-L = 32
-PACK = {"column": "tokens", "seq_len": L, "pad_id": 0}
-SETTINGS = {"batch_size": 4, "shuffle": True, "seed": 5, "streams": 4, "pack": PACK}
 GROUP = 200  # rows per Parquet row group
 APPENDS, ROWS = 4, 1000  # data files, rows each: 20 row groups
 
