@@ -63,7 +63,10 @@ def read_vectors(data: bytes) -> dict[int, Vector]:
         if not referenced:
             raise ValueError(f"{where} names no {REFERENCED}")
         bitmaps = DeletionVector._deserialize_bitmap(raw[8:-4])
-        chunks = [(np.asarray(list(b), dtype=np.int64) + (k << 32)) for k, b in enumerate(bitmaps)]
+        chunks = [
+            np.frombuffer(b.to_array(), dtype=np.uint32).astype(np.int64) + (k << 32)
+            for k, b in enumerate(bitmaps)
+        ]
         positions = np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64)
         vectors[int(blob.offset)] = Vector(referenced, int(blob.offset), len(raw), positions)
     return vectors
