@@ -159,6 +159,8 @@ def _permute_span(start: int, count: int, n: int, key: np.uint64) -> np.ndarray:
         out = np.empty(count, dtype=np.int64)
         _shuffle.permute_span(out, int(start), int(n), int(key))
         return out
+    if start == 0 and count == n:  # a whole window: scalar widths and key
+        return _permute_range_numpy(n, key)
     positions = np.arange(start, start + count, dtype=np.uint64)
     each_n, each_key = np.full(count, n, np.uint64), np.full(count, key, np.uint64)
     return _window_permute_numpy(positions, each_n, each_key)
@@ -268,13 +270,8 @@ class GlobalOrder:
         self.__dict__["_then"] = fn
 
     def _compute_window(self, w: int) -> np.ndarray:
-        start, stop = int(self.window_bounds[w]), int(self.window_bounds[w + 1])
-        member = _permute_range(stop - start, self._keys(np.array([w]))[0])
-        member += start
-        # the window's shards only: permuted_offsets[first..last] bound its members
-        first = w * self.window
-        last = min(first + self.window, len(self.perm))
-        return self._window_members_ids(member, first, last)
+        """Window ``w``'s ids at every position: its whole range as one span."""
+        return self._span_ids(int(self.window_bounds[w]), int(self.window_bounds[w + 1]))
 
     def _keep(self, w: int, ids: np.ndarray) -> np.ndarray:
         """Cache window ``w``'s ids, forgetting the oldest beyond three (the window read,
@@ -396,6 +393,7 @@ class GlobalOrder:
         for w, lo, hi, a, b in self._pieces(start, stop):
             member = _permute_span(a - lo, b - a, hi - lo, self._keys(np.array([w]))[0])
             member += lo
+            # the window's shards only: permuted_offsets[first..last] bound its members
             first = w * self.window
             last = min(first + self.window, len(self.perm))
             parts.append(self._window_members_ids(member, first, last))
