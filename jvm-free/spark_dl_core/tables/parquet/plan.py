@@ -123,7 +123,7 @@ class RowGroupPlanning:
             names = self.layout.names
             at = names.index(column) if column in names else None
             known[column] = footer_tokens(
-                self._groups,
+                [(g.rows, g.live) for g in self._groups],
                 self._leaf_values.get(column),
                 next((p for p in self._plans if p.name == column), None),
                 None if at is None else self.layout.encodings[at],

@@ -24,18 +24,18 @@ import pyarrow as pa
 if TYPE_CHECKING:  # pragma: no cover
     from ...format.encoding_base import Encoding
     from ...meta import ColumnPlan
-    from .plan import _RowGroup
 
 
 def footer_tokens(
-    groups: Sequence[_RowGroup],
+    served: Sequence[tuple[int, int]],
     leaf_counts: Sequence[tuple[int, int]] | None,
     plan: ColumnPlan | None,
     encoding: Encoding | None,
     transformed: bool,
 ) -> np.ndarray | None:
-    """Per served row group (``groups``, in order), the values of the list-of-integers column
-    ``plan`` stored as a variable ndarray (``encoding``), from ``leaf_counts``: every row
+    """Per served row group (``served``: its stored and live rows, in order), the values of
+    the list-of-integers column ``plan`` stored as a variable ndarray (``encoding``), from
+    ``leaf_counts``: every row
     group's (rows, leaf values) of every data file, in file order, empty ones included. None
     when a count is not exactly the served rows' values (see the module)."""
     if plan is None or encoding is None or leaf_counts is None or transformed:
@@ -48,11 +48,11 @@ def footer_tokens(
     # Row groups holding rows, in file order: the served ones exactly when none was emptied
     # by deletes or a filter (then every served row group is one of them, in the same order).
     stored = [(rows, values) for rows, values in leaf_counts if rows]
-    if len(stored) != len(groups):
+    if len(stored) != len(served):
         return None
-    out = np.empty(len(groups), dtype=np.int64)
-    for k, (g, (rows, values)) in enumerate(zip(groups, stored)):
-        if values < 0 or rows != g.rows or g.live != g.rows:
+    out = np.empty(len(served), dtype=np.int64)
+    for k, ((group_rows, live), (rows, values)) in enumerate(zip(served, stored)):
+        if values < 0 or rows != group_rows or live != group_rows:
             return None
         out[k] = values
     out.flags.writeable = False
