@@ -108,3 +108,22 @@ def test_a_span_without_the_c_extension_is_the_same(monkeypatch: pytest.MonkeyPa
     fast = order._permute_span(100, 900, 4097, np.uint64(KEYS[2]))
     monkeypatch.setattr(order, "_shuffle", None)
     np.testing.assert_array_equal(order._permute_span(100, 900, 4097, np.uint64(KEYS[2])), fast)
+
+
+def test_a_window_job_inherited_from_a_parent_process_is_not_waited_for() -> None:
+    """A forked DataLoader worker inherits the order with the parent's window job, whose
+    thread it does not have: the job never finishes there, so the worker computes the
+    window itself instead of waiting for it forever."""
+    import os
+    import threading
+    from concurrent.futures import Future
+
+    o = order.GlobalOrder(np.full(6, 500), "fp", 1, 0, True, window=2)
+    want = order.GlobalOrder(np.full(6, 500), "fp", 1, 0, True, window=2).take(0, 1000, True)
+    o.__dict__["_ahead"] = (0, Future(), os.getpid() + 1)  # the parent's, never done here
+    got: list[np.ndarray] = []
+    reader = threading.Thread(target=lambda: got.append(o.take(0, 1000, True)), daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    assert got, "the take waited for a job of another process"
+    np.testing.assert_array_equal(got[0], want)

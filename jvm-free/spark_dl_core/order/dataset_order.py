@@ -243,7 +243,7 @@ class GlobalOrder:
         asked): a dense reader's positions are then a slice or a gather of it. The next
         window's are computed meanwhile on a thread (the permutation releases the GIL), so
         a pass does not stop at each later window's start for O(window samples) of work."""
-        ahead = self.__dict__.get("_ahead")
+        ahead = self._own_ahead()
         if ahead is not None and ahead[0] == w:
             _wait_ahead(ahead[1])  # computed ahead: wait for it rather than compute it again
         ids = self.__dict__.setdefault("_dense", {}).get(w)
@@ -289,11 +289,18 @@ class GlobalOrder:
             return
         if w in self.__dict__.get("_dense", {}):
             return
-        ahead = self.__dict__.get("_ahead")
+        ahead = self._own_ahead()
         if ahead is not None and (ahead[0] == w or not ahead[1].done()):
             return
         job = _ahead_thread().submit(lambda: self._keep(w, self._compute_window(w)))
-        self.__dict__["_ahead"] = (w, job)
+        self.__dict__["_ahead"] = (w, job, os.getpid())
+
+    def _own_ahead(self) -> tuple[int, Future[Any], int] | None:
+        """The window this process is computing ahead, if any. A forked DataLoader worker
+        inherits its parent's (a job of a thread that does not exist there, which would
+        never finish): it has none."""
+        ahead = self.__dict__.get("_ahead")
+        return ahead if ahead is not None and ahead[2] == os.getpid() else None
 
     def _window_members_ids(self, member: np.ndarray, first: int, last: int) -> np.ndarray:
         """:meth:`_ids_of` for positions ``member`` of permuted shards ``first..last-1``
@@ -462,6 +469,16 @@ def _ahead_thread() -> ThreadPoolExecutor:
             pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-dl-order-ahead")
             _AHEAD = (os.getpid(), pool)
         return _AHEAD[1]
+
+
+def _lock_of_the_child() -> None:
+    """A forked child's window-thread lock, new: the parent's may have been held at the
+    fork by a thread the child does not have."""
+    global _AHEAD_LOCK
+    _AHEAD_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_lock_of_the_child)
 
 
 def _wait_ahead(job: Future[Any]) -> None:
