@@ -55,8 +55,12 @@ for mode in modes.split(","):  # one loader after another, as a training script 
             report["error"] = str(exc)
     report["warnings"] = [str(w.message) for w in caught if w.category is RanksNotComparedWarning]
     reports[mode] = report
-json.dump(reports, open(os.path.join(out, f"rank{rank}.json"), "w"))
+with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+    json.dump(reports, f)
+dist.barrier()  # no rank tears gloo down while the other still uses it
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # no interpreter teardown, where gloo's threads can abort a finished process
 """
 
 
