@@ -21,6 +21,7 @@ from .datasource import MDSDataSource, install_save_modes, register_source
 from .delta import read_delta
 from .delta_session import delta_jars, with_delta
 from .iceberg_session import iceberg_jars, with_iceberg
+from .jvm_scan import with_jvm_scan
 from .mixtures import mix
 from .sql import register_dataset, run_sql_file
 
@@ -66,5 +67,6 @@ __all__ = [
     "run_sql_file",
     "with_delta",
     "with_iceberg",
+    "with_jvm_scan",
     "write_mds",
 ]

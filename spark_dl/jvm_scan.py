@@ -7,8 +7,15 @@ there); :func:`install_jvm_scan` adds that jar to a classic session and an optim
 that swaps the Python scan for a JVM one over only the columns a query uses (a count reads
 no column at all). The rule leaves every read it cannot answer identically (another
 compression, encoding or hash, read-time transforms, remote storage, a mixture,
-Mosaic's datasets) to the Python reader. Spark Connect sessions, a missing jar, and
+Mosaic's datasets) to the Python reader. A missing jar and
 ``spark.spark_dl.jvmScan.enabled=false`` keep every read on the Python path.
+
+Spark Connect: the client has no JVM to add a rule from, so the server gets it at start, as
+a session extension: :func:`with_jvm_scan` puts the jar on ``spark.jars`` and
+``sparkdl.jvm.MdsExtensions`` on ``spark.sql.extensions`` of a session builder (a local
+``remote("local[...]")`` server takes them too; a cluster's Connect server takes the same two
+settings). A classic session built that way has the rule from the start as well, and
+:func:`install_jvm_scan` then leaves it alone.
 """
 
 from __future__ import annotations
@@ -20,15 +27,47 @@ from typing import Any
 
 JAR = Path(__file__).parent / "jvm" / "spark-dl-jvm.jar"
 ENABLED = "spark.spark_dl.jvmScan.enabled"
+EXTENSION = "sparkdl.jvm.MdsExtensions"
 _RULE = "sparkdl.jvm.MdsScanRule"
 # Sessions the rule was installed on (or found not to take it): asked once each.
 _DONE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
+def with_jvm_scan(builder: Any) -> Any:
+    """``builder`` (a ``SparkSession.Builder``) with the JVM scan as a session extension: the
+    jar on ``spark.jars`` and :data:`EXTENSION` on ``spark.sql.extensions``, keeping what the
+    builder already has. The way for Spark Connect (local or a cluster's server); unchanged
+    where no jar was built (no ``javac`` at install)."""
+    if not JAR.is_file():
+        return builder
+    options = dict(getattr(builder, "_options", {}))
+    jars = [j for j in str(options.get("spark.jars", "")).split(",") if j]
+    extensions = [e for e in str(options.get("spark.sql.extensions", "")).split(",") if e]
+    if str(JAR) not in jars:
+        builder = builder.config("spark.jars", ",".join([*jars, str(JAR)]))
+    if EXTENSION not in extensions:
+        builder = builder.config("spark.sql.extensions", ",".join([*extensions, EXTENSION]))
+    return builder
+
+
+def has_jvm_scan_extension(spark: Any) -> bool:
+    """Whether ``spark``'s application was started with :data:`EXTENSION` (read from the
+    session's conf: classic and Connect alike)."""
+    try:
+        configured = str(spark.conf.get("spark.sql.extensions", "") or "")
+    except Exception:  # a conf the server will not show
+        return False
+    return EXTENSION in [e.strip() for e in configured.split(",")]
+
+
 def install_jvm_scan(spark: Any) -> bool:
-    """Add the JVM scan's jar and optimizer rule to ``spark`` (once; idempotent). False
-    where it does not apply: Spark Connect, no jar built, or the conf turns it off."""
+    """Add the JVM scan's jar and optimizer rule to a classic ``spark`` (once; idempotent).
+    False where it does not apply: Spark Connect, a session that has the rule from
+    :func:`with_jvm_scan`'s extension, no jar built, or the conf turns it off."""
     if spark is None or spark in _DONE:
+        return False
+    if has_jvm_scan_extension(spark):  # Spark added the rule when it built the session
+        _remember(spark)
         return False
     jsession = _classic_jsession(spark)
     if jsession is None or not JAR.is_file():  # Spark Connect (no JVM here), or no javac

@@ -59,8 +59,8 @@ def _builder(builder: Any, tmp: str, connect: bool) -> Any:
     for key, value in _CONF.items():
         if not (connect and key.startswith("spark.ui")):  # static: Connect refuses them
             builder = builder.config(key, value)
-    if connect:
-        return builder
+    if connect:  # the JVM scan as a Connect server gets it: a session extension
+        return spark_dl.with_jvm_scan(builder)
     return builder.config("spark.sql.warehouse.dir", os.path.join(tmp, "warehouse"))
 
 

@@ -31,7 +31,11 @@ TYPES = (
 
 
 def _plan(df: Any) -> str:
-    return str(df._jdf.queryExecution().executedPlan().toString())
+    """The physical plan's text: the JVM's (classic), the server's explain (Connect)."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return str(df._explain_string(extended=False))
+    return str(jdf.queryExecution().executedPlan().toString())
 
 
 def _both(spark: Any, read: Any) -> tuple[list[Any], list[Any]]:
@@ -403,17 +407,25 @@ def test_the_conf_keeps_a_session_on_the_python_reader_until_turned_on(
     assert rules.toString().count("MdsScanRule") == 1
 
 
-def test_a_connect_session_reads_on_the_python_reader(connect_spark: Any, tmp_path: Path) -> None:
-    """Spark Connect has no JVM in the client: the scan is not installed there (no JVM
-    attribute touched) and its reads, through the patched ``load()``, give the dataset's
-    rows as the core reads them."""
-    from spark_dl.jvm_scan import _classic_jsession, install_jvm_scan
+def test_a_connect_server_built_with_the_extension_reads_on_the_jvm_scan(
+    connect_spark: Any, tmp_path: Path
+) -> None:
+    """Spark Connect has no JVM in the client: ``install_jvm_scan`` touches nothing there. The
+    shared Connect server is built with ``with_jvm_scan`` (tests/conftest.py), whose session
+    extension gives it the scan: its plans name MdsJvmScan, over only the columns a query
+    uses, with the Python reader's rows, and the conf turns it off per session."""
+    from spark_dl.jvm_scan import _classic_jsession, has_jvm_scan_extension, install_jvm_scan
     from spark_dl_core import open_dataset
 
-    path = _write(connect_spark, tmp_path / "d", 40)
-    assert _classic_jsession(connect_spark) is None
-    assert not install_jvm_scan(connect_spark)
-    df = connect_spark.read.format("mds").load(path)
-    assert df.count() == 40
+    spark = connect_spark
+    path = _write(spark, tmp_path / "d", 40)
+    assert _classic_jsession(spark) is None
+    assert has_jvm_scan_extension(spark)
+    assert not install_jvm_scan(spark)
+    jvm, python = _both(spark, lambda: spark.read.format("mds").load(path))
+    assert jvm == python and len(jvm) == 40
     want = open_dataset(path).to_arrow().column("id").to_pylist()
-    assert sorted(r["id"] for r in df.select("id").collect()) == sorted(want)
+    assert sorted(r["id"] for r in jvm) == sorted(want)
+    only = spark.read.format("mds").load(path).select("i")
+    assert "struct<i:int>" in _plan(only), _plan(only)
+    assert spark.read.format("mds").load(path).filter("id % 2 = 0").count() == 20
