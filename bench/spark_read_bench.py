@@ -16,6 +16,9 @@ of every column (``write.format("noop")``). Each line says which reader ran the 
 or ``columns=`` store it); ``--shape features_var`` stores it as a plain
 ``df.write.format("mds")`` does, variable ``ndarray:float32``.
 
+``--connect`` runs it all on a local Spark Connect server started with the JVM scan's
+session extension (``spark_dl.with_jvm_scan``): the reads a Connect client gets.
+
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python bench/spark_read_bench.py [--rows N]
 """
 
@@ -35,18 +38,25 @@ from typing import Any
 QUERIES = ("count", "count+2sums", "scan")
 
 
-def _session() -> Any:
+def _session(connect: bool) -> Any:
+    """A classic ``local[2]`` session (the JVM scan added at run time), or a client of a local
+    Spark Connect server started with the JVM scan's session extension."""
     from pyspark.sql import SparkSession
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
     import spark_dl
 
+    if connect:
+        os.environ["SPARK_TESTING"] = "1"  # the local server on a free port, not 15002
+        builder = spark_dl.with_jvm_scan(SparkSession.builder.remote("local[2]"))
+        spark = builder.config("spark.sql.shuffle.partitions", "2").getOrCreate()
+    else:
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .getOrCreate()
+        )
     spark_dl.register(spark)
     return spark
 
@@ -155,8 +165,10 @@ def _register_floor(spark: Any) -> None:
 def _reader(spark: Any, path: Path, query: str) -> str:
     """Which reader ``format("mds")`` runs ``query`` on (its executed plan says: the JVM scan
     takes a query only where it reads every column the query uses)."""
-    plan = _frames(spark, path, "mds")[query]()._jdf.queryExecution().executedPlan().toString()
-    return "JVM scan" if "MdsJvmScan" in plan else "Python reader"
+    df = _frames(spark, path, "mds")[query]()
+    jdf = getattr(df, "_jdf", None)  # classic: the JVM's plan; Connect: the server's explain
+    plan = jdf.queryExecution().executedPlan().toString() if jdf else df._explain_string()
+    return "JVM scan" if "MdsJvmScan" in str(plan) else "Python reader"
 
 
 def main() -> None:
@@ -171,12 +183,15 @@ def main() -> None:
     parser.add_argument("--python", action="store_true", help="also time the Python reader")
     parser.add_argument("--data", type=Path, help="keep the written rows here (reused if there)")
     parser.add_argument(
+        "--connect", action="store_true", help="on a local Spark Connect server (with_jvm_scan)"
+    )
+    parser.add_argument(
         "--only", choices=("mds", "parquet"), help="with --data: run this format's queries only"
     )
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    spark = _session()
+    spark = _session(args.connect)
     if args.only:  # one format, nothing written or compared: for timing whole processes
         if args.data is None:
             raise SystemExit("--only needs --data (written by an earlier run)")
@@ -199,7 +214,8 @@ def main() -> None:
             _register_floor(spark)
             paths["mds_floor"] = paths["mds"]
             formats.append("mds_floor")
-        print(f"\nstorage -> Spark read, {args.rows:,} rows, shape {args.shape}, local[2]")
+        kind = "Spark Connect on local[2]" if args.connect else "local[2]"
+        print(f"\nstorage -> Spark read, {args.rows:,} rows, shape {args.shape}, {kind}")
         print(f"  load average before: {os.getloadavg()[0]:.2f}")
         for name in args.queries.split(","):
             fns = {f: _queries(spark, paths[f], f)[name] for f in formats}
