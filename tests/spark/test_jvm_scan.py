@@ -429,3 +429,22 @@ def test_a_connect_server_built_with_the_extension_reads_on_the_jvm_scan(
     only = spark.read.format("mds").load(path).select("i")
     assert "struct<i:int>" in _plan(only), _plan(only)
     assert spark.read.format("mds").load(path).filter("id % 2 = 0").count() == 20
+
+
+def test_with_jvm_scan_adds_the_jar_and_extension_keeping_the_builders_own() -> None:
+    """Composed with other helpers in either order and applied twice, the builder keeps every
+    jar and extension once (checked on the builder: no session is started)."""
+    from pyspark.sql import SparkSession
+
+    import spark_dl
+    from spark_dl.delta_session import EXTENSION as DELTA
+    from spark_dl.jvm_scan import EXTENSION
+
+    builder = SparkSession.Builder().config("spark.sql.extensions", "my.Extension")
+    builder = builder.config("spark.jars", "/opt/my.jar")
+    options = spark_dl.with_jvm_scan(spark_dl.with_jvm_scan(builder))._options
+    assert options["spark.sql.extensions"] == f"my.Extension,{EXTENSION}"
+    assert options["spark.jars"] == f"/opt/my.jar,{JAR}"
+    both = spark_dl.with_delta(spark_dl.with_jvm_scan(SparkSession.Builder()))._options
+    assert both["spark.sql.extensions"].split(",") == [EXTENSION, DELTA]
+    assert str(JAR) in both["spark.jars"].split(",")
