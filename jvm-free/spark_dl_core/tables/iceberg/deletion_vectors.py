@@ -73,24 +73,20 @@ def read_vectors(data: bytes) -> dict[int, Vector]:
 
 
 def entry_vector(vectors: dict[int, Vector], entry: Any, uri: str) -> Vector | None:
-    """The vector manifest entry ``entry`` (a PyIceberg DataFile of a deletion vector)
-    points at, checked against it, when it is data file ``uri``'s (else None); ValueError
-    saying what disagrees.
+    """The vector manifest entry ``entry`` (a PyIceberg DataFile of a deletion vector, read
+    with its v3 fields: ``deletes.manifest_entries``) points at, checked against it, when it
+    is data file ``uri``'s (else None); ValueError saying what disagrees.
 
-    PyIceberg 0.12 reads a manifest entry without its v3 fields (offset, size, data file),
-    and pairs each deletion vector entry with every data file of its partition: then the
-    data file's vector is the blob naming it, and the entry's record count must be some
-    blob's cardinality."""
+    An entry without its offset or data file is refused: the spec requires both, and
+    matching a vector by the data file its Puffin footer names instead would trust a footer
+    that no checksum covers (a damaged name moves deletes to another file, or drops them)."""
     offset = _v3_field(entry, "content_offset")
-    if offset is None:
-        mine = [v for v in vectors.values() if v.data_file == uri]
-        if len(mine) > 1:
-            raise ValueError(f"{len(mine)} vectors are for {uri}, one is allowed")
-        if all(len(v.positions) != int(entry.record_count) for v in vectors.values()):
-            raise ValueError(
-                f"no vector in it deletes {entry.record_count} rows, as a manifest entry says"
-            )
-        return mine[0] if mine else None
+    named = _v3_field(entry, "referenced_data_file")
+    if offset is None or named is None:
+        raise ValueError(
+            "its manifest entry gives no content_offset or referenced_data_file, which a "
+            "deletion vector's entry must (Iceberg v3)"
+        )
     found = vectors.get(int(offset))
     if found is None:
         raise ValueError(f"its manifest entry points at byte {offset}, where no vector starts")
@@ -100,8 +96,7 @@ def entry_vector(vectors: dict[int, Vector], entry: Any, uri: str) -> Vector | N
             f"the vector at byte {found.offset} is {found.length} bytes, its manifest entry "
             f"says {size}"
         )
-    named = _v3_field(entry, "referenced_data_file")
-    if named is not None and named != found.data_file:
+    if named != found.data_file:
         raise ValueError(
             f"the vector at byte {found.offset} is for {found.data_file}, its manifest entry "
             f"for {named}"
@@ -112,6 +107,18 @@ def entry_vector(vectors: dict[int, Vector], entry: Any, uri: str) -> Vector | N
             f"manifest entry's record count is {entry.record_count}"
         )
     return found if found.data_file == uri else None
+
+
+def vector_target(entry: Any) -> str:
+    """The data file whose rows a deletion vector's manifest entry deletes; ValueError where
+    the entry does not say (the spec requires it; PyIceberg's own manifest reader drops it)."""
+    named = _v3_field(entry, "referenced_data_file")
+    if named is None:
+        raise ValueError(
+            f"the deletion vector entry of {entry.file_path} names no referenced_data_file, "
+            "which a deletion vector's entry must (Iceberg v3)"
+        )
+    return str(named)
 
 
 def _v3_field(entry: Any, name: str) -> Any:

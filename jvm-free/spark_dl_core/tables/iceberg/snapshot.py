@@ -412,7 +412,7 @@ def _plan_files(
         rows = int(data.record_count)
         records.append(rows)
         gone = []
-        for d in sorted(task.delete_files, key=_path):
+        for d in task.delete_files:
             positions = reader.positions(d, uri)
             if positions is not None and len(positions):
                 _check_positions(snap, positions, d, uri, rows)
@@ -457,10 +457,6 @@ def _check_positions(
 def _manifest_list(table: Any, snapshot_id: int) -> str:
     snapshot = table.metadata.snapshot_by_id(snapshot_id)
     return f"manifest list {getattr(snapshot, 'manifest_list', None)}"
-
-
-def _path(delete: Any) -> str:
-    return str(delete.file_path)
 
 
 def _identity_columns(table: Any, spec_id: int, schema_id: int) -> set[str]:
