@@ -20,6 +20,8 @@ from typing import Any
 
 from spark_dl_core.errors import SparkDLError
 
+from .builder_lists import extend_listed
+
 ENV_JARS = "SPARK_DL_DELTA_JARS"
 EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
@@ -68,18 +70,12 @@ def with_delta(builder: Any, jars_dir: str | os.PathLike[str] | None = None) -> 
     settings reach the local Spark Connect server it starts.
     """
     jars = delta_jars(jars_dir)
-    options = dict(getattr(builder, "_options", {}))
     if jars:
-        earlier = options.get("spark.jars", "")
-        builder = builder.config("spark.jars", ",".join([*filter(None, [earlier]), *jars]))
+        builder = extend_listed(builder, "spark.jars", jars)
     else:
         builder = builder.config("spark.jars.packages", _maven_coordinates())
-    extensions = [e for e in str(options.get("spark.sql.extensions", "")).split(",") if e]
-    if EXTENSION not in extensions:
-        extensions.append(EXTENSION)
-    return builder.config("spark.sql.extensions", ",".join(extensions)).config(
-        "spark.sql.catalog.spark_catalog", CATALOG
-    )
+    builder = extend_listed(builder, "spark.sql.extensions", [EXTENSION])
+    return builder.config("spark.sql.catalog.spark_catalog", CATALOG)
 
 
 def _delta_version() -> str | None:

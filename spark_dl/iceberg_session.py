@@ -26,6 +26,8 @@ from typing import Any
 
 from spark_dl_core.errors import SparkDLError
 
+from .builder_lists import extend_listed
+
 ENV_JARS = "SPARK_DL_ICEBERG_JARS"
 EXTENSION = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 CATALOG_CLASS = "org.apache.iceberg.spark.SparkCatalog"
@@ -107,10 +109,8 @@ def with_iceberg(
     with :func:`~spark_dl.with_delta`), and the catalog. Jars already set are kept.
     """
     jars = iceberg_jars(jars_dir)
-    options = dict(getattr(builder, "_options", {}))
     if jars:
-        earlier = [j for j in str(options.get("spark.jars", "")).split(",") if j]
-        builder = builder.config("spark.jars", ",".join([*jars, *earlier]))
+        builder = extend_listed(builder, "spark.jars", jars, first=True)
     else:
         artifact, version, compat = runtime_artifact()
         if compat:
@@ -118,16 +118,12 @@ def with_iceberg(
                 f"no Iceberg jars found: Spark {_spark_version()} needs {artifact} with "
                 "spark-dl's compatibility jar, built by `make install` in a checkout"
             )
-        earlier = [p for p in str(options.get("spark.jars.packages", "")).split(",") if p]
         coords = f"org.apache.iceberg:{artifact}:{version}"
-        builder = builder.config("spark.jars.packages", ",".join([*earlier, coords]))
-    extensions = [e for e in str(options.get("spark.sql.extensions", "")).split(",") if e]
-    if EXTENSION not in extensions:
-        extensions.append(EXTENSION)
+        builder = extend_listed(builder, "spark.jars.packages", [coords])
+    builder = extend_listed(builder, "spark.sql.extensions", [EXTENSION])
     prefix = f"spark.sql.catalog.{catalog}"
     return (
-        builder.config("spark.sql.extensions", ",".join(extensions))
-        .config(prefix, CATALOG_CLASS)
+        builder.config(prefix, CATALOG_CLASS)
         .config(f"{prefix}.type", "hadoop")
         .config(f"{prefix}.warehouse", str(warehouse))
     )

@@ -25,6 +25,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from .builder_lists import extend_listed
+
 JAR = Path(__file__).parent / "jvm" / "spark-dl-jvm.jar"
 ENABLED = "spark.spark_dl.jvmScan.enabled"
 EXTENSION = "sparkdl.jvm.MdsExtensions"
@@ -40,14 +42,8 @@ def with_jvm_scan(builder: Any) -> Any:
     where no jar was built (no ``javac`` at install)."""
     if not JAR.is_file():
         return builder
-    options = dict(getattr(builder, "_options", {}))
-    jars = [j for j in str(options.get("spark.jars", "")).split(",") if j]
-    extensions = [e for e in str(options.get("spark.sql.extensions", "")).split(",") if e]
-    if str(JAR) not in jars:
-        builder = builder.config("spark.jars", ",".join([*jars, str(JAR)]))
-    if EXTENSION not in extensions:
-        builder = builder.config("spark.sql.extensions", ",".join([*extensions, EXTENSION]))
-    return builder
+    builder = extend_listed(builder, "spark.jars", [str(JAR)])
+    return extend_listed(builder, "spark.sql.extensions", [EXTENSION])
 
 
 def has_jvm_scan_extension(spark: Any) -> bool:
