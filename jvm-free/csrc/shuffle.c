@@ -430,6 +430,119 @@ static PyObject *runs_to_ids(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(shards_of_doc,
+             "shards_of(index, offsets, table, shift, out, seen) -> list\n\n"
+             "out[i] = the shard k with offsets[k] <= index[i] < offsets[k+1], and the distinct\n"
+             "shards met, ascending. table (int32, or None: a binary search per id) holds the\n"
+             "first shard of each bucket of 2**shift ids (from id 0), from which an id walks on past the\n"
+             "shard starts inside its bucket. index, offsets: C-contiguous int64; out: int32;\n"
+             "seen: uint8, one per shard, all zero (left so). An id outside\n"
+             "offsets[0]..offsets[-1]-1 raises IndexError naming it.");
+
+/* The reader's plan of a batch: which shard holds each of its ids, and which shards it needs,
+ * in one pass over the ids (numpy needed a gather, a compare-and-add per step, then a
+ * min, max, bincount and nonzero: about 15 ns an id, 15% of a warm in-memory epoch). */
+static PyObject *shards_of(PyObject *self, PyObject *args)
+{
+    Py_buffer index, offsets, out, seen;
+    PyObject *table_obj, *found = NULL;
+    Py_buffer table = {0};
+    int has_table = 0, ok = 1, shift;
+    Py_ssize_t n, shards, i, bad = -1, lo = PY_SSIZE_T_MAX, hi = -1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*Oiw*w*:shards_of", &index, &offsets, &table_obj, &shift,
+                          &out, &seen))
+        return NULL;
+    if (table_obj != Py_None) {
+        if (PyObject_GetBuffer(table_obj, &table, PyBUF_C_CONTIGUOUS) < 0) {
+            ok = 0;
+        } else {
+            has_table = 1;
+        }
+    }
+    n = index.len / 8;
+    shards = offsets.len / 8 - 1;
+    if (ok && (index.len % 8 || offsets.len % 8 || shards < 1 || out.len != n * 4 ||
+               seen.len < shards || (has_table && table.len % 4) || shift < 0 || shift > 62 ||
+               !PyBuffer_IsContiguous(&index, 'C') || !PyBuffer_IsContiguous(&offsets, 'C') ||
+               !PyBuffer_IsContiguous(&out, 'C') || !PyBuffer_IsContiguous(&seen, 'C'))) {
+        PyErr_SetString(PyExc_ValueError,
+                        "shards_of: contiguous int64 ids and offsets, int32 out of len(ids), "
+                        "uint8 seen of one per shard");
+        ok = 0;
+    }
+    if (ok) {
+        const int64_t *x = (const int64_t *)index.buf, *b = (const int64_t *)offsets.buf;
+        const int32_t *t = has_table ? (const int32_t *)table.buf : NULL;
+        Py_ssize_t buckets = has_table ? table.len / 4 : 0;
+        int32_t *o = (int32_t *)out.buf;
+        uint8_t *mark = (uint8_t *)seen.buf;
+        for (i = 0; i < n; i++) {
+            int64_t v = x[i];
+            Py_ssize_t k;
+            if (v < b[0] || v >= b[shards]) {
+                bad = i;
+                break;
+            }
+            if (t != NULL && (v >> shift) < buckets) {
+                k = t[v >> shift];
+                if (k < 0)
+                    k = 0;
+                while (k + 1 < shards && v >= b[k + 1])
+                    k++;
+            } else {
+                Py_ssize_t l = 0, h = shards; /* b[l] <= v < b[h] */
+                while (h - l > 1) {
+                    Py_ssize_t mid = (l + h) / 2;
+                    if (b[mid] <= v)
+                        l = mid;
+                    else
+                        h = mid;
+                }
+                k = l;
+            }
+            o[i] = (int32_t)k;
+            mark[k] = 1;
+            if (k < lo)
+                lo = k;
+            if (k > hi)
+                hi = k;
+        }
+        found = PyList_New(0);
+        for (i = lo; found != NULL && i <= hi; i++) { /* the marks are cleared as read */
+            if (mark[i]) {
+                PyObject *k = PyLong_FromSsize_t(i);
+                mark[i] = 0;
+                if (k == NULL || PyList_Append(found, k) < 0) {
+                    Py_XDECREF(k);
+                    Py_CLEAR(found);
+                    break;
+                }
+                Py_DECREF(k);
+            }
+        }
+        if (found == NULL) {
+            for (i = lo; i <= hi; i++)
+                mark[i] = 0;
+            ok = 0;
+        } else if (bad >= 0) {
+            PyErr_Format(PyExc_IndexError, "sample id %lld is not in %lld..%lld",
+                         (long long)x[bad], (long long)b[0], (long long)b[shards] - 1);
+            Py_CLEAR(found);
+            ok = 0;
+        }
+    }
+    if (has_table)
+        PyBuffer_Release(&table);
+    PyBuffer_Release(&index);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&seen);
+    if (!ok)
+        return NULL;
+    return found;
+}
+
 PyDoc_STRVAR(interleave_shuffle_doc,
              "interleave_shuffle(out, parts, lengths, words)\n\n"
              "Batch b of out: lengths[b, 0] items taken in turn from parts[0], then\n"
@@ -544,6 +657,7 @@ static PyMethodDef methods[] = {
     {"permute_span", permute_span_py, METH_VARARGS, permute_span_doc},
     {"window_permute", window_permute_c, METH_VARARGS, window_permute_doc},
     {"runs_to_ids", runs_to_ids, METH_VARARGS, runs_to_ids_doc},
+    {"shards_of", shards_of, METH_VARARGS, shards_of_doc},
     {NULL, NULL, 0, NULL},
 };
 

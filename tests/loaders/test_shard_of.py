@@ -44,3 +44,37 @@ def test_an_id_past_the_last_sample_is_refused_not_mapped() -> None:
     assert lookup.table is not None
     with pytest.raises(IndexError):
         lookup(np.array([1 << 20], dtype=np.int64))
+
+
+def test_a_batch_plan_gives_each_ids_shard_and_the_distinct_shards_in_one_pass() -> None:
+    """``ShardOf.plan`` (the C pass the reader plans each batch with, or numpy without the
+    extension): the binary search's shard per id and the sorted distinct shards, for
+    table and fallback layouts alike, and its marks left clear for the next batch."""
+    from spark_dl_core.loaders import reader
+
+    rng = np.random.default_rng(1)
+    fallback = _offsets(np.array([1_000_000] + [1] * 50 + [1_000_000]))
+    layouts = [fallback] + [
+        _offsets(rng.integers(1, int(rng.choice([3, 50, 5000])), int(rng.integers(1, 40))))
+        for _ in range(300)
+    ]
+    for offsets in layouts:
+        lookup = ShardOf(offsets)
+        for size in (1, 7, 3000):
+            ids = rng.integers(0, offsets[-1], size).astype(np.int64)
+            want = np.searchsorted(offsets, ids, side="right") - 1
+            got, needs = lookup.plan(ids)
+            assert got.dtype == np.int32
+            np.testing.assert_array_equal(got, want)
+            assert needs == np.unique(want).tolist()
+    assert reader._shards_of is not None  # the C pass ran (make install builds it)
+    assert lookup._seen is not None and not lookup._seen.any()
+
+
+@pytest.mark.parametrize("bad", [-1, 8292, 1 << 40])
+def test_a_batch_plan_refuses_an_id_outside_the_dataset_naming_it(bad: int) -> None:
+    lookup = ShardOf(_offsets(np.array([4096, 4096, 100])))
+    with pytest.raises(IndexError, match=str(bad)):
+        lookup.plan(np.array([5, bad, 7], dtype=np.int64))
+    got, needs = lookup.plan(np.array([5, 4100], dtype=np.int64))  # the marks were cleared
+    assert got.tolist() == [0, 1] and needs == [0, 1]

@@ -22,6 +22,11 @@ from ..errors import SpecError
 from ..meta import python_types
 from ..ops.read import VIEWED_KINDS, ReadOps
 
+try:  # the C plan of a batch (csrc/shuffle.c); numpy where the extension is not built
+    from ..order._shuffle import shards_of as _shards_of
+except ImportError:
+    _shards_of = None
+
 if TYPE_CHECKING:
     from ..format.shard import ShardData
     from ..shard_source import Batch, ShardSource
@@ -48,7 +53,8 @@ class ShardOf:
     MAX_STEPS = 4
 
     def __init__(self, offsets: np.ndarray) -> None:
-        self.offsets = offsets
+        self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        self._seen: np.ndarray | None = None  # shards_of's marks (all zero between calls)
         self.table: np.ndarray | None = None
         self.shift, self.steps = 0, 0
         sizes = np.diff(offsets)
@@ -64,6 +70,20 @@ class ShardOf:
             starts = np.arange(buckets, dtype=np.int64) << shift
             shard = np.searchsorted(offsets, starts, side="right") - 1
             self.table, self.shift, self.steps = shard.astype(np.int32), shift, steps
+
+    def plan(self, index: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """Each id's shard (int32) and the distinct shards, ascending: what the reader plans a
+        batch by, in one pass in C (``order._shuffle.shards_of``), else
+        :meth:`__call__` and :func:`_distinct`. An id outside the dataset raises IndexError."""
+        if _shards_of is None or not len(index):
+            shard_of = self(index)
+            return shard_of, _distinct(shard_of)
+        if self._seen is None:
+            self._seen = np.zeros(len(self.offsets) - 1, dtype=np.uint8)
+        out = np.empty(len(index), dtype=np.int32)
+        index = np.ascontiguousarray(index, dtype=np.int64)
+        needs = _shards_of(index, self.offsets, self.table, self.shift, out, self._seen)
+        return out, needs
 
     def __call__(self, index: np.ndarray) -> np.ndarray:
         if self.table is None or not len(index) or int(index.min()) < 0:
@@ -215,8 +235,7 @@ class BatchReader:
         while self.next_plan < end:
             j = self.next_plan
             index = np.asarray(self.batches[j], dtype=np.int64)
-            shard_of = self._shard_of(index) if len(index) else np.empty(0, np.int32)
-            needs = _distinct(shard_of)
+            shard_of, needs = self._shard_of.plan(index)
             with self.cond:
                 self.planned[j] = (index, shard_of, needs)
                 queued = False
