@@ -308,12 +308,29 @@ class GlobalOrder:
         its shard's shift), else a search and three gathers of window-sized arrays."""
         bounds = self.permuted_offsets[first : last + 1]
         if _shuffle is not None and hasattr(_shuffle, "runs_to_ids"):
-            starts = self.offsets if self.bases is None else self.bases
-            shifts = np.ascontiguousarray(starts[self.perm[first:last]] - bounds[:-1], np.int64)
-            _shuffle.runs_to_ids(member, np.ascontiguousarray(bounds), shifts)
+            _shuffle.runs_to_ids(member, bounds, self._shifts()[first:last])
             return member
         k = first - 1 + np.searchsorted(bounds, member, side="right")
         return self._ids_of(member, k)
+
+    def _shifts(self) -> np.ndarray:
+        """Per permuted shard, its first id less its first position: what
+        :meth:`_window_members_ids` adds to a member (kept, O(shards); every span of a
+        sparse reader used to compute its window's again)."""
+        shifts = self.__dict__.get("_shift_of")
+        if shifts is None:
+            starts = self.offsets if self.bases is None else self.bases
+            shifts = np.ascontiguousarray(starts[self.perm] - self.permuted_offsets[:-1])
+            self.__dict__["_shift_of"] = shifts
+        return shifts
+
+    def _window_key(self, w: int) -> np.uint64:
+        """Window ``w``'s permutation key (every window's computed once, kept: O(windows))."""
+        keys = self.__dict__.get("_window_keys")
+        if keys is None:
+            keys = self._keys(np.arange(len(self.window_bounds) - 1)).tolist()
+            self.__dict__["_window_keys"] = keys
+        return np.uint64(keys[w])
 
     def _ids_of(self, member: np.ndarray, k: np.ndarray) -> np.ndarray:
         """Ids of positions ``member`` of the permuted shards' concatenation, in shard ``k``."""
@@ -398,7 +415,7 @@ class GlobalOrder:
         same ids as :meth:`ids`, nothing kept."""
         parts = []
         for w, lo, hi, a, b in self._pieces(start, stop):
-            member = _permute_span(a - lo, b - a, hi - lo, self._keys(np.array([w]))[0])
+            member = _permute_span(a - lo, b - a, hi - lo, self._window_key(w))
             member += lo
             # the window's shards only: permuted_offsets[first..last] bound its members
             first = w * self.window
@@ -412,6 +429,8 @@ class GlobalOrder:
         state.pop("_last", None)
         state.pop("_ahead", None)
         state.pop("_then", None)
+        state.pop("_shift_of", None)  # derived: each process computes its own
+        state.pop("_window_keys", None)
         return state
 
     @property
@@ -420,6 +439,7 @@ class GlobalOrder:
         arrays = [self.offsets] if self.bases is None else [self.offsets, self.bases]
         if self.shuffle:
             arrays += [self.perm, self.permuted_offsets, self.window_bounds]
+            arrays += [self.__dict__["_shift_of"]] if "_shift_of" in self.__dict__ else []
         return sum(a.nbytes for a in arrays)
 
 
