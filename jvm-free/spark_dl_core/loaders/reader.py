@@ -25,7 +25,7 @@ from ..ops.read import VIEWED_KINDS, ReadOps
 try:  # the C plan of a batch (csrc/shuffle.c); numpy where the extension is not built
     from ..order._shuffle import shards_of as _shards_of
 except ImportError:
-    _shards_of = None
+    _shards_of = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from ..format.shard import ShardData
