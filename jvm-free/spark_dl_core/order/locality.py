@@ -242,6 +242,15 @@ class RoundRobinOrder:
             parts.append(ids[base + max(start, at) - at : base + min(stop, at + size) - at])
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    def take_run(self, g: int, count: int, dense: bool = False) -> np.ndarray:
+        """Ids of global batches ``g, g + P, ..., g + (count - 1) P``: consecutive batches
+        of stream ``g % P``, one take of it (a reader decoding one stream's batches at once
+        gathers from that stream's few shards; see ``EpochPlan.stream_period``)."""
+        size, p = self.batch_size, self.streams
+        last = g + (count - 1) * p
+        lo, hi = (g // p) * size, (last // p) * size + min(size, self.total - last * size)
+        return self._stream_take(g % p, lo, hi, dense)
+
     def _stream_take(self, s: int, lo: int, hi: int, dense: bool) -> np.ndarray:
         """Stream ``s``'s ids at its positions ``lo:hi``."""
         return np.asarray(self.stream(s).take(lo, hi, dense))

@@ -231,6 +231,31 @@ class EpochPlan(Sequence[np.ndarray]):
         start, stop = self._bounds(batches[0])[0], self._bounds(batches[-1])[1]
         return self._take(start, stop)
 
+    def stream_period(self) -> int:
+        """``Q`` when this rank's batch ``k`` and ``k + Q`` are consecutive batches of one
+        stream of a streamed order (``W`` dividing its ``P`` streams, ``Q = P / W > 1``,
+        the position on a batch boundary), so :meth:`joined_run` reads a run of them as
+        one take; else 0. A padded last batch (``tail``) is not part of any run."""
+        order = self.order
+        if not isinstance(order, RoundRobinOrder) or order.batch_size != self.batch_size:
+            return 0
+        if order.streams % self.world_size or self.consumed % self.batch_size:
+            return 0
+        period = order.streams // self.world_size
+        return period if period > 1 else 0
+
+    def joined_run(self, k: int, count: int) -> np.ndarray:
+        """The ids of batches ``k, k + Q, ..., k + (count - 1) Q`` (``Q``:
+        :meth:`stream_period`), in that order: one stream's consecutive batches, one take."""
+        period = self.stream_period()
+        last = k + (count - 1) * period
+        if not period or count < 1 or k < 0 or last >= len(self) - (self.tail is not None):
+            raise IndexError(f"batches {k}..{last} step {period} are not one stream's run")
+        g = self.consumed // self.batch_size + self.rank + k * self.world_size
+        order = self.order
+        assert isinstance(order, RoundRobinOrder)
+        return order.take_run(g, count, self._dense)
+
     def consumed_after(self, steps: int) -> int:
         """Global samples consumed once every rank has taken ``steps`` batches of this plan:
         the whole epoch once no rank has a batch left (a tail ``drop_last`` drops included)."""

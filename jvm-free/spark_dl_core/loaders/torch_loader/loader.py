@@ -150,8 +150,9 @@ class _Batches(IterableDataset):
             plan = dataclasses.replace(plan, readers=workers)
         # Groups k = 0, 1, ... of 1, 2, 4, ... up to ``group`` batches go to worker k % workers
         # (the order DataLoader returns them in): small first groups, fast first batches.
+        units = _stream_units(plan, self.group) if not in_worker and workers == 1 else None
         merged = _Grouped(plan, self.group, worker, workers)  # lazy index arrays
-        reader = BatchReader(self.dataset, merged, **{**self.read, "epoch": epoch})
+        reader = BatchReader(self.dataset, units or merged, **{**self.read, "epoch": epoch})
         if workers > 1:
             # Workers share each row group's conversion through the row-group cache (one
             # converts, the others read its file). Rows first only from row groups decoded
@@ -184,6 +185,9 @@ class _Batches(IterableDataset):
                 return ring[used[-1]]
 
             reader.out_for = out_for
+        if units is not None:  # in-process, a stream at a time: batches put back in order
+            yield from self._in_order(plan, units, reader, live, tag)
+            return
         for g, batch in zip(merged.ranges(), reader):
             if not live():
                 return  # the consumer left mid-epoch: this pass is over
@@ -201,6 +205,34 @@ class _Batches(IterableDataset):
             else:
                 lent = leases.take_lent() if leases is not None else []
                 yield sizes, to_tensors(batch), tag(), (worker, lent)
+
+    @staticmethod
+    def _in_order(
+        plan: EpochPlan,
+        units: _StreamUnits,
+        reader: BatchReader,
+        live: Callable[[], bool],
+        tag: Callable[[], tuple[str, dict[str, float], list[dict[str, Any]]]],
+    ) -> Iterator[_Item]:
+        """Stream units' batches, each yielded as soon as every batch before it was: a
+        unit's batches are views of its one decode, held (with those of the block's other
+        units) until their turn."""
+        held: dict[int, tuple[int, Any]] = {}
+        turn = 0
+        for u, batch in enumerate(reader):
+            if not live():
+                return  # the consumer left mid-epoch: this pass is over
+            ks = units.batches_of(u)
+            sizes = [plan.batch_len(k) for k in ks]
+            tensors = to_tensors(batch)
+            parts = _split(sizes, tensors) if len(sizes) > 1 else [tensors]
+            held.update(zip(ks, zip(sizes, parts)))
+            name, times, events = tag()  # once a decode: its trace spans go out once
+            while turn in held:
+                size, part = held.pop(turn)
+                turn += 1
+                yield [size], part, (name, times, events), (0, [])
+                events = []
 
 
 _Item = tuple[list[int], Any, tuple[str, Any, Any], tuple[int, list[int]]]
@@ -349,6 +381,80 @@ class _Grouped(Sequence[np.ndarray]):
     def batch_len(self, i: int) -> int:
         """Samples in group ``i``, without computing their ids."""
         return sum(self.plan.batch_len(j) for j in self.span(self.worker + i * self.workers))
+
+
+# In-process, a streamed order's batches are decoded a stream at a time (:class:`_StreamUnits`)
+# when this rank reads at most this many streams: the decoded units held until their batches'
+# turn come to at most about this many batches.
+STREAM_UNIT_BATCHES = 32
+
+
+class _StreamUnits(Sequence[np.ndarray]):
+    """An in-process reader's units of a streamed order, each one stream's consecutive
+    batches (its few shards: a gather from one or two shards where a run of consecutive
+    batches met every stream's), decoded in the order their first batches come.
+
+    This rank's batch ``k`` and ``k + Q`` are consecutive batches of one stream
+    (``plan.stream_period()``). Block ``b`` holds batches ``starts[b] ..`` of ``units[b] x Q``
+    (1, 2, 4, ... up to ``per_unit`` batches a unit: small first units, a fast first
+    batch) and its unit ``r`` the batches ``starts[b] + r + i Q``; a padded last batch
+    (``plan.tail``) is a unit of its own. Arithmetic only, nothing per batch held."""
+
+    def __init__(self, plan: EpochPlan, per_unit: int) -> None:
+        self.plan, self.period = plan, plan.stream_period()
+        self.n = len(plan)
+        self.runs = self.n - (plan.tail is not None)  # batches read in stream runs
+        q = self.period
+        self.starts: list[int] = [0]  # the doubling head's blocks: first batches, sizes
+        self.sizes: list[int] = []
+        while (1 << len(self.sizes)) < per_unit:
+            self.sizes.append(1 << len(self.sizes))
+            self.starts.append(self.starts[-1] + self.sizes[-1] * q)
+        self.per_unit = per_unit
+        head_units = sum(min(q, max(0, self.runs - a)) for a in self.starts[:-1])
+        rest = max(0, self.runs - self.starts[-1])
+        full, part = divmod(rest, per_unit * q)
+        self.units = head_units + full * q + min(q, part) + (self.runs < self.n)
+
+    def _block(self, u: int) -> tuple[int, int, int]:
+        """Unit ``u``'s (first batch, batches in its block, residue)."""
+        q, head = self.period, len(self.sizes)
+        b, r = divmod(u, q)
+        if b < head:
+            return self.starts[b], self.sizes[b], r
+        return self.starts[-1] + (b - head) * self.per_unit * q, self.per_unit, r
+
+    def batches_of(self, u: int) -> range:
+        """The plan batches unit ``u`` holds, in order."""
+        if self.runs < self.n and u == self.units - 1:
+            return range(self.n - 1, self.n)
+        first, size, r = self._block(u)
+        return range(first + r, min(self.runs, first + size * self.period), self.period)
+
+    def __len__(self) -> int:
+        return self.units
+
+    def __getitem__(self, u: int) -> np.ndarray:  # type: ignore[override]
+        ks = self.batches_of(u)
+        if ks.step == 1:  # the padded last batch
+            return self.plan[ks[0]]
+        return self.plan.joined_run(ks[0], len(ks))
+
+    def batch_len(self, u: int) -> int:
+        """Samples in unit ``u``, without computing their ids."""
+        return sum(self.plan.batch_len(k) for k in self.batches_of(u))
+
+
+def _stream_units(plan: EpochPlan, group: int) -> _StreamUnits | None:
+    """Stream units of ``plan`` for an in-process reader of ``group``-batch units, when they
+    apply: a streamed order read ``Q <= STREAM_UNIT_BATCHES // 2`` streams at a time, so that
+    the ``Q`` units of a block, held until their batches' turn, stay under
+    :data:`STREAM_UNIT_BATCHES` batches with at least two batches a unit."""
+    period = plan.stream_period()
+    if group < 2 or not period:
+        return None
+    per_unit = min(group, STREAM_UNIT_BATCHES // period)
+    return _StreamUnits(plan, per_unit) if per_unit >= 2 else None
 
 
 def _split(sizes: list[int], batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
