@@ -53,7 +53,8 @@ class ShardOf:
     MAX_STEPS = 4
 
     def __init__(self, offsets: np.ndarray) -> None:
-        self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        self.offsets = offsets
+        self._flat = np.ascontiguousarray(offsets, dtype=np.int64)  # what shards_of reads
         self._seen: np.ndarray | None = None  # shards_of's marks (all zero between calls)
         self.table: np.ndarray | None = None
         self.shift, self.steps = 0, 0
@@ -82,7 +83,7 @@ class ShardOf:
             self._seen = np.zeros(len(self.offsets) - 1, dtype=np.uint8)
         out = np.empty(len(index), dtype=np.int32)
         index = np.ascontiguousarray(index, dtype=np.int64)
-        needs = _shards_of(index, self.offsets, self.table, self.shift, out, self._seen)
+        needs = _shards_of(index, self._flat, self.table, self.shift, out, self._seen)
         return out, needs
 
     def __call__(self, index: np.ndarray) -> np.ndarray:

@@ -395,9 +395,9 @@ class _StreamUnits(Sequence[np.ndarray]):
     batches met every stream's), decoded in the order their first batches come.
 
     This rank's batch ``k`` and ``k + Q`` are consecutive batches of one stream
-    (``plan.stream_period()``). Block ``b`` holds batches ``starts[b] ..`` of ``units[b] x Q``
-    (1, 2, 4, ... up to ``per_unit`` batches a unit: small first units, a fast first
-    batch) and its unit ``r`` the batches ``starts[b] + r + i Q``; a padded last batch
+    (``plan.stream_period()``). Block ``b`` holds the ``sizes[b] x Q`` batches from
+    ``starts[b]`` (1, 2, 4, ... up to ``per_unit`` batches a unit: small first units, a fast
+    first batch) and its unit ``r`` the batches ``starts[b] + r + i Q``; a padded last batch
     (``plan.tail``) is a unit of its own. Arithmetic only, nothing per batch held."""
 
     def __init__(self, plan: EpochPlan, per_unit: int) -> None:
@@ -424,9 +424,13 @@ class _StreamUnits(Sequence[np.ndarray]):
             return self.starts[b], self.sizes[b], r
         return self.starts[-1] + (b - head) * self.per_unit * q, self.per_unit, r
 
+    def _padded(self, u: int) -> bool:
+        """Whether unit ``u`` is the padded last batch alone."""
+        return self.runs < self.n and u == self.units - 1
+
     def batches_of(self, u: int) -> range:
         """The plan batches unit ``u`` holds, in order."""
-        if self.runs < self.n and u == self.units - 1:
+        if self._padded(u):
             return range(self.n - 1, self.n)
         first, size, r = self._block(u)
         return range(first + r, min(self.runs, first + size * self.period), self.period)
@@ -435,9 +439,9 @@ class _StreamUnits(Sequence[np.ndarray]):
         return self.units
 
     def __getitem__(self, u: int) -> np.ndarray:  # type: ignore[override]
+        if self._padded(u):
+            return self.plan[self.n - 1]
         ks = self.batches_of(u)
-        if ks.step == 1:  # the padded last batch
-            return self.plan[ks[0]]
         return self.plan.joined_run(ks[0], len(ks))
 
     def batch_len(self, u: int) -> int:
