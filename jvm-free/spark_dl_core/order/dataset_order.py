@@ -50,6 +50,8 @@ except ImportError:  # pragma: no cover - a build without the C extensions
     _shuffle = None  # type: ignore[assignment]
 
 DEFAULT_WINDOW = 4
+# Windows of fewer positions are kept two ahead on the window thread, two a job.
+AHEAD_TWO_BELOW = 1 << 15
 # Up to this many ranks, a rank reads enough of each window that computing the window's
 # whole permutation once (O(window samples)) is cheaper than per-position evaluation.
 DENSE_WORLD = 8
@@ -244,7 +246,7 @@ class GlobalOrder:
         window's are computed meanwhile on a thread (the permutation releases the GIL), so
         a pass does not stop at each later window's start for O(window samples) of work."""
         ahead = self._own_ahead()
-        if ahead is not None and ahead[0] == w:
+        if ahead is not None and w in ahead[0]:
             _wait_ahead(ahead[1])  # computed ahead: wait for it rather than compute it again
         ids = self.__dict__.setdefault("_dense", {}).get(w)
         if ids is None:
@@ -278,24 +280,40 @@ class GlobalOrder:
         the one before it for a batch across their boundary, the one computed ahead)."""
         cache = self.__dict__.setdefault("_dense", {})
         cache[w] = ids
-        while len(cache) > 3:
+        while len(cache) > 3 + self._small(w):  # small windows: two kept ahead
             cache.pop(next(iter(cache)))
         return ids
+
+    def _small(self, w: int) -> bool:
+        """Whether window ``w`` has fewer than :data:`AHEAD_TWO_BELOW` positions: then the
+        thread keeps two windows ahead, computed two at a time (a streamed order's windows
+        are one shard each, and a reader of a stream's runs reaches the next one soon)."""
+        bounds = self.window_bounds
+        return int(bounds[w + 1] - bounds[w]) < AHEAD_TWO_BELOW
 
     def _start_ahead(self, w: int) -> None:
         """Compute window ``w``'s ids on a thread, unless known, being computed, or past the
         last window (and only with the C permutation: numpy's holds the GIL)."""
-        if _shuffle is None or w >= len(self.window_bounds) - 1:
+        last = len(self.window_bounds) - 1
+        if _shuffle is None or w >= last:
             return
-        if w in self.__dict__.get("_dense", {}):
-            return
+        cache = self.__dict__.get("_dense", {})
+        if w in cache:  # small windows: the one after it too
+            if not self._small(w) or w + 1 >= last or w + 1 in cache:
+                return
+            w += 1
         ahead = self._own_ahead()
-        if ahead is not None and (ahead[0] == w or not ahead[1].done()):
+        if ahead is not None and (w in ahead[0] or not ahead[1].done()):
             return
-        job = _ahead_thread().submit(lambda: self._keep(w, self._compute_window(w)))
-        self.__dict__["_ahead"] = (w, job, os.getpid())
+        todo = (w, w + 1) if w + 1 < last and self._small(w) else (w,)
 
-    def _own_ahead(self) -> tuple[int, Future[Any], int] | None:
+        def compute() -> None:
+            for x in todo:
+                self._keep(x, self._compute_window(x))
+
+        self.__dict__["_ahead"] = (todo, _ahead_thread().submit(compute), os.getpid())
+
+    def _own_ahead(self) -> tuple[tuple[int, ...], Future[Any], int] | None:
         """The window this process is computing ahead, if any. A forked DataLoader worker
         inherits its parent's (a job of a thread that does not exist there, which would
         never finish): it has none."""
