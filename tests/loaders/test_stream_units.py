@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 from spark_dl_core import DatasetSpec, Source, mix, open_dataset, write_mds  # noqa: E402
 from spark_dl_core.loaders.torch_loader import loader as torch_loader  # noqa: E402
+from spark_dl_core.loaders.torch_loader import units as units_module  # noqa: E402
 from spark_dl_core.order import EpochPlan  # noqa: E402
 from spark_dl_core.order.locality import StreamedOrder  # noqa: E402
 
@@ -37,20 +38,20 @@ def _batches(source: Any, **kw: Any) -> list[np.ndarray]:
 def _by_ranges(source: Any, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> list[np.ndarray]:
     """The same loader decoding runs of consecutive batches (no stream units)."""
     with monkeypatch.context() as patch:
-        patch.setattr(torch_loader, "_stream_units", lambda plan, group: None)
+        patch.setattr(torch_loader, "stream_units", lambda plan, group: None)
         return _batches(source, **kw)
 
 
 def _units_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the stream units decoded from here on (one entry per unit)."""
     read: list[int] = []
-    original = torch_loader._StreamUnits.__getitem__
+    original = units_module.StreamUnits.__getitem__
 
     def counted(self: Any, u: int) -> np.ndarray:
         read.append(u)
         return original(self, u)
 
-    monkeypatch.setattr(torch_loader._StreamUnits, "__getitem__", counted)
+    monkeypatch.setattr(units_module.StreamUnits, "__getitem__", counted)
     return read
 
 
@@ -151,7 +152,7 @@ def test_stream_units_hold_every_batch_once_and_few_at_a_time(seed: int) -> None
     order = StreamedOrder(sizes, "fp", seed, 0, 2, streams, batch)
     consumed = int(rng.integers(0, order.total // batch + 1)) * batch
     plan = EpochPlan(order, batch, int(rng.integers(0, world)), world, False, consumed, True)
-    units = torch_loader._stream_units(plan, int(rng.integers(2, 12)))
+    units = units_module.stream_units(plan, int(rng.integers(2, 12)))
     if not len(plan):
         return
     assert units is not None

@@ -6,8 +6,9 @@ boundaries. Which batch each rank and worker makes, and what a saved state means
 defined in :mod:`spark_dl_core.order`.
 
 By concern: :mod:`.tensors` (a batch's tensor forms and its delivery), :mod:`.shared`
-(shared-memory segments and slabs between workers and the main process) and
-:mod:`.loader` (the workers' batches and :class:`TorchLoader`). Importing the package
+(shared-memory segments and slabs between workers and the main process), :mod:`.units` (the
+batches a reader decodes at once) and :mod:`.loader` (the workers' batches and
+:class:`TorchLoader`). Importing the package
 registers the ``torch`` framework.
 """
 

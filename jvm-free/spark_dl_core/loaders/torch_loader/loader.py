@@ -10,7 +10,7 @@ import os
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,6 +40,7 @@ from ..telemetry import PassStats, Spans
 from .agreement import check_ranks_agree, order_record
 from .shared import _in_slab, _Leases, _PassControl, _shared_bytes, _SlabItem, _Slabs
 from .tensors import JaggedTensors, _warm_nested, take_rows, to_device, to_tensors
+from .units import GroupedBatches, StreamUnits, stream_units
 
 if TYPE_CHECKING:
     from ...shard_source import ShardSource
@@ -150,8 +151,8 @@ class _Batches(IterableDataset):
             plan = dataclasses.replace(plan, readers=workers)
         # Groups k = 0, 1, ... of 1, 2, 4, ... up to ``group`` batches go to worker k % workers
         # (the order DataLoader returns them in): small first groups, fast first batches.
-        units = _stream_units(plan, self.group) if not in_worker and workers == 1 else None
-        merged = _Grouped(plan, self.group, worker, workers)  # lazy index arrays
+        units = stream_units(plan, self.group) if not in_worker and workers == 1 else None
+        merged = GroupedBatches(plan, self.group, worker, workers)  # lazy index arrays
         reader = BatchReader(self.dataset, units or merged, **{**self.read, "epoch": epoch})
         if workers > 1:
             # Workers share each row group's conversion through the row-group cache (one
@@ -209,7 +210,7 @@ class _Batches(IterableDataset):
     @staticmethod
     def _in_order(
         plan: EpochPlan,
-        units: _StreamUnits,
+        units: StreamUnits,
         reader: BatchReader,
         live: Callable[[], bool],
         tag: Callable[[], tuple[str, dict[str, float], list[dict[str, Any]]]],
@@ -324,7 +325,7 @@ def _decode_first_items(
     if workers < 2 or not dataset.serves_rows or not _forks(context):
         return
     plan = epoch_plan(epoch, consumed, rank, world_size)
-    first = _Grouped(plan, group, 0, workers)
+    first = GroupedBatches(plan, group, 0, workers)
     groups = min(workers, first.n_groups)
     if not groups:
         return
@@ -340,125 +341,6 @@ def _forks(context: Any) -> bool:
         method = context or torch.multiprocessing.get_start_method(allow_none=True)
         return (method or torch.multiprocessing.get_all_start_methods()[0]) == "fork"
     return bool(context.get_start_method() == "fork")
-
-
-class _Grouped(Sequence[np.ndarray]):
-    """One worker's groups of plan batches, each as one index array, computed when asked.
-
-    Global group ``k`` holds ``min(group, 2**k)`` consecutive batches; worker ``w`` of ``W``
-    takes groups ``w, w + W, ...``. Arithmetic only: nothing per batch is held.
-    """
-
-    def __init__(self, plan: EpochPlan, group: int, worker: int, workers: int) -> None:
-        self.plan, self.worker, self.workers = plan, worker, workers
-        n = len(plan)
-        self.starts = [0]  # starts of the doubling head's groups (sizes 1, 2, 4, ... < group)
-        while (1 << (len(self.starts) - 1)) < group:
-            self.starts.append(self.starts[-1] + (1 << (len(self.starts) - 1)))
-        self.head, self.group, self.n = len(self.starts) - 1, group, n
-        if n <= self.starts[-1]:
-            self.n_groups = sum(1 for a in self.starts[:-1] if a < n)
-        else:
-            self.n_groups = self.head + -(-(n - self.starts[-1]) // group)
-
-    def span(self, k: int) -> range:
-        """Batches of global group ``k``."""
-        if k < self.head:
-            return range(self.starts[k], min(self.n, self.starts[k + 1]))
-        a = self.starts[-1] + (k - self.head) * self.group
-        return range(a, min(self.n, a + self.group))
-
-    def __len__(self) -> int:
-        return max(0, -(-(self.n_groups - self.worker) // self.workers))
-
-    def ranges(self) -> Iterator[range]:
-        for i in range(len(self)):
-            yield self.span(self.worker + i * self.workers)
-
-    def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
-        return self.plan.joined(self.span(self.worker + i * self.workers))
-
-    def batch_len(self, i: int) -> int:
-        """Samples in group ``i``, without computing their ids."""
-        return sum(self.plan.batch_len(j) for j in self.span(self.worker + i * self.workers))
-
-
-# In-process, a streamed order's batches are decoded a stream at a time (:class:`_StreamUnits`)
-# when this rank reads at most this many streams: the decoded units held until their batches'
-# turn come to at most about this many batches.
-STREAM_UNIT_BATCHES = 32
-
-
-class _StreamUnits(Sequence[np.ndarray]):
-    """An in-process reader's units of a streamed order, each one stream's consecutive
-    batches (its few shards: a gather from one or two shards where a run of consecutive
-    batches met every stream's), decoded in the order their first batches come.
-
-    This rank's batch ``k`` and ``k + Q`` are consecutive batches of one stream
-    (``plan.stream_period()``). Block ``b`` holds the ``sizes[b] x Q`` batches from
-    ``starts[b]`` (1, 2, 4, ... up to ``per_unit`` batches a unit: small first units, a fast
-    first batch) and its unit ``r`` the batches ``starts[b] + r + i Q``; a padded last batch
-    (``plan.tail``) is a unit of its own. Arithmetic only, nothing per batch held."""
-
-    def __init__(self, plan: EpochPlan, per_unit: int) -> None:
-        self.plan, self.period = plan, plan.stream_period()
-        self.n = len(plan)
-        self.runs = self.n - (plan.tail is not None)  # batches read in stream runs
-        q = self.period
-        self.starts: list[int] = [0]  # the doubling head's blocks: first batches, sizes
-        self.sizes: list[int] = []
-        while (1 << len(self.sizes)) < per_unit:
-            self.sizes.append(1 << len(self.sizes))
-            self.starts.append(self.starts[-1] + self.sizes[-1] * q)
-        self.per_unit = per_unit
-        head_units = sum(min(q, max(0, self.runs - a)) for a in self.starts[:-1])
-        rest = max(0, self.runs - self.starts[-1])
-        full, part = divmod(rest, per_unit * q)
-        self.units = head_units + full * q + min(q, part) + (self.runs < self.n)
-
-    def _block(self, u: int) -> tuple[int, int, int]:
-        """Unit ``u``'s (first batch, batches in its block, residue)."""
-        q, head = self.period, len(self.sizes)
-        b, r = divmod(u, q)
-        if b < head:
-            return self.starts[b], self.sizes[b], r
-        return self.starts[-1] + (b - head) * self.per_unit * q, self.per_unit, r
-
-    def _padded(self, u: int) -> bool:
-        """Whether unit ``u`` is the padded last batch alone."""
-        return self.runs < self.n and u == self.units - 1
-
-    def batches_of(self, u: int) -> range:
-        """The plan batches unit ``u`` holds, in order."""
-        if self._padded(u):
-            return range(self.n - 1, self.n)
-        first, size, r = self._block(u)
-        return range(first + r, min(self.runs, first + size * self.period), self.period)
-
-    def __len__(self) -> int:
-        return self.units
-
-    def __getitem__(self, u: int) -> np.ndarray:  # type: ignore[override]
-        if self._padded(u):
-            return self.plan[self.n - 1]
-        ks = self.batches_of(u)
-        return self.plan.joined_run(ks[0], len(ks))
-
-    def batch_len(self, u: int) -> int:
-        """Samples in unit ``u``, without computing their ids."""
-        return sum(self.plan.batch_len(k) for k in self.batches_of(u))
-
-
-def _stream_units(plan: EpochPlan, group: int) -> _StreamUnits | None:
-    """Stream units of ``plan`` for an in-process reader of ``group``-batch units, when they
-    apply: a streamed order read ``Q <= STREAM_UNIT_BATCHES // 2`` streams at a time, so that
-    the ``Q`` units of a block, held until their batches' turn, stay under
-    :data:`STREAM_UNIT_BATCHES` batches with at least two batches a unit."""
-    period = plan.stream_period()
-    if group < 2 or not period:
-        return None
-    per_unit = min(group, STREAM_UNIT_BATCHES // period)
-    return _StreamUnits(plan, per_unit) if per_unit >= 2 else None
 
 
 def _split(sizes: list[int], batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
