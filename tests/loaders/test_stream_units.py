@@ -152,10 +152,12 @@ def test_stream_units_hold_every_batch_once_and_few_at_a_time(seed: int) -> None
     order = StreamedOrder(sizes, "fp", seed, 0, 2, streams, batch)
     consumed = int(rng.integers(0, order.total // batch + 1)) * batch
     plan = EpochPlan(order, batch, int(rng.integers(0, world)), world, False, consumed, True)
-    units = units_module.stream_units(plan, int(rng.integers(2, 12)))
+    group = int(rng.integers(2, 70))
+    units = units_module.stream_units(plan, group)
     if not len(plan):
         return
     assert units is not None
+    assert units.per_unit == group  # a unit is a whole group: smaller ones decode slower
     period = plan.stream_period()
     served: list[int] = []
     held, turn, most = set(), 0, 0
