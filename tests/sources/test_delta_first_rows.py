@@ -163,6 +163,34 @@ def test_two_workers_inherit_the_first_window_decoded_once(
     assert shards <= {(f, g) for _, f, g in ahead}
 
 
+def test_a_row_group_another_process_cached_after_our_look_is_read_not_decoded_again(
+    tables: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race of two DataLoader workers: one looks in the cache, finds nothing, and the
+    other finishes converting the row group before the first claims it. The claimant then
+    reads the cached file rather than decode and convert the row group a second time."""
+    path, cache = tables["ragged"], str(tmp_path / "cache")
+    other = open_delta(path).dataset(cache_dir=cache)
+    other.load_shard(0)  # "the other worker": converted and cached
+    ds = open_delta(path).dataset(cache_dir=cache)
+    real_look = InPlaceDataset._from_disk
+    looks: list[int] = []
+
+    def late(self: InPlaceDataset, shard: int, verify: Any) -> Any:
+        looks.append(shard)
+        return None if len(looks) == 1 else real_look(self, shard, verify)  # not there yet
+
+    decodes: list[Any] = []
+    real_decode = InPlaceDataset._finished
+    monkeypatch.setattr(InPlaceDataset, "_from_disk", late)
+    monkeypatch.setattr(
+        InPlaceDataset, "_finished", lambda self, g: decodes.append(g) or real_decode(self, g)
+    )
+    got = ds.load_shard(0)
+    assert len(looks) == 2 and not decodes  # looked again once claimed: read, not decoded
+    assert got.raw.tobytes() == other.load_shard(0).raw.tobytes()
+
+
 def test_rows_served_first_are_converted_by_the_pass_and_cached(
     tables: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -542,8 +542,10 @@ class InPlaceDataset(RowGroupPlanning, Dataset):
         if disk is None:
             return self._convert(shard)
         key = self._cache_key(shard)
-        with disk.claim(key) as mine:
-            data = None if mine else self._from_disk(shard, verify_hashes)
+        with disk.claim(key):
+            # claimed or waited for, the file may be there now: a process that finished
+            # converting between our look at the cache and our claim leaves it to read
+            data = self._from_disk(shard, verify_hashes)
             if data is None:
                 data = self._convert(shard, disk, key)
                 self._disk_checked.add(shard)
