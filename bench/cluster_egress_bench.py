@@ -8,13 +8,14 @@ place, and a mixture of three MDS sources (each sample once an epoch, ``batching
 "stratified"``, kind ``mixture``), 4 nodes x 1 rank and 2 nodes x 2 ranks, 3 reshuffled
 epochs. Printed: bytes pulled /
 dataset bytes per epoch and in all, bytes landed per node; checked: every row served once
-per epoch, and each step's rows are the 1-rank order's batches kW..kW+W-1. Kind ``packed``
-(not in the default kinds): token documents read by a packed ``concat`` loader (rows of 128
-tokens, 64 a batch), checked the same way by tokens: every token once per epoch, a step's
-batches the 1-rank loader's.
+per epoch, and each step's rows are the 1-rank order's batches kW..kW+W-1. Kinds ``packed``
+and ``packed-bin`` (not in the default kinds): token documents read by a packed ``concat``
+or ``bin`` loader (rows of 128 tokens, 64 a batch), checked the same way by tokens: every
+token once per epoch, a step's batches the 1-rank loader's.
 
     .venv/bin/python bench/cluster_egress_bench.py [--rows 16384] [--streams 0]
-        [--kinds mds,delta,mixture,packed] [--anchors auto|none|mosaic,litdata NNODES,litdata]
+        [--kinds mds,delta,mixture,packed,packed-bin]
+        [--anchors auto|none|mosaic,litdata NNODES,litdata]
 
 ``--streams 0`` (the default) is the loaders' default: as many streams as the dataset's
 shards allow (``order.auto_streams``), printed per case; 1 is the order without streams.
@@ -53,6 +54,8 @@ SEED = 0
 # the packed kind: rows of 128 tokens, 64 a batch, cut from streams (pack version 2)
 PACK = {"column": "tokens", "seq_len": 128, "pad_id": 0}
 PACK_BATCH = 64
+# kind -> its packing: ``packed`` back to back, ``packed-bin`` by best fit (whole documents)
+PACKS = {"packed": PACK, "packed-bin": PACK | {"mode": "bin"}}
 
 
 def rank_worker(args: argparse.Namespace) -> None:
@@ -68,8 +71,9 @@ def rank_worker(args: argparse.Namespace) -> None:
         "even_batches": False,
         "streams": args.streams,
     }
-    if args.kind == "packed":
-        batches = [_real_tokens(b) for b in ds.iter_batches(PACK_BATCH, pack=PACK, **order)]
+    if args.kind in PACKS:
+        pack = PACKS[args.kind]
+        batches = [_real_tokens(b) for b in ds.iter_batches(PACK_BATCH, pack=pack, **order)]
     else:
         batches = [b["id"].tolist() for b in ds.iter_batches(BATCH, columns=["id", "x"], **order)]
     out = {"batches": batches, "net": ds.download_stats()}
@@ -109,7 +113,7 @@ def _open(kind: str, url: str, options: dict[str, Any], cache: str | None) -> An
     node cache under ``cache`` (None: the default)."""
     from spark_dl_core import open_dataset, open_delta
 
-    if kind in ("mds", "packed"):
+    if kind == "mds" or kind in PACKS:
         return open_dataset(url, cache_dir=cache, storage_options=options)
     if kind == "mixture":
         return _open_mixture(url, options, cache)
@@ -141,7 +145,7 @@ def _write_data(
 
     from spark_dl_core import DatasetSpec, write_mds
 
-    if kind == "packed":  # token documents, each shard's tokens recorded by the writer
+    if kind in PACKS:  # token documents, each shard's tokens (and lengths) recorded
         docs = pa.array([d.tolist() for d in _documents(rows)], pa.list_(pa.int32()))
         spec = DatasetSpec(shard_size="128KiB")
         write_mds(pa.table({"tokens": docs}), url, spec, storage_options=options)
@@ -182,9 +186,9 @@ def _reference(
     kind: str, url: str, options: dict[str, Any], epoch: int, streams: int
 ) -> list[np.ndarray]:
     ds = _open(kind, url, options, None)
-    if kind == "packed":  # the 1-rank loader's batches
+    if kind in PACKS:  # the 1-rank loader's batches
         settings = {"shuffle": True, "seed": SEED, "epoch": epoch, "streams": streams}
-        packed = ds.iter_batches(PACK_BATCH, pack=PACK, **settings)
+        packed = ds.iter_batches(PACK_BATCH, pack=PACKS[kind], **settings)
         return [np.asarray(_real_tokens(b)) for b in packed]
     order = ds.sample_order(batch_size=BATCH, shuffle=True, seed=SEED, epoch=epoch, streams=streams)
     # positions index the dataset's rows (a Delta table's in the log's file order): its ids
@@ -253,7 +257,7 @@ def run_case(
         per_epoch.append((link.down_bytes - before) / stored)
         # every row (packed: every token) once in the epoch
         every = np.sort(np.concatenate([np.concatenate(v) for v in got.values() if v]))
-        want = np.arange(1, _token_count(rows) + 1) if kind == "packed" else np.arange(rows)
+        want = np.arange(1, _token_count(rows) + 1) if kind in PACKS else np.arange(rows)
         assert np.array_equal(every, want), f"{kind} epoch {epoch}: rows not served once"
         # step k's rows are the 1-rank order's batches kW..kW+W-1
         ref = _reference(kind, url, direct, epoch, streams)
@@ -279,7 +283,7 @@ def main() -> None:
     parser.add_argument(
         "--kinds",
         default="mds,delta,mixture",
-        help="comma-separated: mds, delta, mixture, packed (token documents, pack= concat)",
+        help="comma-separated: mds, delta, mixture, packed, packed-bin (token documents, pack=)",
     )
     parser.add_argument("--anchors", default="auto", help="auto (those built), none, or names")
     args = parser.parse_args()
@@ -312,11 +316,11 @@ def main() -> None:
                 opened = _open(kind, url, plain, None)
                 blocks = len(opened.shard_offsets) - 1
                 auto = resolve_streams(opened, True, 0)
-                if kind == "packed":
+                if kind in PACKS:
                     from spark_dl_core.loaders.packed_streams import packed_streams
                     from spark_dl_core.loaders.settings import LoaderSettings
 
-                    asked = LoaderSettings(batch_size=PACK_BATCH, shuffle=True, pack=PACK)
+                    asked = LoaderSettings(batch_size=PACK_BATCH, shuffle=True, pack=PACKS[kind])
                     auto = packed_streams(opened, asked)
                 print(f"{kind}: {blocks} shards, automatic streams {auto}")
             options = counted if kind != "delta" else counted_delta

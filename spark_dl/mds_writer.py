@@ -37,6 +37,7 @@ from spark_dl_core.meta import (
     plan_columns,
     read_meta,
     schema_from_text,
+    shard_files,
 )
 from spark_dl_core.store.storage import Store
 
@@ -209,7 +210,8 @@ class MDSWriter(DataSourceArrowWriter):
             files += [current or ""] * (len(writer.shards) - len(files))
         except BaseException:
             for info in writer.shards:
-                store.delete(info.stored.basename)
+                for name in info.files():
+                    store.delete(name)
             raise
         return MDSCommitMessage(
             partition,
@@ -279,7 +281,7 @@ class MDSWriter(DataSourceArrowWriter):
 
 def _indexed_names(store: Store) -> set[str]:
     committed = read_meta(store)
-    return {s.stored.basename for s in committed.shards} if committed else set()
+    return shard_files(committed) if committed else set()
 
 
 def _file_runs(batch: pa.RecordBatch) -> Iterator[tuple[str, pa.RecordBatch]]:

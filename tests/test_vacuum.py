@@ -181,3 +181,28 @@ def test_cli(dataset: tuple[Path, list[str]], capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit) as exc:
         main(["vacuum", str(path), "--retention", "soon"])
     assert exc.value.code == 2
+
+
+def test_lengths_files_stay_with_their_shards_and_go_with_them(tmp_path: Path) -> None:
+    """A token column's per-row lengths file beside each shard is kept while
+    ``spark_dl.json`` names it; an overwrite deletes the replaced ones, and a vacuum the
+    lengths file of a shard no index names (a failed task's)."""
+    path = tmp_path / "ds"
+    docs = pa.table({"tokens": pa.array([[1] * (i % 9) for i in range(200)], pa.list_(pa.int32()))})
+    write_mds(docs, str(path), DatasetSpec(shard_size=512))
+    lengths = sorted(n for n in os.listdir(path) if n.endswith(".mds.lengths"))
+    meta = json.loads((path / "spark_dl.json").read_text())
+    assert lengths == sorted(m["lengths"]["basename"] for m in meta["shards"]) and len(lengths) > 2
+    writer = ShardWriter(Store(str(path)), DatasetSpec(shard_size=512), prefix="shard-dead-p0")
+    writer.write(docs)
+    dead = [n for s in writer.finish() for n in s.files()]
+    assert any(n.endswith(".lengths") for n in dead)
+    _age(path, *os.listdir(path))
+    report = vacuum(str(path), retention_seconds=0)
+    assert sorted(report.removed) == sorted(dead)
+    assert set(lengths) <= set(os.listdir(path))
+    write_mds(docs.slice(0, 50), str(path), DatasetSpec(shard_size=4096), mode="overwrite")
+    now = json.loads((path / "spark_dl.json").read_text())
+    assert sorted(n for n in os.listdir(path) if n.endswith(".lengths")) == sorted(
+        m["lengths"]["basename"] for m in now["shards"]
+    )

@@ -38,6 +38,7 @@ from .meta import (
     meta_bytes,
     plans_from_meta,
     read_meta,
+    shard_files,
 )
 from .ops.transforms import apply_transforms
 from .spec import DatasetSpec, planned_spec
@@ -252,7 +253,7 @@ def finish_write(
     """
     store = plan.store
     current = read_meta(store)
-    new_names = [s.stored.basename for s in written.shards]
+    new_names = [name for s in written.shards for name in s.files()]
     if plan.skip or (current is not None and plan.mode == "ignore"):
         abort_write(store, new_names)
         return Outcome(current.meta if current else None)
@@ -272,7 +273,7 @@ def finish_write(
         if not lineage:
             lineage = current.meta.get("source") or None
     elif current is not None:
-        replaced = [s.stored.basename for s in current.shards]
+        replaced = sorted(shard_files(current))
     meta = commit_dataset(store, plan.spec, plans, records, lineage, replaced, current=current)
     return Outcome(meta, records)
 
@@ -309,7 +310,7 @@ def commit_dataset(
     # index.json, then its compact index (which records this metadata's fingerprint)
     commit_index(store, index_text(records.shards).encode(), meta["fingerprint"])
     store.delete(PREVIOUS_META_FILE)  # committed: the fallback is no longer needed
-    keep = {s.stored.basename for s in records.shards}
+    keep = {name for s in records.shards for name in s.files()}
     for name in replaced:
         if name not in keep:
             store.delete(name)

@@ -6,7 +6,8 @@ left in the directory (shards of failed, killed or losing task attempts, a half-
 dead weight that only :func:`vacuum` or the next Spark commit removes.
 
 What is removed: top-level files that look like ours (``*.mds``, ``*.mds.<codec>``,
-``*.tmp-*``) and that ``index.json`` does not name. ``index.json`` and ``spark_dl.json``
+``*.mds.lengths``, ``*.tmp-*``) and that ``index.json`` does not name (nor, for a lengths
+file, ``spark_dl.json``). ``index.json`` and ``spark_dl.json``
 are never removed, nor files of other kinds (a README someone put there), nor anything in
 subdirectories.
 Without ``index.json`` the shards of a first write that never committed all go; a
@@ -23,6 +24,7 @@ this machine and the store; a file whose age cannot be determined counts as new.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import re
 import stat
@@ -32,7 +34,7 @@ from typing import Any
 
 from .errors import DatasetError, SpecError
 from .format.index import INDEX_FILE, META_FILE, PREVIOUS_META_FILE, parse_index
-from .meta import read_meta
+from .meta import lengths_info, read_meta
 from .store.storage import Store
 from .versions import drop_version, held_versions, physical_names, read_version
 
@@ -106,15 +108,21 @@ def _entries(store: Store) -> list[_Entry]:
 
 
 def referenced(store: Store) -> set[str] | None:
-    """Every file name ``index.json`` names (raw and compressed), or None without an index.
+    """Every file name ``index.json`` names (raw and compressed), and the lengths files
+    beside those shards that ``spark_dl.json`` (or the metadata a torn commit keeps) names;
+    None without an index.
 
-    A corrupt index raises: vacuum then deletes nothing.
+    A corrupt index or metadata raises: vacuum then deletes nothing.
     """
     if not store.exists(INDEX_FILE):
         return None
     shards = parse_index(store.read_bytes(INDEX_FILE), store.display(INDEX_FILE))
     names = {s.raw_data.basename for s in shards}
     names.update(s.zip_data.basename for s in shards if s.zip_data is not None)
+    for meta_file in (META_FILE, PREVIOUS_META_FILE):
+        if store.exists(meta_file):
+            meta = json.loads(store.read_bytes(meta_file))
+            names.update(f.basename for m in meta.get("shards", []) if (f := lengths_info(m)))
     return names
 
 
@@ -159,6 +167,7 @@ def _kept_names(store: Store, dropped: list[int], dry_run: bool) -> set[str] | N
         found = read_version(store, version)
         assert found is not None
         names |= physical_names(found.manifest)
+        names.update(f.basename for m in found.meta["shards"] if (f := lengths_info(m)))
     return names
 
 

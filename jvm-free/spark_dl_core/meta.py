@@ -46,7 +46,9 @@ from .format.index import (
     INDEX_FILE,
     META_FILE,
     PREVIOUS_META_FILE,
+    FileInfo,
     ShardInfo,
+    check_basename,
     index_text,
     parse_index,
 )
@@ -202,13 +204,33 @@ class ShardRecords:
         return cls(
             [
                 dataclasses.replace(
-                    info, shapes=m.get("shapes") or info.shapes, values=m.get("values")
+                    info,
+                    shapes=m.get("shapes") or info.shapes,
+                    values=m.get("values"),
+                    lengths=lengths_info(m),
                 )
                 for info, m in zip(shards, entries)
             ],
             [str(m["content_hash"]) for m in entries],
             [dict(m.get("stored_hashes") or {}) for m in entries],
         )
+
+
+def lengths_info(entry: dict[str, Any]) -> FileInfo | None:
+    """The lengths file a ``spark_dl.json`` shard entry names (None: not recorded)."""
+    got = entry.get("lengths")
+    if not got:
+        return None
+    return FileInfo(str(got["basename"]), int(got["bytes"]), dict(got.get("hashes") or {}))
+
+
+def shard_files(committed: Committed) -> set[str]:
+    """Every file a committed dataset's shards have on storage: the shards and, where our
+    metadata names them, their lengths files."""
+    names = {s.stored.basename for s in committed.shards}
+    if committed.meta is not None:
+        names.update(f.basename for m in committed.meta["shards"] if (f := lengths_info(m)))
+    return names
 
 
 def build_meta(
@@ -231,6 +253,8 @@ def build_meta(
             entry["shapes"] = info.shapes
         if info.values:  # each list-of-integers column's values (a packed loader's tokens)
             entry["values"] = dict(info.values)
+        if info.lengths is not None:  # and each row's, in a file beside the shard
+            entry["lengths"] = info.lengths.to_json()
         shards.append(entry)
     return {
         "format": META_FORMAT,
@@ -279,6 +303,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
 
+class _LengthsEntry(_Strict):
+    basename: str
+    bytes: _Count
+    hashes: dict[str, str] = Field(default_factory=dict)
+
+
 class _ShardEntry(_Strict):
     basename: str
     samples: _Count
@@ -286,6 +316,7 @@ class _ShardEntry(_Strict):
     stored_hashes: dict[str, str] | None = None
     shapes: dict[str, Annotated[list[_Dim], Field(max_length=32)] | None] | None = None
     values: dict[str, _Count] | None = None  # absent in files written before it existed
+    lengths: _LengthsEntry | None = None  # the values' per-row lengths file (since 0.x: absent)
 
 
 class _ColumnEntry(_Strict):
@@ -351,6 +382,16 @@ def _check_meta(meta: Any, shown: str) -> dict[str, Any]:
         raise MetadataError(shown, "does not match the spec, columns and shards", "fingerprint")
     if model.num_samples != sum(m.samples for m in model.shards):
         raise MetadataError(shown, "is not the sum of the shards' samples", "num_samples")
+    for i, m in enumerate(model.shards):
+        if m.lengths is None:
+            continue
+        where = f"shards.{i}.lengths"
+        if not m.values:
+            raise MetadataError(shown, "names a lengths file but no columns of values", where)
+        try:
+            check_basename(m.lengths.basename, f"{shown} {where}")
+        except DatasetError as exc:
+            raise MetadataError(shown, str(exc), f"{where}.basename") from None
     return meta
 
 

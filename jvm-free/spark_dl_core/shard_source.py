@@ -13,7 +13,7 @@ room, so any room may type against it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -174,6 +174,8 @@ class ShardSource(Protocol):
 
     def shard_values(self, column: str) -> np.ndarray | None: ...
 
+    def doc_lengths(self, column: str, shards: Sequence[int]) -> list[np.ndarray] | None: ...
+
     def in_place_record(self) -> tuple[str, dict[str, Any]] | None: ...
 
     def source_report(self, counts: np.ndarray, epoch: int, consumed: int) -> dict[str, Any]: ...
@@ -261,6 +263,12 @@ class SourceCapabilities:
         """Per shard, the values of list-of-integers ``column`` as its metadata records
         them (a shard's tokens, for a packed loader to count rows without reading it);
         None when not every shard's are recorded."""
+        return None
+
+    def doc_lengths(self, column: str, shards: Sequence[int]) -> list[np.ndarray] | None:
+        """Per shard of ``shards``, each sample's count of list-of-integers ``column``'s
+        values as recorded beside the shard (a packed loader's document lengths, without
+        reading the shard); None when not every shard's are recorded."""
         return None
 
     def count_sources(self, ids: np.ndarray) -> np.ndarray | None:

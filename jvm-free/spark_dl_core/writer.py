@@ -19,6 +19,7 @@ from .commit import WriteMode, abort_write, finish_write, plan_write, spec_for
 from .errors import EncodingError, SpecError
 from .format.buffers import U8, Pieces
 from .format.compression import parse_compression
+from .format.doc_lengths import encode_lengths, lengths_file
 from .format.encodings import get_encoding, merge_shapes, uniform_shape
 from .format.hashing import STORED_HASH, content_hash, digest
 from .format.index import FileInfo, ShardInfo, shard_config, shard_config_bytes
@@ -114,6 +115,7 @@ class ShardWriter:
         self._pending_count = 0
         self._pending_shapes: dict[str, list[int] | None] | None = None
         self._pending_values: dict[str, int] = {}
+        self._pending_lengths: dict[str, list[np.ndarray]] = {}
         self._layout: Layout | None = None
         if self.plans is not None:
             self._set_plans(self.plans)
@@ -324,8 +326,10 @@ class ShardWriter:
             if fits:
                 self._pending_shapes = merge_shapes(self._pending_shapes, self._chunk_shapes)
                 for name, counts in self._chunk_values.items():
-                    got = int(counts[start : start + fits].sum())
-                    self._pending_values[name] = self._pending_values.get(name, 0) + got
+                    piece = counts[start : start + fits]
+                    total = self._pending_values.get(name, 0) + int(piece.sum())
+                    self._pending_values[name] = total
+                    self._pending_lengths.setdefault(name, []).append(piece)
                 self._pending.append(_slice(samples, start, start + fits))
                 self._pending_count += fits
                 self._pending_bytes += int(cumulative[fits - 1])
@@ -352,6 +356,11 @@ class ShardWriter:
             self.store.write_bytes(zip_name, packed)
         else:
             self.store.write_bytes(raw_name, raw)
+        lengths = None
+        if self._pending_lengths:  # each row's values of list-of-integers columns, beside it
+            columns = {c: np.concatenate(p) for c, p in self._pending_lengths.items()}
+            data, lengths = encode_lengths(lengths_file(raw_name), columns)
+            self.store.write_bytes(lengths.basename, data)
         self.content_hashes.append(content_hash(raw))
         self.stored_hashes.append({STORED_HASH: digest(STORED_HASH, stored)})
         self.shards.append(
@@ -367,10 +376,12 @@ class ShardWriter:
                 size_limit=self.spec.shard_size,
                 shapes=self._pending_shapes,
                 values=dict(self._pending_values) or None,
+                lengths=lengths,
             )
         )
         self._pending_shapes = None
         self._pending_values = {}
+        self._pending_lengths = {}
         self._pending = []
         self._pending_count = 0
         self._pending_bytes = 8 + len(self._config_bytes)
@@ -545,7 +556,7 @@ def write_mds(
                 bar.update(batch.num_rows)
         writer.finish()
     except BaseException:
-        abort_write(store, [info.stored.basename for info in writer.shards])
+        abort_write(store, [name for info in writer.shards for name in info.files()])
         raise  # nothing half-written stays behind
     finally:
         if bar is not None:

@@ -230,7 +230,13 @@ def assert_same(got: Any, want: Any, where: str) -> None:
 
 
 def shard_files(path: Path) -> list[str]:
-    return sorted(p.name for p in path.iterdir() if p.name.startswith("shard."))
+    """The shard files (not the lengths files spark-dl writes beside some, which Mosaic's
+    readers never see: index.json does not name them)."""
+    return sorted(
+        p.name
+        for p in path.iterdir()
+        if p.name.startswith("shard.") and not p.name.endswith(".lengths")
+    )
 
 
 # The table's columns are put in sorted order: MDSWriter stores columns sorted by name.

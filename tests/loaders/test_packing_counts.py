@@ -16,8 +16,9 @@ import pytest
 
 from spark_dl_core import DatasetSpec, open_dataset, write_mds
 from spark_dl_core.errors import PackError
+from spark_dl_core.format.doc_lengths import decode_lengths, encode_lengths
 from spark_dl_core.format.index import META_FILE
-from spark_dl_core.meta import meta_bytes
+from spark_dl_core.meta import lengths_info, meta_bytes
 
 L = 32
 PACK = {"column": "tokens", "seq_len": L, "pad_id": 0}
@@ -41,8 +42,10 @@ def _rewrite_meta(path: Path, edit: Any) -> None:
 
 
 def _strip(meta: dict[str, Any]) -> None:
+    """As a writer before the per-shard records: neither totals nor per-row lengths."""
     for entry in meta["shards"]:
         entry.pop("values", None)
+        entry.pop("lengths", None)
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +74,12 @@ def test_the_writer_records_each_shards_tokens(written: Path) -> None:
         assert recorded[s] == lengths[offsets[s] : offsets[s + 1]].sum()
     assert recorded.sum() == sum(len(d or []) for d in _table(500, 1)["tokens"].to_pylist())
     assert ds.shard_values("id") is None  # not a list of integers
+    # and each document's length, in a file beside its shard (a null document: 0)
+    per_shard = ds.doc_lengths("tokens", range(ds.num_shards))
+    assert per_shard is not None
+    want = [len(d or []) for d in _table(500, 1)["tokens"].to_pylist()]
+    assert np.concatenate(per_shard).tolist() == want
+    assert ds.doc_lengths("id", [0]) is None
 
 
 def test_an_append_keeps_the_earlier_shards_counts(tmp_path: Path) -> None:
@@ -85,6 +94,8 @@ def test_an_append_keeps_the_earlier_shards_counts(tmp_path: Path) -> None:
         len(d or []) for t in (_table(200, 2), _table(150, 3)) for d in t["tokens"].to_pylist()
     )
     assert recorded.sum() == total
+    lengths = ds.doc_lengths("tokens", range(ds.num_shards))
+    assert lengths is not None and int(np.concatenate(lengths).sum()) == total
 
 
 @pytest.mark.parametrize("shuffle", [True, False])
@@ -146,3 +157,29 @@ def test_counts_that_do_not_describe_a_shard_are_refused(written: Path, tmp_path
     with pytest.raises(PackError, match=r"shard '.*00000\.mds'.*records") as info:
         list(loader)
     assert info.value.field == "column"
+
+
+def test_verify_compares_each_lengths_file_with_its_shard(written: Path, tmp_path: Path) -> None:
+    """``spark-dl verify`` checks every lengths file against its shard's rows; one whose
+    lengths were swapped (its hash updated) is named."""
+    from spark_dl.cli.verify import _checked_summary, verify
+
+    results, problems = verify(str(written))
+    assert problems == [] and all(r["lengths_checked"] for r in results)
+    assert f"lengths files {len(results)}/{len(results)}" in _checked_summary(results)
+
+    def swap(meta: dict[str, Any]) -> None:
+        shard = meta["shards"][1]
+        info = lengths_info(shard)
+        assert info is not None
+        file = tmp_path / "a" / "copy" / info.basename
+        got = decode_lengths(file.read_bytes(), info, ["tokens"], shard["samples"], str(file))
+        lengths = got["tokens"][::-1].copy()
+        data, new = encode_lengths(info.basename, {"tokens": lengths})
+        file.write_bytes(data)
+        shard["lengths"] = new.to_json()
+
+    copy = _copy(written, tmp_path / "a", swap)
+    results, problems = verify(str(copy))
+    assert [p["file"].rsplit("/", 1)[-1] for p in problems] == [results[1]["file"]]
+    assert "lengths file" in problems[0]["error"]

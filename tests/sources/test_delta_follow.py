@@ -277,6 +277,36 @@ def test_vacuum_keeps_what_retained_versions_name(tmp_path: Path) -> None:
             open_dataset(out, version=bad)  # type: ignore[arg-type]
 
 
+def test_vacuum_keeps_the_lengths_files_retained_versions_name(tmp_path: Path) -> None:
+    """A token column's per-row lengths files go with their shards: kept while a held
+    version names them (its ``bin`` loader counts rows from them), dropped with it."""
+
+    def docs(start: int, n: int) -> pa.Table:
+        tokens = [list(range(1, 2 + (i * 7) % 40)) for i in range(start, start + n)]
+        return pa.table({"id": pa.array(np.arange(start, start + n)), "tokens": tokens})
+
+    table = str(tmp_path / "t")
+    write_deltalake(table, docs(0, 200))
+    out = str(tmp_path / "followed")
+    open_delta(table).write_mds(out, SPEC, mode="update")
+    only_v0 = set(os.listdir(out)) - {"index.json", "spark_dl.json", "spark_dl.index.arrow"}
+    only_v0 = {n for n in only_v0 if ".mds" in n}
+    assert any(n.endswith(".mds.lengths") for n in only_v0)
+    write_deltalake(table, docs(1000, 200), mode="overwrite")
+    open_delta(table).write_mds(out, SPEC, mode="update")
+    write_deltalake(table, docs(2000, 100), mode="overwrite")  # version 1's files only held
+    open_delta(table).write_mds(out, SPEC, mode="update")
+    report = vacuum(out, retention_seconds=0, keep_versions=2)
+    assert report.dropped_versions == [0] and set(report.removed) == only_v0
+    held = open_dataset(out, version=1)
+    lengths = held.doc_lengths("tokens", range(held.num_shards))
+    assert lengths is not None and len(np.concatenate(lengths)) == 200
+    pack = {"column": "tokens", "seq_len": 16, "mode": "bin"}
+    batches = list(held.iter_batches(4, shuffle=True, seed=1, streams=2, pack=pack))
+    served = np.concatenate([b["input_ids"].reshape(-1) for b in batches])
+    assert (served > 0).sum() == sum(len(t) for t in docs(1000, 200)["tokens"].to_pylist())
+
+
 def test_vacuum_keeps_the_shards_of_a_masked_latest(tmp_path: Path) -> None:
     """With the latest version masked there is no root index: the versions name the files."""
     table = str(tmp_path / "t")

@@ -46,6 +46,9 @@ class ShardInfo:
     # spark_dl.json only: each list-of-integers column's values in this shard (its token
     # documents' total length), so a packed loader counts rows without reading the shard.
     values: dict[str, int] | None = field(default=None, compare=False)
+    # spark_dl.json only: the file beside the shard holding each of those columns' per-row
+    # lengths (:mod:`.doc_lengths`), so a packed loader plans ``bin`` rows without the shard.
+    lengths: FileInfo | None = field(default=None, compare=False)
 
     def config(self) -> dict[str, Any]:
         """The writer configuration Mosaic embeds in every shard and repeats in the index."""
@@ -69,6 +72,11 @@ class ShardInfo:
     def stored(self) -> FileInfo:
         """The file actually on storage (compressed if compression was used)."""
         return self.zip_data or self.raw_data
+
+    def files(self) -> list[str]:
+        """Every file of this shard on storage: the shard, and its lengths file if any (what a
+        commit keeps, an overwrite replaces and an aborted write deletes)."""
+        return [self.stored.basename] + ([self.lengths.basename] if self.lengths else [])
 
 
 def shard_config(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,9 @@ class _Docs:
         self.recent: dict[int, _ShardDocs] = {}
         self.touched: set[int] = set()  # distinct shards loaded (``stats()["locality"]``)
         self.recorded: np.ndarray | None = None  # per shard, its recorded tokens
+        # per shard, its documents' recorded lengths (a streamed ``bin`` epoch's rows were
+        # counted from them, so a shard must hold exactly those)
+        self.expected: Callable[[int], np.ndarray] | None = None
         self.dtype: np.dtype | None = None
 
     def shard(self, s: int) -> _ShardDocs:
@@ -100,6 +103,16 @@ class _Docs:
                 "describe this shard (rows would be counted wrong)",
                 field="column",
             )
+        if self.expected is not None:
+            want = self.expected(s)
+            if len(want) != len(lengths) or not np.array_equal(want, lengths):
+                bad = int(np.flatnonzero(want != lengths)[0]) if len(want) == len(lengths) else 0
+                raise PackError(
+                    f"pack column {self.column!r} in shard {data.file!r} holds documents of "
+                    f"other lengths than its lengths file records (first at sample {bad}): "
+                    "the file does not describe this shard (rows would be counted wrong)",
+                    field="column",
+                )
         return _ShardDocs(data.raw, byte_starts.astype(np.int64), lengths, dtype)
 
 
@@ -164,6 +177,12 @@ def pack_bin(lengths: np.ndarray, row_at: int, seq_len: int, window: int) -> tup
         np.concatenate([np.full(len(doc_f), seq_len, np.int64), rest[doc_r]])[order],
     )
     return seg, opened
+
+
+def bin_rows(lengths: np.ndarray, seq_len: int, window: int) -> int:
+    """The rows :func:`pack_bin` opens for documents of ``lengths``, without placing them."""
+    full, rest = np.divmod(np.asarray(lengths, dtype=np.int64), seq_len)
+    return _best_fit(full, rest, seq_len, window)[2]
 
 
 def _best_fit(
@@ -277,16 +296,25 @@ class EpochPacking:
         order: GlobalOrder,
         shards: np.ndarray,
         docs: _Docs,
+        blocks: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> EpochPacking:
-        """One stream's packed rows (``concat``): the documents of ``shards`` (whole, in
-        the shuffled ``order`` over them, one piece per shard) packed back to back, a block
-        per window; every block's tokens from the recorded per-shard tokens."""
+        """One stream's packed rows: the documents of ``shards`` (whole, in the shuffled
+        ``order`` over them, one piece per shard) packed a block per window; every block's
+        tokens from the recorded per-shard tokens (``concat``), or its tokens and ``bin``
+        rows as ``blocks`` gives them (counted from the recorded document lengths)."""
         packing = cls.__new__(cls)
         bounds = np.asarray(order.window_bounds, dtype=np.int64)
         packing._setup(dataset, pack, order, bounds, docs, None)
         recorded = packing.recorded
+        if pack.mode == "bin" and blocks is not None:
+            packing.known[:, 0], packing.known[:, 1] = blocks
+            packing.tokens_known = True
+            return packing
         if recorded is None or pack.mode != "concat":
-            raise PackError("a packed stream needs recorded token counts and concat", field="mode")
+            raise PackError(
+                "a packed stream needs recorded token counts (and, for bin, document lengths)",
+                field="mode",
+            )
         in_order = np.asarray(shards, dtype=np.int64)[order.perm]
         cuts = np.append(np.arange(0, len(in_order), order.window), len(in_order))
         sums = np.add.reduceat(recorded[in_order], cuts[:-1]) if len(in_order) else cuts[:0]
@@ -402,6 +430,12 @@ class EpochPacking:
                 complete = stream // L if block < self.blocks - 1 else -(-stream // L)
             else:
                 seg, n = pack_bin(lengths, rows, L, self.pack.window)
+                if 0 <= self.known[block, 1] != n:  # counted ahead from other lengths
+                    raise PackError(
+                        f"block {block} of the epoch packs {n} rows, {self.known[block, 1]} "
+                        "were counted from the dataset's recorded document lengths",
+                        field="column",
+                    )
                 first, complete = rows, rows + n
                 rows += n
                 self.known[block, 1] = n

@@ -4,18 +4,22 @@ Why apart: :mod:`.packed_epoch` packs one epoch's documents into one run of rows
 rank cuts its batches from, so every rank reads every shard. Here (pack version 2) the
 shards are cut once into ``P`` streams of whole shards balanced by their recorded tokens
 (:func:`~spark_dl_core.order.token_streams.weighted_streams`); each stream shuffles its own
-shards every epoch and packs its own documents (``concat``) into its own rows, cut into
-batches of ``batch_size`` rows (its last batch short unless ``drop_last`` drops it). Global
-batches go round-robin over the streams by rounds, skipping streams that ran out
-(:class:`~spark_dl_core.order.token_streams.StreamRounds`), so global batch ``g`` is found
-from the recorded counts alone, and rank ``r`` of ``W`` (taking ``g = r mod W``) reads only
-streams ``s = r mod W`` until the first stream ends, when ``W`` divides ``P``. A position is
-a count of global batches: the same batches at every world size and worker count.
+shards every epoch and packs its own documents (``concat`` or ``bin``) into its own rows,
+cut into batches of ``batch_size`` rows (its last batch short unless ``drop_last`` drops
+it). Global batches go round-robin over the streams by rounds, skipping streams that ran
+out (:class:`~spark_dl_core.order.token_streams.StreamRounds`), so global batch ``g`` is
+found from the recorded counts alone (a ``concat`` stream's rows from its tokens; a ``bin``
+stream's by best fit over its documents' recorded lengths, every stream's counted on every
+rank, which reads about 1.5 bytes a document and no shard), and rank ``r`` of ``W`` (taking
+``g = r mod W``) reads only streams ``s = r mod W`` until the first stream ends, when ``W``
+divides ``P``. A position is a count of global batches: the same batches at every world
+size and worker count.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +28,7 @@ import numpy as np
 from ..order import GlobalOrder, rank_streams, resolve_streams, stream_window
 from ..order.locality import AUTO_STREAMS
 from ..order.token_streams import StreamRounds, weighted_streams
-from .packed_epoch import EpochPacking, _Chunk, _Docs
+from .packed_epoch import EpochPacking, _Chunk, _Docs, bin_rows
 from .packed_rows import (
     IGNORE_INDEX,
     STRETCH_TOKENS,
@@ -39,6 +43,12 @@ from .settings import LoaderSettings, PackSpec
 if TYPE_CHECKING:
     from ..shard_source import ShardSource
 
+# per dataset, an epoch's ``bin`` streams counted: (seed, epoch, streams, window, pack) ->
+# each stream's tokens and rows per block (the last four epochs' kept)
+_BIN_BLOCKS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], dict[int, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
 # ``streams=0``: the automatic streams halved until each stream holds at least this many rows,
 # so the padding of a stream's last row and its short last batch stay under 0.1% of its rows.
 MIN_STREAM_ROWS = 1024
@@ -46,12 +56,15 @@ MIN_STREAM_ROWS = 1024
 
 def packed_streams(dataset: ShardSource, settings: LoaderSettings) -> int:
     """The streams a packed loader's rows are cut from: 1 (one run of rows, pack version 1)
-    unless ``concat`` over a shuffled plain source whose shards' tokens are recorded, with
-    ``streams`` resolving above 1 (0, automatic: halved while a stream would hold fewer
+    unless a shuffled plain source records its shards' tokens (``concat``) and, for
+    ``bin``, each document's length (:meth:`~spark_dl_core.shard_source.ShardSource.doc_lengths`),
+    with ``streams`` resolving above 1 (0, automatic: halved while a stream would hold fewer
     than :data:`MIN_STREAM_ROWS` rows)."""
     pack = settings.pack
-    if pack is None or pack.mode != "concat" or not settings.shuffle or dataset.orders_itself:
+    if pack is None or not settings.shuffle or dataset.orders_itself:
         return 1
+    if pack.mode == "bin" and dataset.doc_lengths(pack.column, []) is None:
+        return 1  # a stream's best-fit rows need every document's length
     recorded = dataset.shard_values(pack.column)
     if recorded is None:
         return 1
@@ -93,7 +106,19 @@ class StreamedPacking:
         self.tokens = np.bincount(self.stream_of, weights=recorded, minlength=self.streams)
         self.tokens = self.tokens.astype(np.int64)
         self.shards = np.bincount(self.stream_of, minlength=self.streams)
-        self.rows = -(-self.tokens // self.seq_len)  # per stream (its last row padded)
+        self._orders: dict[int, GlobalOrder] = {}
+        # per stream and block (window): its tokens and ``bin`` rows, from recorded lengths
+        self._blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if pack.mode == "bin":  # counted once an epoch (a loader plans its length, then a pass)
+            cache = _BIN_BLOCKS.setdefault(dataset, {})
+            key = (self.seed, self.epoch, self.streams, self.window, pack.model_dump_json())
+            self._blocks = cache.get(key) or {s: self._bin_blocks(s) for s in range(streams)}
+            cache[key] = cache.pop(key, self._blocks)  # most recent last
+            while len(cache) > 4:
+                cache.pop(next(iter(cache)))
+            self.rows = np.array([int(self._blocks[s][1].sum()) for s in range(streams)])
+        else:
+            self.rows = -(-self.tokens // self.seq_len)  # per stream (its last row padded)
         b = int(batch_size)
         self.batch_size = b
         self.stream_batches = self.rows // b if drop_last else -(-self.rows // b)
@@ -102,16 +127,18 @@ class StreamedPacking:
         # tables kept are the plain packing's few windows, not one set per stream
         keep = max(16, 2 * self.window + 2)
         self.docs = _Docs(dataset, pack.column, keep=keep, verify=verify_hashes)
+        if pack.mode == "bin":  # a shard whose documents are not those lengths is refused
+            self.docs.expected = self._recorded_lengths
         self._packings: dict[int, EpochPacking] = {}
 
-    def stream(self, s: int) -> EpochPacking:
-        """Stream ``s``'s packed rows this epoch (its own shuffle key)."""
-        found = self._packings.get(s)
+    def _order(self, s: int) -> GlobalOrder:
+        """Stream ``s``'s document order this epoch: its shards shuffled with its own key."""
+        found = self._orders.get(s)
         if found is None:
             ds = self.dataset
             shards = np.flatnonzero(self.stream_of == s)
             offsets = np.asarray(ds.shard_offsets, dtype=np.int64)
-            order = GlobalOrder(
+            found = self._orders[s] = GlobalOrder(
                 offsets[shards + 1] - offsets[shards],
                 f"{ds.fingerprint}:packed-stream{s}/{self.streams}",
                 self.seed,
@@ -120,7 +147,44 @@ class StreamedPacking:
                 self.window,
                 bases=offsets[shards],
             )
-            found = EpochPacking.of_stream(ds, self.pack, order, shards, self.docs)
+        return found
+
+    def _recorded_lengths(self, shard: int) -> np.ndarray:
+        got = self.dataset.doc_lengths(self.pack.column, [shard])
+        assert got is not None  # packed_streams() chose bin streams for recorded lengths only
+        return got[0]
+
+    def _bin_blocks(self, s: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stream ``s``'s tokens and ``bin`` rows this epoch per block, as
+        :class:`EpochPacking` packs them (best fit within each block's documents in order),
+        from the recorded document lengths: every rank counts every stream's rows, reading
+        no shard."""
+        ds, order = self.dataset, self._order(s)
+        shards = np.flatnonzero(self.stream_of == s)
+        got = ds.doc_lengths(self.pack.column, shards.tolist())
+        assert got is not None  # packed_streams() chose bin streams for recorded lengths only
+        lengths = np.concatenate(got) if got else np.zeros(0, np.int64)
+        offsets = np.asarray(ds.shard_offsets, dtype=np.int64)
+        at = np.zeros(len(offsets) - 1, dtype=np.int64)  # each shard's first in ``lengths``
+        at[shards] = np.concatenate([[0], np.cumsum([len(g) for g in got])[:-1]]).astype(np.int64)
+        bounds = np.asarray(order.window_bounds, dtype=np.int64)
+        tokens = np.zeros(len(bounds) - 1, dtype=np.int64)
+        rows = np.zeros(len(bounds) - 1, dtype=np.int64)
+        for b in range(len(bounds) - 1):
+            ids = order.take(int(bounds[b]), int(bounds[b + 1]))
+            shard_of = np.searchsorted(offsets, ids, side="right") - 1
+            block = lengths[at[shard_of] + ids - offsets[shard_of]].astype(np.int64)
+            tokens[b], rows[b] = int(block.sum()), bin_rows(block, self.seq_len, self.pack.window)
+        return tokens, rows
+
+    def stream(self, s: int) -> EpochPacking:
+        """Stream ``s``'s packed rows this epoch (its own shuffle key)."""
+        found = self._packings.get(s)
+        if found is None:
+            shards = np.flatnonzero(self.stream_of == s)
+            found = EpochPacking.of_stream(
+                self.dataset, self.pack, self._order(s), shards, self.docs, self._blocks.get(s)
+            )
             self._packings[s] = found
         return found
 

@@ -19,10 +19,11 @@ import numpy as np
 
 from ..errors import DatasetError
 from ..format.compact import CompactIndex, ShardTable
+from ..format.doc_lengths import decode_lengths
 from ..format.encodings import get_encoding
 from ..format.index import INDEX_FILE, ShardInfo
 from ..format.shard import Layout, ShardData
-from ..meta import ColumnPlan, plans_from_meta, read_meta, stored_layout
+from ..meta import ColumnPlan, lengths_info, plans_from_meta, read_meta, stored_layout
 from ..store.cached_store import shard_store
 from ..store.indexing import index_fingerprint
 from ..store.storage import check_path
@@ -199,6 +200,32 @@ class MdsDataset(FollowedVersion, ShardLoading, Dataset):
         if not got or len(got) != len(self.shard_offsets) - 1 or None in got:
             return None
         return np.asarray(got, dtype=np.int64)
+
+    def doc_lengths(self, column: str, shards: Sequence[int]) -> list[np.ndarray] | None:
+        """Per shard of ``shards``, each sample's count of list-of-integers ``column``'s
+        values (a token document's length) from the lengths file beside it
+        (:mod:`~spark_dl_core.format.doc_lengths`), read without the shard: through the node
+        cache for a remote dataset, size and hash checked, kept once read (4 bytes a sample).
+        None when not every shard of the dataset records them (written before they were, by
+        another tool, or a followed version's assembled shards)."""
+        entries = self.meta["shards"] if self.meta else []
+        if len(entries) != self.num_shards or not all(
+            column in (m.get("values") or {}) and lengths_info(m) for m in entries
+        ):
+            return None
+        kept: dict[tuple[str, int], np.ndarray] = self.__dict__.setdefault("_doc_lengths", {})
+        wanted = [int(s) for s in shards if (column, int(s)) not in kept]
+        infos = {s: lengths_info(entries[s]) for s in wanted}
+        self.store.prefetch_shards([(i.basename, i.bytes, i.hashes) for i in infos.values() if i])
+        for s, info in infos.items():
+            assert info is not None
+            data = np.asarray(self.store.read_shard(info.basename, info.bytes, info.hashes))
+            shown = self.store.display(info.basename)
+            columns = sorted(entries[s]["values"])
+            got = decode_lengths(data.tobytes(), info, columns, int(self.shards.samples[s]), shown)
+            for name, lengths in got.items():
+                kept[(name, s)] = lengths
+        return [kept[(column, int(s))] for s in shards]
 
     def locate(self, sample: int) -> tuple[str, int]:
         """The shard file holding global sample ``sample`` and its index within it."""

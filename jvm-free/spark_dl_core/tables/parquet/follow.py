@@ -281,7 +281,7 @@ def _add_file(
             built.add(_entry(key, deleted, entry), records)
             return
     records = _convert(store, snap, uri, spec, plans)
-    built.written += [s.stored.basename for s in records.shards]
+    built.written += [name for s in records.shards for name in s.files()]
     built.converted += 1
     physical = {
         "shards": [s.stored.basename for s in records.shards],
@@ -321,7 +321,7 @@ def _convert(
             writer.write(batch)
         writer.finish()
     except BaseException:
-        abort_write(store, [s.stored.basename for s in writer.shards])
+        abort_write(store, [name for s in writer.shards for name in s.files()])
         raise
     return writer.records
 
