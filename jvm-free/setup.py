@@ -5,10 +5,11 @@ libjpeg-turbo (Debian/Ubuntu: ``apt-get install libjpeg62-turbo-dev`` or
 ``libjpeg-turbo8-dev``). ``spark_dl_core.format._buffers`` copies a batch's byte ranges (token
 documents), or its fixed-width rows from several shards, in one call.
 ``spark_dl_core.order._shuffle`` builds a stratified mixture's batches from its sources' runs
-and shuffles each with its own keyed generator, in one call. Each lives in the room that uses
-it. All are optional: without a compiler,
-headers or library the build prints a warning and goes on, and the pure numpy / simplejpeg /
-Pillow paths run instead.
+and shuffles each with its own keyed generator, in one call.
+``spark_dl_core.loaders._packing`` places bin packing's documents by best fit. Each lives in
+the room that uses it. All are optional: without a compiler, headers or library the build
+prints a warning and goes on, and the pure numpy / simplejpeg / Pillow / Python paths run
+instead.
 """
 
 from setuptools import Extension, setup
@@ -31,6 +32,12 @@ setup(
         Extension(
             "spark_dl_core.order._shuffle",
             sources=["csrc/shuffle.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
+        Extension(
+            "spark_dl_core.loaders._packing",
+            sources=["csrc/packing.c"],
             extra_compile_args=["-O3"],
             optional=True,
         ),

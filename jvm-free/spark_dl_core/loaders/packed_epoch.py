@@ -25,6 +25,11 @@ from .settings import PackSpec
 if TYPE_CHECKING:
     from ..shard_source import ShardSource
 
+try:  # best fit in C (csrc/packing.c); the Python loop below where it is not built
+    from . import _packing
+except ImportError:  # pragma: no cover - exercised where no compiler was found
+    _packing = None  # type: ignore[assignment]
+
 BLOCK_DOCS = 1 << 16  # documents per block for orders without shuffle windows (mixtures)
 
 
@@ -190,9 +195,25 @@ def _best_fit(
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """The sequential part of :func:`pack_bin`, one step per document with a remainder:
     per document the first of its whole rows, and where its remainder went (``row *
-    (seq_len + 1) + column``), and the rows opened. Open rows are kept as one sorted list
-    of ``free * 2**40 + row`` (best fit: the first with ``free >= rest``; equal room: the
-    older row)."""
+    (seq_len + 1) + column``), and the rows opened. Open rows are kept sorted by room, then
+    row (best fit: the first with ``free >= rest``; equal room: the older row). In C where
+    built (``csrc/packing.c``), else :func:`_best_fit_loop`."""
+    if _packing is None:
+        return _best_fit_loop(full, rest, seq_len, window)
+    n = len(full)
+    first_full = np.zeros(n, dtype=np.int64)
+    place = np.zeros(n, dtype=np.int64)
+    full = np.ascontiguousarray(full, dtype=np.int64)
+    rest = np.ascontiguousarray(rest, dtype=np.int64)
+    opened = _packing.best_fit(full, rest, int(seq_len), int(window), first_full, place)
+    return first_full, place, opened
+
+
+def _best_fit_loop(
+    full: np.ndarray, rest: np.ndarray, seq_len: int, window: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """:func:`_best_fit` in Python, the open rows one sorted list of ``free * 2**40 + row``
+    (where the C extension is not built; the oracle its tests compare with)."""
     n = len(full)
     first_full = np.zeros(n, dtype=np.int64)
     place = np.zeros(n, dtype=np.int64)
