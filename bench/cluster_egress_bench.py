@@ -8,13 +8,14 @@ place, and a mixture of three MDS sources (each sample once an epoch, ``batching
 "stratified"``, kind ``mixture``), 4 nodes x 1 rank and 2 nodes x 2 ranks, 3 reshuffled
 epochs. Printed: bytes pulled /
 dataset bytes per epoch and in all, bytes landed per node; checked: every row served once
-per epoch, and each step's rows are the 1-rank order's batches kW..kW+W-1. Kinds ``packed``
-and ``packed-bin`` (not in the default kinds): token documents read by a packed ``concat``
-or ``bin`` loader (rows of 128 tokens, 64 a batch), checked the same way by tokens: every
-token once per epoch, a step's batches the 1-rank loader's.
+per epoch, and each step's rows are the 1-rank order's batches kW..kW+W-1. Kinds ``packed``,
+``packed-bin`` and ``packed-mixture`` (not in the default kinds): token documents read by a
+packed ``concat`` or ``bin`` loader (rows of 128 tokens, 64 a batch), the last over a
+mixture of three sources of them, checked the same way by tokens: every token once per
+epoch, a step's batches the 1-rank loader's.
 
     .venv/bin/python bench/cluster_egress_bench.py [--rows 16384] [--streams 0]
-        [--kinds mds,delta,mixture,packed,packed-bin]
+        [--kinds mds,delta,mixture,packed,packed-bin,packed-mixture]
         [--anchors auto|none|mosaic,litdata NNODES,litdata]
 
 ``--streams 0`` (the default) is the loaders' default: as many streams as the dataset's
@@ -54,8 +55,9 @@ SEED = 0
 # the packed kind: rows of 128 tokens, 64 a batch, cut from streams (pack version 2)
 PACK = {"column": "tokens", "seq_len": 128, "pad_id": 0}
 PACK_BATCH = 64
-# kind -> its packing: ``packed`` back to back, ``packed-bin`` by best fit (whole documents)
-PACKS = {"packed": PACK, "packed-bin": PACK | {"mode": "bin"}}
+# kind -> its packing: ``packed`` back to back, ``packed-bin`` by best fit (whole documents),
+# ``packed-mixture`` back to back over the mixture of three sources of those documents
+PACKS = {"packed": PACK, "packed-bin": PACK | {"mode": "bin"}, "packed-mixture": PACK}
 
 
 def rank_worker(args: argparse.Namespace) -> None:
@@ -113,10 +115,10 @@ def _open(kind: str, url: str, options: dict[str, Any], cache: str | None) -> An
     node cache under ``cache`` (None: the default)."""
     from spark_dl_core import open_dataset, open_delta
 
+    if kind in ("mixture", "packed-mixture"):
+        return _open_mixture(url, options, cache)
     if kind == "mds" or kind in PACKS:
         return open_dataset(url, cache_dir=cache, storage_options=options)
-    if kind == "mixture":
-        return _open_mixture(url, options, cache)
     return open_delta(url, storage_options=options).dataset(cache=False, span_dir=cache)
 
 
@@ -147,8 +149,12 @@ def _write_data(
 
     if kind in PACKS:  # token documents, each shard's tokens (and lengths) recorded
         docs = pa.array([d.tolist() for d in _documents(rows)], pa.list_(pa.int32()))
-        spec = DatasetSpec(shard_size="128KiB")
-        write_mds(pa.table({"tokens": docs}), url, spec, storage_options=options)
+        table, spec = pa.table({"tokens": docs}), DatasetSpec(shard_size="128KiB")
+        if kind != "packed-mixture":
+            write_mds(table, url, spec, storage_options=options)
+            return
+        for name, first, n in _mixture_parts(rows):  # documents back to back over the sources
+            write_mds(table.slice(first, n), f"{url}/{name}", spec, storage_options=options)
         return
     x = np.random.default_rng(0).random((rows, 256), dtype=np.float32)
     table = pa.table({"id": np.arange(rows, dtype=np.int64), "x": list(x)})
@@ -283,7 +289,7 @@ def main() -> None:
     parser.add_argument(
         "--kinds",
         default="mds,delta,mixture",
-        help="comma-separated: mds, delta, mixture, packed, packed-bin (token documents, pack=)",
+        help="comma-separated: mds, delta, mixture, packed, packed-bin, packed-mixture",
     )
     parser.add_argument("--anchors", default="auto", help="auto (those built), none, or names")
     args = parser.parse_args()

@@ -317,29 +317,39 @@ class EpochPacking:
         order: GlobalOrder,
         shards: np.ndarray,
         docs: _Docs,
-        blocks: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> EpochPacking:
-        """One stream's packed rows: the documents of ``shards`` (whole, in the shuffled
-        ``order`` over them, one piece per shard) packed a block per window; every block's
-        tokens from the recorded per-shard tokens (``concat``), or its tokens and ``bin``
-        rows as ``blocks`` gives them (counted from the recorded document lengths)."""
+        """One stream's packed rows (``concat``): the documents of ``shards`` (whole, in
+        the shuffled ``order`` over them, one piece per shard) packed back to back, a block
+        per window; every block's tokens from the recorded per-shard tokens."""
         packing = cls.__new__(cls)
         bounds = np.asarray(order.window_bounds, dtype=np.int64)
         packing._setup(dataset, pack, order, bounds, docs, None)
         recorded = packing.recorded
-        if pack.mode == "bin" and blocks is not None:
-            packing.known[:, 0], packing.known[:, 1] = blocks
-            packing.tokens_known = True
-            return packing
         if recorded is None or pack.mode != "concat":
-            raise PackError(
-                "a packed stream needs recorded token counts (and, for bin, document lengths)",
-                field="mode",
-            )
+            raise PackError("a packed stream needs recorded token counts and concat", field="mode")
         in_order = np.asarray(shards, dtype=np.int64)[order.perm]
         cuts = np.append(np.arange(0, len(in_order), order.window), len(in_order))
         sums = np.add.reduceat(recorded[in_order], cuts[:-1]) if len(in_order) else cuts[:0]
         packing.known[:, 0], packing.known[:, 1] = sums, 0
+        packing.tokens_known = True
+        return packing
+
+    @classmethod
+    def of_counts(
+        cls,
+        dataset: ShardSource,
+        pack: PackSpec,
+        order: Any,
+        bounds: np.ndarray,
+        docs: _Docs,
+        counts: tuple[np.ndarray, np.ndarray],
+    ) -> EpochPacking:
+        """One stream's packed rows whose blocks (``order``'s positions cut at ``bounds``)
+        were counted from the recorded document lengths: each block's tokens and ``bin``
+        rows as ``counts`` gives them, so rows are skipped to and dealt without a shard."""
+        packing = cls.__new__(cls)
+        packing._setup(dataset, pack, order, np.asarray(bounds, dtype=np.int64), docs, None)
+        packing.known[:, 0], packing.known[:, 1] = counts
         packing.tokens_known = True
         return packing
 

@@ -43,9 +43,9 @@ from .settings import LoaderSettings, PackSpec
 if TYPE_CHECKING:
     from ..shard_source import ShardSource
 
-# per dataset, an epoch's ``bin`` streams counted: (seed, epoch, streams, window, pack) ->
-# each stream's tokens and rows per block (the last four epochs' kept)
-_BIN_BLOCKS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], dict[int, Any]]] = (
+# per dataset, an epoch's streams counted from document lengths: (seed, epoch, streams,
+# window, pack) -> each stream's tokens and rows per block and its shards (four epochs kept)
+_COUNTED: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], dict[int, Any]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -56,32 +56,66 @@ MIN_STREAM_ROWS = 1024
 
 def packed_streams(dataset: ShardSource, settings: LoaderSettings) -> int:
     """The streams a packed loader's rows are cut from: 1 (one run of rows, pack version 1)
-    unless a shuffled plain source records its shards' tokens (``concat``) and, for
-    ``bin``, each document's length (:meth:`~spark_dl_core.shard_source.ShardSource.doc_lengths`),
-    with ``streams`` resolving above 1 (0, automatic: halved while a stream would hold fewer
-    than :data:`MIN_STREAM_ROWS` rows)."""
+    unless, shuffled, a plain source records its shards' tokens (``concat``) and, for
+    ``bin``, each document's length
+    (:meth:`~spark_dl_core.shard_source.ShardSource.doc_lengths`), or a mixture drawn from
+    streams (:attr:`~spark_dl_core.shard_source.SourceCapabilities.streams_own_order`) whose
+    sources all record each document's length; with ``streams`` resolving above 1 (0,
+    automatic: halved while a stream would hold fewer than :data:`MIN_STREAM_ROWS` rows)."""
     pack = settings.pack
-    if pack is None or not settings.shuffle or dataset.orders_itself:
+    if pack is None or not settings.shuffle:
         return 1
-    if pack.mode == "bin" and dataset.doc_lengths(pack.column, []) is None:
-        return 1  # a stream's best-fit rows need every document's length
-    recorded = dataset.shard_values(pack.column)
-    if recorded is None:
-        return 1
+    if dataset.orders_itself and not dataset.streams_own_order:
+        return 1  # a run carried on, a schedule in tokens: the unstreamed order
+    if (pack.mode == "bin" or dataset.orders_itself) and dataset.doc_lengths(
+        pack.column, []
+    ) is None:
+        return 1  # a stream's rows (best fit, or a mixture's share) need each document's length
     streams = resolve_streams(dataset, True, settings.streams)
-    if settings.streams == AUTO_STREAMS:
-        rows = int(np.asarray(recorded).sum()) // pack.seq_len
+    if settings.streams == AUTO_STREAMS and streams > 1:
+        rows = _epoch_tokens(dataset, pack.column) // pack.seq_len
         while streams > 1 and rows // streams < MIN_STREAM_ROWS:
             streams //= 2
+    if not dataset.orders_itself and dataset.shard_values(pack.column) is None:
+        return 1
     return max(1, streams)
+
+
+def _epoch_tokens(dataset: ShardSource, column: str) -> int:
+    """About how many tokens an epoch packs: a plain source's recorded tokens; a mixture's
+    epoch of documents times the mean length recorded over its sources' shards."""
+    if not dataset.orders_itself:
+        recorded = dataset.shard_values(column)
+        return 0 if recorded is None else int(np.asarray(recorded).sum())
+    got = dataset.doc_lengths(column, range(len(dataset.shard_offsets) - 1)) or []
+    docs = sum(len(g) for g in got)
+    return int(len(dataset) * sum(int(g.sum()) for g in got) / max(1, docs))
+
+
+# A packed mixture's streams deal its documents one at a time (the mixture's own streamed
+# order with batches of one document, docs/mixtures.md), so the streams' document counts
+# differ by one at most; their tokens, by the documents' spread.
+MIXTURE_DOC_BATCH = 1
+# A packed mixture stream's blocks (the documents packed at once, best fit's reach in bin)
+# hold as many documents as the sources' shards do on average, within these bounds: a rank
+# that takes another stream's last batches (once the shortest stream ended) reads that
+# stream's last block, about a shard, as a plain source's streams read a window of one shard.
+# Blocks of 4,096 documents over 128 KiB shards of ~250 made simulated nodes land 0.40 of
+# the dataset each (4 nodes x 1), not 0.25.
+MIXTURE_BLOCK_DOCS = (64, 1 << 16)
 
 
 class StreamedPacking:
     """One epoch's packed rows over ``streams`` streams (all ranks'): each stream's
     :class:`EpochPacking` made when first read, their rows and batches counted from the
-    recorded tokens, and the global batches dealt over them (:attr:`rounds`)."""
+    recorded tokens or document lengths, and the global batches dealt over them
+    (:attr:`rounds`).
 
-    tokens_known = True  # every count comes from the recorded tokens
+    A plain source's streams are whole shards balanced by tokens; a mixture's are the
+    streams of its own streamed order (each source's shards cut over them), whose documents
+    a stream packs in blocks of about a shard's documents."""
+
+    tokens_known = True  # every count comes from the recorded tokens or lengths
 
     def __init__(
         self,
@@ -96,26 +130,39 @@ class StreamedPacking:
         drop_last: bool,
         verify_hashes: bool | None = None,
     ) -> None:
-        recorded = dataset.shard_values(pack.column)
-        assert recorded is not None  # packed_streams() chose streams for recorded tokens only
         self.dataset, self.pack, self.seq_len = dataset, pack, pack.seq_len
         self.seed, self.epoch, self.streams = int(seed), int(epoch), int(streams)
-        self.window = stream_window(int(shuffle_window), self.streams)
-        recorded = np.asarray(recorded, dtype=np.int64)
-        self.stream_of = weighted_streams(recorded, dataset.fingerprint, self.seed, self.streams)
-        self.tokens = np.bincount(self.stream_of, weights=recorded, minlength=self.streams)
-        self.tokens = self.tokens.astype(np.int64)
-        self.shards = np.bincount(self.stream_of, minlength=self.streams)
-        self._orders: dict[int, GlobalOrder] = {}
-        # per stream and block (window): its tokens and ``bin`` rows, from recorded lengths
-        self._blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        if pack.mode == "bin":  # counted once an epoch (a loader plans its length, then a pass)
-            cache = _BIN_BLOCKS.setdefault(dataset, {})
+        self.mixed = dataset.orders_itself  # a mixture: its own streamed order's streams
+        self._orders: dict[int, Any] = {}
+        if self.mixed:
+            self.window = int(shuffle_window)
+            self._mixture_order = dataset.make_order(
+                self.seed, self.epoch, True, self.window, MIXTURE_DOC_BATCH, self.streams
+            )
+        else:
+            recorded = dataset.shard_values(pack.column)
+            assert recorded is not None  # packed_streams() chose streams for recorded tokens
+            self.window = stream_window(int(shuffle_window), self.streams)
+            recorded = np.asarray(recorded, dtype=np.int64)
+            fp = dataset.fingerprint
+            self.stream_of = weighted_streams(recorded, fp, self.seed, self.streams)
+            self.tokens = np.bincount(self.stream_of, weights=recorded, minlength=self.streams)
+            self.tokens = self.tokens.astype(np.int64)
+            self.shards = np.bincount(self.stream_of, minlength=self.streams)
+        # per stream: each block's tokens and ``bin`` rows, and the shards it reads, counted
+        # from the recorded document lengths (a mixture's streams, and ``bin``)
+        self._blocks: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
+        self.from_lengths = self.mixed or pack.mode == "bin"
+        if self.from_lengths:  # counted once an epoch (a loader plans its length, then a pass)
+            cache = _COUNTED.setdefault(dataset, {})
             key = (self.seed, self.epoch, self.streams, self.window, pack.model_dump_json())
-            self._blocks = cache.get(key) or {s: self._bin_blocks(s) for s in range(streams)}
+            self._blocks = cache.get(key) or {s: self._count(s) for s in range(streams)}
             cache[key] = cache.pop(key, self._blocks)  # most recent last
             while len(cache) > 4:
                 cache.pop(next(iter(cache)))
+            self.tokens = np.array([int(self._blocks[s][0].sum()) for s in range(streams)])
+            self.shards = np.array([self._blocks[s][2] for s in range(streams)])
+        if pack.mode == "bin":
             self.rows = np.array([int(self._blocks[s][1].sum()) for s in range(streams)])
         else:
             self.rows = -(-self.tokens // self.seq_len)  # per stream (its last row padded)
@@ -127,13 +174,16 @@ class StreamedPacking:
         # tables kept are the plain packing's few windows, not one set per stream
         keep = max(16, 2 * self.window + 2)
         self.docs = _Docs(dataset, pack.column, keep=keep, verify=verify_hashes)
-        if pack.mode == "bin":  # a shard whose documents are not those lengths is refused
+        if self.from_lengths:  # a shard whose documents are not those lengths is refused
             self.docs.expected = self._recorded_lengths
         self._packings: dict[int, EpochPacking] = {}
 
-    def _order(self, s: int) -> GlobalOrder:
-        """Stream ``s``'s document order this epoch: its shards shuffled with its own key."""
+    def _order(self, s: int) -> Any:
+        """Stream ``s``'s document order this epoch: a plain source's shards of the stream
+        shuffled with the stream's own key; a mixture's stream of its streamed order."""
         found = self._orders.get(s)
+        if found is None and self.mixed:
+            found = self._orders[s] = self._mixture_order.stream(s)
         if found is None:
             ds = self.dataset
             shards = np.flatnonzero(self.stream_of == s)
@@ -149,42 +199,64 @@ class StreamedPacking:
             )
         return found
 
+    def _bounds(self, s: int) -> np.ndarray:
+        """Stream ``s``'s blocks: a plain stream's windows, a mixture stream's runs of
+        about a shard's documents (:data:`MIXTURE_BLOCK_DOCS`)."""
+        order = self._order(s)
+        if not self.mixed:
+            return np.asarray(order.window_bounds, dtype=np.int64)
+        offsets = self.dataset.shard_offsets
+        low, high = MIXTURE_BLOCK_DOCS
+        size = min(high, max(low, int(offsets[-1]) // max(1, len(offsets) - 1)))
+        return np.append(np.arange(0, order.total, size), order.total).astype(np.int64)
+
     def _recorded_lengths(self, shard: int) -> np.ndarray:
         got = self.dataset.doc_lengths(self.pack.column, [shard])
-        assert got is not None  # packed_streams() chose bin streams for recorded lengths only
+        assert got is not None  # packed_streams() chose these streams for recorded lengths
         return got[0]
 
-    def _bin_blocks(self, s: int) -> tuple[np.ndarray, np.ndarray]:
+    def _count(self, s: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Stream ``s``'s tokens and ``bin`` rows this epoch per block, as
         :class:`EpochPacking` packs them (best fit within each block's documents in order),
-        from the recorded document lengths: every rank counts every stream's rows, reading
-        no shard."""
-        ds, order = self.dataset, self._order(s)
-        shards = np.flatnonzero(self.stream_of == s)
-        got = ds.doc_lengths(self.pack.column, shards.tolist())
-        assert got is not None  # packed_streams() chose bin streams for recorded lengths only
-        lengths = np.concatenate(got) if got else np.zeros(0, np.int64)
+        and the shards its documents lie in, from the recorded document lengths: every rank
+        counts every stream, reading no shard."""
+        ds, order, bounds = self.dataset, self._order(s), self._bounds(s)
         offsets = np.asarray(ds.shard_offsets, dtype=np.int64)
-        at = np.zeros(len(offsets) - 1, dtype=np.int64)  # each shard's first in ``lengths``
-        at[shards] = np.concatenate([[0], np.cumsum([len(g) for g in got])[:-1]]).astype(np.int64)
-        bounds = np.asarray(order.window_bounds, dtype=np.int64)
+        tables: dict[int, np.ndarray] = {}
         tokens = np.zeros(len(bounds) - 1, dtype=np.int64)
         rows = np.zeros(len(bounds) - 1, dtype=np.int64)
+        bins = self.pack.mode == "bin"
         for b in range(len(bounds) - 1):
-            ids = order.take(int(bounds[b]), int(bounds[b + 1]))
+            ids = np.asarray(order.take(int(bounds[b]), int(bounds[b + 1])), dtype=np.int64)
             shard_of = np.searchsorted(offsets, ids, side="right") - 1
-            block = lengths[at[shard_of] + ids - offsets[shard_of]].astype(np.int64)
-            tokens[b], rows[b] = int(block.sum()), bin_rows(block, self.seq_len, self.pack.window)
-        return tokens, rows
+            by_shard = np.argsort(shard_of, kind="stable")
+            ordered = shard_of[by_shard]
+            cuts = np.flatnonzero(np.diff(ordered)) + 1
+            new = [int(x) for x in np.unique(ordered) if int(x) not in tables]
+            if new:
+                got = ds.doc_lengths(self.pack.column, new)
+                assert got is not None  # packed_streams() chose streams for recorded lengths
+                tables.update(zip(new, got))
+            block = np.empty(len(ids), dtype=np.int64)
+            for run in np.split(by_shard, cuts) if len(ids) else []:
+                shard = int(shard_of[run[0]])
+                block[run] = tables[shard][ids[run] - offsets[shard]]
+            tokens[b] = int(block.sum())
+            rows[b] = bin_rows(block, self.seq_len, self.pack.window) if bins else 0
+        return tokens, rows, len(tables)
 
     def stream(self, s: int) -> EpochPacking:
         """Stream ``s``'s packed rows this epoch (its own shuffle key)."""
         found = self._packings.get(s)
         if found is None:
-            shards = np.flatnonzero(self.stream_of == s)
-            found = EpochPacking.of_stream(
-                self.dataset, self.pack, self._order(s), shards, self.docs, self._blocks.get(s)
-            )
+            order, counted = self._order(s), self._blocks.get(s)
+            if counted is None:  # a plain stream's concat rows: from its shards' tokens
+                shards = np.flatnonzero(self.stream_of == s)
+                found = EpochPacking.of_stream(self.dataset, self.pack, order, shards, self.docs)
+            else:
+                found = EpochPacking.of_counts(
+                    self.dataset, self.pack, order, self._bounds(s), self.docs, counted[:2]
+                )
             self._packings[s] = found
         return found
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -541,6 +541,20 @@ class Mixture(Dataset):
             s = self._source_of_shard(shard)
             out.setdefault(s, []).append(shard - int(self.shard_base[s]))
         return out
+
+    def doc_lengths(self, column: str, shards: Sequence[int]) -> list[np.ndarray] | None:
+        """Per shard (numbered over the sources, as :meth:`load_shard` takes them), its
+        documents' recorded lengths from its source; None unless every source records them
+        (a packed loader then reads the mixture unstreamed)."""
+        if any(d.doc_lengths(column, []) is None for d in self.sources):
+            return None
+        found: dict[int, np.ndarray] = {}
+        for s, local in self._by_source([int(x) for x in shards]).items():
+            got = self.sources[s].doc_lengths(column, local)
+            assert got is not None
+            base = int(self.shard_base[s])
+            found.update((base + shard, lengths) for shard, lengths in zip(local, got))
+        return [found[int(x)] for x in shards]
 
     def load_shard(
         self,
