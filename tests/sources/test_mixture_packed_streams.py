@@ -160,3 +160,16 @@ def test_a_state_of_one_run_resumes_in_one_run(
     assert all(np.array_equal(a, b["input_ids"].numpy()) for a, b in zip(want, auto, strict=True))
     with pytest.raises(PackError, match="streams=1"):
         m.to_torch(**SETTINGS).load_state_dict(old)
+
+
+@pytest.mark.parametrize("batching", ["stratified", "per_source"])
+def test_batched_mixtures_pack_in_streams_and_in_one_run(
+    sources: tuple[dict[str, str], list[np.ndarray]], batching: str
+) -> None:
+    """A mixture that batches its sources orders documents for packing a document at a
+    time (one run of rows raised SpecError here before: its batch size was 0)."""
+    paths, docs = sources
+    m = _mixture(paths, batching=batching)
+    for streams in (1, 4):
+        got = list(m.iter_batches(**(SETTINGS | {"streams": streams})))
+        check_whole_documents(got, docs, L)

@@ -31,6 +31,11 @@ except ImportError:  # pragma: no cover - exercised where no compiler was found
     _packing = None  # type: ignore[assignment]
 
 BLOCK_DOCS = 1 << 16  # documents per block for orders without shuffle windows (mixtures)
+# A mixture's documents are ordered for packing in batches of one document: its
+# ``"stratified"`` and ``"per_source"`` batching then interleave the sources document by
+# document (a batch size of rows says nothing about documents), and its streams' document
+# counts differ by one at most (:mod:`.packed_streams`).
+MIXTURE_DOC_BATCH = 1
 
 
 # --------------------------------------------------------------------------- documents
@@ -294,7 +299,7 @@ class EpochPacking:
         verify_hashes: bool | None = None,
     ) -> None:
         w = int(shuffle_window)
-        order = _order_of(dataset, seed, epoch, shuffle, w)
+        order = _order_of(dataset, seed, epoch, shuffle, w, MIXTURE_DOC_BATCH)
         if isinstance(order, GlobalOrder) and shuffle:
             bounds = np.asarray(order.window_bounds, dtype=np.int64)
         elif isinstance(order, GlobalOrder):

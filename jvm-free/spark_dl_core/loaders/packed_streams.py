@@ -28,7 +28,7 @@ import numpy as np
 from ..order import GlobalOrder, rank_streams, resolve_streams, stream_window
 from ..order.locality import AUTO_STREAMS
 from ..order.token_streams import StreamRounds, weighted_streams
-from .packed_epoch import EpochPacking, _Chunk, _Docs, bin_rows
+from .packed_epoch import MIXTURE_DOC_BATCH, EpochPacking, _Chunk, _Docs, bin_rows
 from .packed_rows import (
     IGNORE_INDEX,
     STRETCH_TOKENS,
@@ -92,10 +92,6 @@ def _epoch_tokens(dataset: ShardSource, column: str) -> int:
     return int(len(dataset) * sum(int(g.sum()) for g in got) / max(1, docs))
 
 
-# A packed mixture's streams deal its documents one at a time (the mixture's own streamed
-# order with batches of one document, docs/mixtures.md), so the streams' document counts
-# differ by one at most; their tokens, by the documents' spread.
-MIXTURE_DOC_BATCH = 1
 # A packed mixture stream's blocks (the documents packed at once, best fit's reach in bin)
 # hold as many documents as the sources' shards do on average, within these bounds: a rank
 # that takes another stream's last batches (once the shortest stream ended) reads that
