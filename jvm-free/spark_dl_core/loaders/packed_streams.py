@@ -132,8 +132,9 @@ class StreamedPacking:
         self._orders: dict[int, Any] = {}
         if self.mixed:
             self.window = int(shuffle_window)
+            docs_batch = MIXTURE_DOC_BATCH[dataset.order_uses_batch_size]
             self._mixture_order = dataset.make_order(
-                self.seed, self.epoch, True, self.window, MIXTURE_DOC_BATCH, self.streams
+                self.seed, self.epoch, True, self.window, docs_batch, self.streams
             )
         else:
             recorded = dataset.shard_values(pack.column)
