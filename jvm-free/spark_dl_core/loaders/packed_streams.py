@@ -71,13 +71,13 @@ def packed_streams(dataset: ShardSource, settings: LoaderSettings) -> int:
         pack.column, []
     ) is None:
         return 1  # a stream's rows (best fit, or a mixture's share) need each document's length
+    if not dataset.orders_itself and dataset.shard_values(pack.column) is None:
+        return 1  # a plain stream's shards are balanced by their recorded tokens
     streams = resolve_streams(dataset, True, settings.streams)
     if settings.streams == AUTO_STREAMS and streams > 1:
         rows = _epoch_tokens(dataset, pack.column) // pack.seq_len
         while streams > 1 and rows // streams < MIN_STREAM_ROWS:
             streams //= 2
-    if not dataset.orders_itself and dataset.shard_values(pack.column) is None:
-        return 1
     return max(1, streams)
 
 

@@ -209,14 +209,20 @@ class MdsDataset(FollowedVersion, ShardLoading, Dataset):
         None when not every shard of the dataset records them (written before they were, by
         another tool, or a followed version's assembled shards)."""
         entries = self.meta["shards"] if self.meta else []
-        if len(entries) != self.num_shards or not all(
-            column in (m.get("values") or {}) and lengths_info(m) for m in entries
-        ):
+        recorded: dict[str, bool] = self.__dict__.setdefault("_lengths_recorded", {})
+        if column not in recorded:  # looked up once: every shard load and block asks
+            recorded[column] = len(entries) == self.num_shards and all(
+                column in (m.get("values") or {}) and lengths_info(m) for m in entries
+            )
+        if not recorded[column]:
             return None
         kept: dict[tuple[str, int], np.ndarray] = self.__dict__.setdefault("_doc_lengths", {})
         wanted = [int(s) for s in shards if (column, int(s)) not in kept]
         infos = {s: lengths_info(entries[s]) for s in wanted}
-        self.store.prefetch_shards([(i.basename, i.bytes, i.hashes) for i in infos.values() if i])
+        if infos:
+            self.store.prefetch_shards(
+                [(i.basename, i.bytes, i.hashes) for i in infos.values() if i]
+            )
         for s, info in infos.items():
             assert info is not None
             data = np.asarray(self.store.read_shard(info.basename, info.bytes, info.hashes))
